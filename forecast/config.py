@@ -1,0 +1,263 @@
+"""The pool configuration (``idlegpu.yaml``), validated with pydantic.
+
+Environment variables override the file: prefix ``IDLEGPU_``, nested fields joined by ``__``,
+e.g. ``IDLEGPU_PROMETHEUS__URL=http://prom:9090`` or ``IDLEGPU_POOL__HEADROOM_GPUS=8``.
+"""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from forecast.errors import ConfigError
+from forecast.schema import REPLICAS, SERVICE_METRICS
+
+ENV_PREFIX = "IDLEGPU_"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class MetricQuery(_Strict):
+    """One PromQL query and how to read it."""
+
+    query: str = Field(min_length=1)
+    """PromQL returning one series (aggregate with ``sum``/``max`` when it could return more)."""
+    counter: bool = False
+    """The query returns a raw counter (e.g. ``vllm:prompt_tokens_total``): idlegpu turns it into
+    a per-second rate between consecutive samples, treating a decrease as a counter reset."""
+
+
+class ServiceConfig(_Strict):
+    """One inference service of the pool (a vLLM Deployment scaled by an autoscaler)."""
+
+    name: str = Field(pattern=r"^[a-z0-9]([a-z0-9._-]*[a-z0-9])?$")
+    """Service name; also the first part of its series ids (``<name>/replicas``)."""
+    gpus_per_replica: int = Field(gt=0)
+    """GPUs one replica holds (``nvidia.com/gpu`` limit of its pod)."""
+    min_replicas: int = Field(ge=0)
+    """The autoscaler's minimum replicas."""
+    max_replicas: int = Field(gt=0)
+    """The autoscaler's maximum replicas."""
+    queries: dict[str, MetricQuery] = Field(default_factory=dict)
+    """PromQL per metric (``replicas``, ``requests_running``, ``requests_waiting``,
+    ``kv_cache_usage``, ``prompt_tokens_per_s``, ``generation_tokens_per_s``). A plain string
+    is a gauge query. Missing metrics come from ``query_templates``."""
+
+    @field_validator("queries", mode="before")
+    @classmethod
+    def _plain_strings_are_gauges(cls, value: Any) -> Any:
+        if isinstance(value, Mapping):
+            return {k: {"query": v} if isinstance(v, str) else v for k, v in value.items()}
+        return value
+
+    @field_validator("queries")
+    @classmethod
+    def _known_metrics(cls, value: dict[str, MetricQuery]) -> dict[str, MetricQuery]:
+        unknown = sorted(set(value) - set(SERVICE_METRICS))
+        if unknown:
+            raise ValueError(
+                f"unknown metric(s) {', '.join(unknown)}; use {', '.join(SERVICE_METRICS)}"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _replica_bounds(self) -> ServiceConfig:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(
+                f"min_replicas ({self.min_replicas}) is above max_replicas ({self.max_replicas})"
+            )
+        return self
+
+
+class PoolConfig(_Strict):
+    """The GPU pool shared by the inference services and idlegpu's jobs."""
+
+    name: str = "inference-pool"
+    total_gpus: int = Field(gt=0)
+    """GPUs in the pool (allocatable ``nvidia.com/gpu`` on its nodes)."""
+    headroom_gpus: int = Field(default=0, ge=0)
+    """GPUs always kept free for the service's sudden scale-up; never lent to jobs."""
+    timezone: str = "Asia/Seoul"
+    """IANA time zone of the users' day (daily curves, nights, reports)."""
+    holiday_country: str = "KR"
+    """Country (ISO 3166 alpha-2) whose public holidays shape the traffic."""
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_timezone(cls, value: str) -> str:
+        try:
+            ZoneInfo(value)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"unknown time zone {value!r}; use an IANA name such as Asia/Seoul")
+        return value
+
+    @field_validator("holiday_country")
+    @classmethod
+    def _known_country(cls, value: str) -> str:
+        import holidays
+
+        if value.upper() not in holidays.list_supported_countries():
+            raise ValueError(
+                f"no holiday calendar for {value!r}; use an ISO 3166 code such as KR or US"
+            )
+        return value.upper()
+
+    @model_validator(mode="after")
+    def _headroom_fits(self) -> PoolConfig:
+        if self.headroom_gpus >= self.total_gpus:
+            raise ValueError(
+                f"headroom_gpus ({self.headroom_gpus}) must be below total_gpus ({self.total_gpus})"
+            )
+        return self
+
+    @property
+    def tz(self) -> ZoneInfo:
+        return ZoneInfo(self.timezone)
+
+
+class PrometheusConfig(_Strict):
+    """Where and how to read metrics history."""
+
+    url: str = "http://localhost:9090"
+    step_seconds: int = Field(default=300, gt=0)
+    """Resolution of fetched history, in seconds."""
+    max_points_per_query: int = Field(default=10_000, gt=1, le=11_000)
+    """Points per series per range query; Prometheus refuses more than 11,000."""
+    workers: int = Field(default=8, gt=0, le=64)
+    """Range queries in flight at once."""
+    timeout_seconds: float = Field(default=60.0, gt=0)
+    """Timeout of one HTTP request, in seconds."""
+    retries: int = Field(default=3, ge=0)
+    """Retries of a failed request (connection errors and 5xx), with exponential backoff."""
+    verify_tls: bool = True
+    bearer_token: str | None = None
+    """Sent as ``Authorization: Bearer``; prefer ``IDLEGPU_PROMETHEUS__BEARER_TOKEN``."""
+
+
+class Settings(BaseSettings):
+    """Everything ``idlegpu.yaml`` holds."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", frozen=True
+    )
+
+    pool: PoolConfig
+    prometheus: PrometheusConfig = PrometheusConfig()
+    query_templates: dict[str, MetricQuery] = Field(default_factory=dict)
+    """Queries shared by all services; ``$service`` is replaced by the service name."""
+    services: list[ServiceConfig] = Field(min_length=1)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Environment first: it overrides what the file (passed as init kwargs) says.
+        return (env_settings, init_settings)
+
+    @field_validator("query_templates", mode="before")
+    @classmethod
+    def _template_strings_are_gauges(cls, value: Any) -> Any:
+        return ServiceConfig._plain_strings_are_gauges(value)
+
+    @model_validator(mode="after")
+    def _pool_is_consistent(self) -> Settings:
+        names = [s.name for s in self.services]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"service name(s) {', '.join(dupes)} appear more than once")
+        floor = sum(s.min_replicas * s.gpus_per_replica for s in self.services)
+        if floor + self.pool.headroom_gpus > self.pool.total_gpus:
+            raise ValueError(
+                f"the services' minimum replicas hold {floor} GPUs, plus headroom "
+                f"{self.pool.headroom_gpus}, more than pool.total_gpus ({self.pool.total_gpus})"
+            )
+        for service in self.services:
+            if REPLICAS not in self.queries_for(service.name):
+                raise ValueError(
+                    f"service {service.name!r} has no replicas query; set "
+                    "services[].queries.replicas or query_templates.replicas"
+                )
+        return self
+
+    def service(self, name: str) -> ServiceConfig:
+        for service in self.services:
+            if service.name == name:
+                return service
+        raise ConfigError(
+            f"unknown service {name!r}; the config defines {', '.join(self.service_names)}"
+        )
+
+    @property
+    def service_names(self) -> list[str]:
+        return [s.name for s in self.services]
+
+    def queries_for(self, name: str) -> dict[str, MetricQuery]:
+        """The service's queries: its own, else the templates with ``$service`` filled in."""
+        service = next(s for s in self.services if s.name == name)
+        merged = {
+            metric: MetricQuery(
+                query=string.Template(tpl.query).safe_substitute(service=name),
+                counter=tpl.counter,
+            )
+            for metric, tpl in self.query_templates.items()
+        }
+        merged.update(service.queries)
+        return merged
+
+
+def load_config(path: str | Path | None = None, *, data: Mapping[str, Any] | None = None) -> Settings:
+    """Read ``idlegpu.yaml`` (or ``data``) plus ``IDLEGPU_*`` environment overrides."""
+    where = str(path) if path is not None else "config"
+    if data is None:
+        if path is None:
+            raise ConfigError("no configuration given; pass --config idlegpu.yaml")
+        file = Path(path)
+        if not file.is_file():
+            raise ConfigError(f"config file {file} not found; copy idlegpu.yaml from the repo")
+        try:
+            data = yaml.safe_load(file.read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            at = f" at line {mark.line + 1}" if mark is not None else ""
+            raise ConfigError(f"{where}: invalid YAML{at}: {getattr(exc, 'problem', exc)}") from exc
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"{where}: expected a mapping at the top level")
+    try:
+        return Settings(**dict(data))
+    except ValidationError as exc:
+        raise ConfigError(f"{where}: {format_validation_error(exc)}") from exc
+
+
+def format_validation_error(exc: ValidationError) -> str:
+    """All problems of a pydantic error on one line, each naming its field."""
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown field (check its spelling)"
+        elif err["type"] == "missing":
+            msg = "required field is missing"
+        got = err.get("input")
+        shown = (
+            f" (got {got!r})"
+            if err["type"] not in ("missing", "extra_forbidden") and not isinstance(got, dict | list)
+            else ""
+        )
+        parts.append(f"{loc}: {msg}{shown}")
+    return "; ".join(parts)
+

@@ -1,0 +1,131 @@
+"""The tidy history format: one row per (series, timestamp).
+
+Columns: ``unique_id`` (``<service>/<metric>``, e.g. ``chat/replicas``), ``ds`` (timestamps, stored
+and returned in UTC; naive timestamps are read as UTC) and ``y`` (float). Missing samples are
+missing rows: a gap stays a gap, nothing is filled in.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from forecast.errors import HistoryError
+
+UNIQUE_ID = "unique_id"
+DS = "ds"
+Y = "y"
+COLUMNS = (UNIQUE_ID, DS, Y)
+
+# Metric names of the series of one service; ``<service>/<metric>`` is the series id.
+REPLICAS = "replicas"
+REQUESTS_RUNNING = "requests_running"
+REQUESTS_WAITING = "requests_waiting"
+KV_CACHE_USAGE = "kv_cache_usage"
+PROMPT_TOKENS_PER_S = "prompt_tokens_per_s"
+GENERATION_TOKENS_PER_S = "generation_tokens_per_s"
+SERVICE_METRICS = (
+    REPLICAS,
+    REQUESTS_RUNNING,
+    REQUESTS_WAITING,
+    KV_CACHE_USAGE,
+    PROMPT_TOKENS_PER_S,
+    GENERATION_TOKENS_PER_S,
+)
+
+
+def series_id(service: str, metric: str) -> str:
+    return f"{service}/{metric}"
+
+
+def split_series_id(uid: str) -> tuple[str, str]:
+    """``"chat/replicas"`` -> ``("chat", "replicas")``; an id without ``/`` has metric ``""``."""
+    service, _, metric = uid.rpartition("/")
+    if not service:
+        return uid, ""
+    return service, metric
+
+
+def empty_history() -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            UNIQUE_ID: pd.Series([], dtype="string"),
+            DS: pd.Series([], dtype="datetime64[ns, UTC]"),
+            Y: pd.Series([], dtype="float64"),
+        }
+    )
+
+
+def validate_history(frame: pd.DataFrame, *, source: str = "history") -> pd.DataFrame:
+    """Check and normalise a history frame; raise ``HistoryError`` naming the problem and the fix.
+
+    Returns a new frame with exactly the three columns, ``ds`` as UTC nanosecond timestamps,
+    ``y`` as float64, rows with a missing ``y`` dropped (a gap), sorted by series and time.
+    """
+    missing = [c for c in COLUMNS if c not in frame.columns]
+    if missing:
+        raise HistoryError(
+            f"{source}: missing column(s) {', '.join(missing)}; a history needs columns "
+            f"unique_id, ds, y (found: {', '.join(map(str, frame.columns)) or 'none'})"
+        )
+    out = frame.loc[:, list(COLUMNS)].copy()
+
+    if out[UNIQUE_ID].isna().any():
+        row = int(out.index[out[UNIQUE_ID].isna()][0])
+        raise HistoryError(f"{source}: empty unique_id at row {row}; every row needs a series id")
+    out[UNIQUE_ID] = out[UNIQUE_ID].astype("string")
+
+    out[DS] = _parse_timestamps(out[DS], source)
+
+    y = pd.to_numeric(out[Y], errors="coerce")
+    bad = y.isna() & out[Y].notna() & ~out[Y].astype("string").str.strip().str.lower().isin(
+        ["nan", ""]
+    )
+    if bad.any():
+        pos = int(bad.to_numpy().nonzero()[0][0])
+        raise HistoryError(
+            f"{source}: non-numeric y {out[Y].iloc[pos]!r} for series "
+            f"{out[UNIQUE_ID].iloc[pos]} at {out[DS].iloc[pos]} (row {pos}); y must be a number"
+        )
+    out[Y] = y.astype("float64")
+    out = out[out[Y].notna()]
+
+    dup = out.duplicated([UNIQUE_ID, DS], keep=False)
+    if dup.any():
+        first = out[dup].iloc[0]
+        raise HistoryError(
+            f"{source}: {int(dup.sum())} rows share a (unique_id, ds) pair, e.g. "
+            f"{first[UNIQUE_ID]} at {first[DS].isoformat()}; keep one sample per series and "
+            "timestamp (de-duplicate or aggregate before loading)"
+        )
+    return out.sort_values([UNIQUE_ID, DS], kind="stable").reset_index(drop=True)
+
+
+def _parse_timestamps(ds: pd.Series, source: str) -> pd.Series:
+    if isinstance(ds.dtype, pd.DatetimeTZDtype):
+        parsed = ds.dt.tz_convert("UTC")
+    elif pd.api.types.is_datetime64_any_dtype(ds):
+        parsed = ds.dt.tz_localize("UTC")
+    else:
+        parsed = pd.to_datetime(ds, utc=True, errors="coerce", format="ISO8601")
+        bad = parsed.isna() & ds.notna()
+        if bad.any():
+            pos = int(bad.to_numpy().nonzero()[0][0])
+            raise HistoryError(
+                f"{source}: unreadable timestamp {ds.iloc[pos]!r} at row {pos}; use ISO 8601, "
+                "e.g. 2025-10-01T00:00:00Z (naive times are read as UTC)"
+            )
+    if parsed.isna().any():
+        pos = int(parsed.isna().to_numpy().nonzero()[0][0])
+        raise HistoryError(f"{source}: missing timestamp at row {pos}")
+    return parsed.astype("datetime64[ns, UTC]")
+
+
+def infer_step(frame: pd.DataFrame) -> pd.Timedelta:
+    """The sampling step of a history: the most common spacing between consecutive samples."""
+    diffs = frame.groupby(UNIQUE_ID, observed=True)[DS].diff().dropna()
+    diffs = diffs[diffs > pd.Timedelta(0)]
+    if diffs.empty:
+        raise HistoryError(
+            "cannot infer the sampling step: every series has fewer than two samples"
+        )
+    return pd.Timedelta(diffs.mode().iloc[0])

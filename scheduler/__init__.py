@@ -1,0 +1,1 @@
+"""idlegpu scheduler: the ``idlegpu`` command, and (later) admission of research jobs."""
