@@ -1,0 +1,153 @@
+"""``idlegpu analyze``: the idle-GPU picture of a pool history, as tables and charts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import date
+from pathlib import Path
+
+import pandas as pd
+
+from forecast.calendar import holiday_names
+from forecast.capacity import (
+    FREE,
+    daily_idle_gpu_hours,
+    hourly_idle_profile,
+    idle_depth_summary,
+    nightly_idle,
+    pool_usage,
+    step_hours,
+    typical_night,
+)
+from forecast.config import Settings
+
+NIGHT_HOURS = (22, 6)  # local, for the service table's "night mean"
+DAY_HOURS = (10, 17)  # local weekday office hours, for its "day mean"
+
+
+@dataclass(frozen=True)
+class PoolAnalysis:
+    settings: Settings
+    usage: pd.DataFrame
+    daily: pd.DataFrame
+    profile: pd.DataFrame
+    typical_day: pd.DataFrame
+    nights: pd.DataFrame
+    depth: pd.DataFrame
+    services: pd.DataFrame
+    holidays: dict[date, str]
+    min_hours: float
+
+    @property
+    def step(self) -> pd.Timedelta:
+        return pd.Timedelta(hours=step_hours(self.usage))
+
+    @property
+    def first_day(self) -> date:
+        return self.daily.index.min().date()
+
+    @property
+    def last_day(self) -> date:
+        return self.daily.index.max().date()
+
+    @property
+    def total_idle_gpu_hours(self) -> float:
+        return float(self.daily["idle_gpu_hours"].sum())
+
+    @property
+    def typical_night_gpus(self) -> int:
+        return typical_night(self.depth, self.min_hours)
+
+    def write(self, out: Path) -> list[Path]:
+        """Charts (PNG) and tables (CSV) into ``out``; returns the files written."""
+        from forecast import plots
+
+        out.mkdir(parents=True, exist_ok=True)
+        pool = self.settings.pool
+        capacity = pool.total_gpus - pool.headroom_gpus
+        files = [
+            plots.idle_heatmap(
+                self.profile, out / "idle_heatmap.png", capacity=capacity,
+                title=f"{pool.name}: mean free GPUs by weekday and hour ({pool.timezone})",
+            ),
+            plots.daily_idle_chart(
+                self.daily, out / "daily_idle_gpu_hours.png", holidays=self.holidays,
+                title=f"{pool.name}: idle GPU-hours per day (after {pool.headroom_gpus} GPUs "
+                "headroom)",
+            ),
+            plots.pool_week_chart(
+                self.usage, self.settings.service_names, out / "pool_last_week.png",
+                tz=pool.timezone, capacity=capacity,
+                title=f"{pool.name}: GPUs per service and free, last 7 days",
+            ),
+            plots.idle_depth_chart(
+                self.depth, out / "idle_depth.png", min_hours=self.min_hours,
+                title=f"{pool.name}: how long N GPUs stay idle per night",
+            ),
+        ]
+        tables = {
+            "daily_idle.csv": self.daily,
+            "hourly_idle_profile.csv": self.profile,
+            "nightly_idle.csv": self.nights,
+            "idle_depth.csv": self.depth,
+        }
+        for name, table in tables.items():
+            table.to_csv(out / name, index=name != "nightly_idle.csv", float_format="%.4f")
+            files.append(out / name)
+        return files
+
+
+def analyze_pool(history: pd.DataFrame, settings: Settings, *, min_hours: float = 8.0) -> PoolAnalysis:
+    tz = settings.pool.timezone
+    usage = pool_usage(history, settings)
+    daily = daily_idle_gpu_hours(usage, tz)
+    holidays = holiday_names(settings.pool.holiday_country, [d.date() for d in daily.index])
+    nights = nightly_idle(usage, tz)
+    return PoolAnalysis(
+        settings=settings,
+        usage=usage,
+        daily=daily,
+        profile=hourly_idle_profile(usage, tz),
+        typical_day=typical_day(usage, tz, holidays),
+        nights=nights,
+        depth=idle_depth_summary(nights, min_hours),
+        services=service_summary(usage, settings),
+        holidays=holidays,
+        min_hours=min_hours,
+    )
+
+
+def typical_day(usage: pd.DataFrame, tz: str, holidays: dict[date, str]) -> pd.DataFrame:
+    """Mean free GPUs by local hour on working days, weekends and public holidays."""
+    local = usage[FREE].tz_convert(tz)
+    is_holiday = pd.Index(local.index.date).isin(list(holidays))
+    kind = pd.Series("working day", index=local.index)
+    kind[local.index.day_of_week >= 5] = "weekend"
+    kind[is_holiday] = "holiday"
+    table = local.groupby([local.index.hour, kind]).mean().unstack()
+    order = [c for c in ("working day", "weekend", "holiday") if c in table.columns]
+    table = table[order].reindex(range(24))
+    table.index.name = "hour"
+    return table
+
+
+def service_summary(usage: pd.DataFrame, settings: Settings) -> pd.DataFrame:
+    local = usage.tz_convert(settings.pool.timezone)
+    hour = local.index.hour
+    night = (hour >= NIGHT_HOURS[0]) | (hour < NIGHT_HOURS[1])
+    day = (hour >= DAY_HOURS[0]) & (hour < DAY_HOURS[1]) & (local.index.day_of_week < 5)
+    rows = []
+    for service in settings.services:
+        replicas = local[service.name] / service.gpus_per_replica
+        rows.append(
+            {
+                "service": service.name,
+                "gpus_per_replica": service.gpus_per_replica,
+                "min": replicas.min(),
+                "max": replicas.max(),
+                "mean": replicas.mean(),
+                "night_mean": replicas[night].mean(),
+                "day_mean": replicas[day].mean(),
+            }
+        )
+    return pd.DataFrame(rows)

@@ -1,0 +1,197 @@
+"""The pool view of a history: GPUs in use, GPUs free, and where and when they sit idle.
+
+Pure functions over the tidy history and the configuration: no I/O, no clock.
+
+Conventions: a timestamp at which any service's replica count is unknown (a metric gap) has an
+unknown pool usage, so its free GPUs are NaN and never counted as idle: gaps are not free
+capacity. Free GPUs are what is left after the service's GPUs and the headroom; a service above
+the pool's capacity leaves zero free, never a negative number.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from zoneinfo import ZoneInfo
+
+import numpy as np
+import pandas as pd
+
+from forecast.config import Settings
+from forecast.errors import ConfigError, HistoryError
+from forecast.schema import DS, REPLICAS, UNIQUE_ID, Y, infer_step, series_id
+
+IN_USE = "in_use"
+FREE = "free"
+WEEKDAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+
+
+def pool_usage(history: pd.DataFrame, settings: Settings) -> pd.DataFrame:
+    """GPUs per service, GPUs in use and free GPUs at every step of the history.
+
+    Returns a frame indexed by UTC ``ds`` on the history's regular step (missing steps appear
+    as rows of NaN), with one column of GPUs per service, ``in_use`` and ``free``.
+    """
+    replica_ids = {series_id(s.name, REPLICAS): s for s in settings.services}
+    present = set(history[UNIQUE_ID].unique())
+    missing = [uid for uid in replica_ids if uid not in present]
+    if missing:
+        services = sorted({uid.rpartition("/")[0] for uid in present})
+        raise ConfigError(
+            f"the history has no series {', '.join(missing)} for the configured service(s); "
+            f"services in the history: {', '.join(services) or 'none'} (check services[].name)"
+        )
+    replicas = history[history[UNIQUE_ID].isin(list(replica_ids))]
+    wide = replicas.pivot(index=DS, columns=UNIQUE_ID, values=Y)
+    step = infer_step(replicas)
+    grid = pd.date_range(wide.index.min(), wide.index.max(), freq=step)
+    if len(grid) != len(wide.index.union(grid)):
+        raise HistoryError(
+            f"replica samples are off the {step} grid; resample the history to a regular step"
+        )
+    wide = wide.reindex(grid)
+    wide.index.name = DS
+    gpus = pd.DataFrame(
+        {s.name: wide[uid] * s.gpus_per_replica for uid, s in replica_ids.items()}, index=grid
+    )
+    gpus.index.name = DS
+    in_use = gpus.sum(axis=1, min_count=len(gpus.columns))
+    in_use[gpus.isna().any(axis=1)] = np.nan
+    capacity = settings.pool.total_gpus - settings.pool.headroom_gpus
+    gpus[IN_USE] = in_use
+    gpus[FREE] = (capacity - in_use).clip(lower=0)
+    return gpus
+
+
+def step_hours(usage: pd.DataFrame) -> float:
+    if len(usage.index) < 2:
+        raise HistoryError("the history needs at least two time steps")
+    return (usage.index[1] - usage.index[0]) / pd.Timedelta(hours=1)
+
+
+def daily_idle_gpu_hours(usage: pd.DataFrame, tz: str | ZoneInfo) -> pd.DataFrame:
+    """Per local day: idle GPU-hours, mean and minimum free GPUs, and the share of steps seen.
+
+    Idle GPU-hours sum the free GPUs over the observed steps; steps in a gap count as zero,
+    so ``observed`` tells how complete the day is.
+    """
+    hours = step_hours(usage)
+    local = usage[FREE].tz_convert(tz) if usage.index.tz else usage[FREE]
+    day = local.index.date
+    grouped = local.groupby(day)
+    out = pd.DataFrame(
+        {
+            "idle_gpu_hours": grouped.sum(min_count=0) * hours,
+            "mean_free": grouped.mean(),
+            "min_free": grouped.min(),
+            "observed": grouped.count() / grouped.size(),
+        }
+    )
+    out.index = pd.DatetimeIndex(out.index, name="date")
+    return out
+
+
+def hourly_idle_profile(usage: pd.DataFrame, tz: str | ZoneInfo) -> pd.DataFrame:
+    """Mean free GPUs by local weekday (rows Mon..Sun) and hour of day (columns 0..23).
+
+    A cell is also the average idle GPU-hours that hour of that weekday offers.
+    """
+    local = usage[FREE].tz_convert(tz)
+    table = local.groupby([local.index.day_of_week, local.index.hour]).mean().unstack()
+    table = table.reindex(index=range(7), columns=range(24))
+    table.index = pd.Index(WEEKDAYS, name="weekday")
+    table.columns.name = "hour"
+    return table
+
+
+@dataclass(frozen=True)
+class IdleRun:
+    start: pd.Timestamp
+    end: pd.Timestamp
+    hours: float
+
+
+def longest_run(free: pd.Series, level: float, hours_per_step: float) -> IdleRun | None:
+    """The longest stretch of consecutive steps with at least ``level`` GPUs free.
+
+    A NaN (gap) breaks a stretch. ``end`` is the end of the last step of the stretch.
+    """
+    ok = (free >= level).to_numpy()
+    if not ok.any():
+        return None
+    edges = np.diff(np.concatenate([[0], ok.astype(np.int8), [0]]))
+    starts = np.flatnonzero(edges == 1)
+    ends = np.flatnonzero(edges == -1)
+    lengths = ends - starts
+    best = int(np.argmax(lengths))  # first of the longest: deterministic
+    start, end = starts[best], ends[best]
+    step = pd.Timedelta(hours=hours_per_step)
+    return IdleRun(
+        start=free.index[start],
+        end=free.index[end - 1] + step,
+        hours=float(lengths[best] * hours_per_step),
+    )
+
+
+def nightly_idle(
+    usage: pd.DataFrame,
+    tz: str | ZoneInfo,
+    levels: list[int] | None = None,
+    *,
+    night_starts_hour: int = 12,
+) -> pd.DataFrame:
+    """Depth and duration of each night's idle period.
+
+    A night is the 24 hours from ``night_starts_hour`` (local) of its date to the same hour the
+    next day, so a window that crosses midnight stays whole. For every night and every level N
+    (GPUs, default multiples of 4 up to the pool's free capacity) it gives the longest stretch
+    with at least N GPUs free: ``hours``, ``start`` and ``end`` (local time). Nights that are
+    not fully inside the history are left out.
+    """
+    hours = step_hours(usage)
+    local = usage[FREE].tz_convert(tz)
+    if levels is None:
+        top = np.nanmax(local.to_numpy()) if local.notna().any() else 0
+        levels = list(range(4, int(top) + 1, 4)) or [1]
+    shifted = local.index - pd.Timedelta(hours=night_starts_hour)
+    night = pd.DatetimeIndex(shifted.date)
+    steps_per_night = round(24 / hours)
+    rows = []
+    for day, values in local.groupby(night):
+        if len(values) != steps_per_night:
+            continue
+        for level in levels:
+            run = longest_run(values, level, hours)
+            rows.append(
+                {
+                    "night": pd.Timestamp(day),
+                    "level": level,
+                    "hours": 0.0 if run is None else run.hours,
+                    "start": pd.NaT if run is None else run.start,
+                    "end": pd.NaT if run is None else run.end,
+                }
+            )
+    return pd.DataFrame(rows, columns=["night", "level", "hours", "start", "end"])
+
+
+def idle_depth_summary(nights: pd.DataFrame, min_hours: float = 8.0) -> pd.DataFrame:
+    """Per level N: median and 10th-percentile hours of N GPUs idle per night, and the share of
+    nights on which N GPUs stayed idle for at least ``min_hours`` hours."""
+    if nights.empty:
+        raise HistoryError("no complete night in the history; it needs at least 24 hours")
+    grouped = nights.groupby("level")["hours"]
+    summary = pd.DataFrame(
+        {
+            "median_hours": grouped.median(),
+            "p10_hours": grouped.quantile(0.1),
+            f"share_nights_ge_{min_hours:g}h": grouped.apply(lambda h: float((h >= min_hours).mean())),
+            "nights": grouped.size(),
+        }
+    )
+    summary.index.name = "gpus"
+    return summary
+
+
+def typical_night(summary: pd.DataFrame, min_hours: float = 8.0) -> int:
+    """The most GPUs idle for at least ``min_hours`` hours on a median night (0 if none)."""
+    ok = summary.index[summary["median_hours"] >= min_hours]
+    return int(ok.max()) if len(ok) else 0

@@ -1,0 +1,101 @@
+"""Charts for people: matplotlib figures written as PNG (no display needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from forecast.capacity import FREE
+
+DPI = 110
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=DPI, bbox_inches="tight", metadata={"Software": None})
+    return path
+
+
+def idle_heatmap(profile: pd.DataFrame, path: Path, *, title: str, capacity: int) -> Path:
+    """Weekday x hour heatmap of mean free GPUs, each cell labelled."""
+    fig = Figure(figsize=(12, 4.2))
+    ax = fig.add_subplot()
+    image = ax.imshow(profile.to_numpy(dtype=float), aspect="auto", cmap="viridis", vmin=0,
+                      vmax=capacity)
+    ax.set_xticks(range(24), [f"{h:02d}" for h in profile.columns])
+    ax.set_yticks(range(len(profile.index)), list(profile.index))
+    ax.set_xlabel("hour of day (local time)")
+    ax.set_title(title)
+    for (row, col), value in np.ndenumerate(profile.to_numpy(dtype=float)):
+        if np.isfinite(value):
+            ax.text(col, row, f"{value:.0f}", ha="center", va="center", fontsize=7,
+                    color="white" if value < capacity * 0.6 else "black")
+    fig.colorbar(image, ax=ax, label="mean free GPUs", pad=0.01)
+    return _save(fig, path)
+
+
+def daily_idle_chart(
+    daily: pd.DataFrame, path: Path, *, title: str, holidays: dict | None = None
+) -> Path:
+    """Bars of idle GPU-hours per local day (weekends and holidays coloured) and a 7-day mean."""
+    holidays = holidays or {}
+    fig = Figure(figsize=(12, 4.2))
+    ax = fig.add_subplot()
+    days = daily.index
+    kind = np.where(
+        [d.date() in holidays for d in days], "holiday",
+        np.where(days.day_of_week >= 5, "weekend", "weekday"),
+    )
+    colours = {"weekday": "#4C72B0", "weekend": "#55A868", "holiday": "#C44E52"}
+    for name, colour in colours.items():
+        mask = kind == name
+        if mask.any():
+            ax.bar(days[mask], daily["idle_gpu_hours"][mask], width=0.85, color=colour,
+                   label=name)
+    rolling = daily["idle_gpu_hours"].rolling(7, min_periods=1, center=True).mean()
+    ax.plot(days, rolling, color="black", linewidth=1.2, label="7-day mean")
+    ax.set_ylabel("idle GPU-hours per day")
+    ax.set_title(title)
+    ax.legend(loc="upper left", ncols=4, fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    fig.autofmt_xdate()
+    return _save(fig, path)
+
+
+def pool_week_chart(
+    usage: pd.DataFrame, services: list[str], path: Path, *, tz: str, capacity: int, title: str
+) -> Path:
+    """Stacked GPUs per service and the free GPUs over the last seven days of the history."""
+    last = usage.index.max()
+    window = usage[usage.index > last - pd.Timedelta(days=7)].tz_convert(tz)
+    fig = Figure(figsize=(12, 4.2))
+    ax = fig.add_subplot()
+    x = window.index.tz_localize(None)
+    stacks = [window[s].to_numpy(dtype=float) for s in services] + [window[FREE].to_numpy(dtype=float)]
+    ax.stackplot(x, *stacks, labels=[*services, "free"], alpha=0.85,
+                 colors=[*[f"C{i}" for i in range(len(services))], "#DDDDDD"])
+    ax.axhline(capacity, color="black", linestyle="--", linewidth=1, label="pool minus headroom")
+    ax.set_ylabel("GPUs")
+    ax.set_title(title)
+    ax.legend(loc="upper left", ncols=len(services) + 2, fontsize=8)
+    fig.autofmt_xdate()
+    return _save(fig, path)
+
+
+def idle_depth_chart(summary: pd.DataFrame, path: Path, *, title: str, min_hours: float) -> Path:
+    """Hours per night that N GPUs stay idle (median and 10th percentile) against N."""
+    fig = Figure(figsize=(8, 4))
+    ax = fig.add_subplot()
+    levels = summary.index.to_numpy()
+    ax.plot(levels, summary["median_hours"], marker="o", label="median night")
+    ax.plot(levels, summary["p10_hours"], marker="o", linestyle="--", label="1 night in 10 below")
+    ax.axhline(min_hours, color="grey", linewidth=1)
+    ax.set_xlabel("GPUs idle at once")
+    ax.set_ylabel("hours in one stretch per night")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return _save(fig, path)
