@@ -1,0 +1,114 @@
+"""The idlegpu command as a user meets it: help, sample, analyze and one-line errors."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from matplotlib.image import imread
+
+from forecast.sources import read_history
+from scheduler.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+SAMPLE = REPO / "data" / "sample" / "history.parquet"
+CONFIG = REPO / "idlegpu.yaml"
+
+
+def run(args, capsys):
+    try:
+        main(args)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code or 0
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_help_lists_every_command(capsys):
+    code, out, _ = run(["--help"], capsys)
+    assert code == 0
+    for command in ("sample", "fetch", "analyze", "export-openmetrics"):
+        assert command in out
+    code, out, _ = run(["analyze", "--help"], capsys)
+    assert code == 0 and "--history" in out and "--min-hours" in out
+
+
+def test_console_script_is_installed():
+    exe = Path(sys.executable).with_name("idlegpu")
+    result = subprocess.run([exe, "--help"], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+    assert "idle GPUs" in result.stdout
+
+
+def test_analyze_the_sample(tmp_path, capsys):
+    out_dir = tmp_path / "analysis"
+    code, out, err = run(
+        ["analyze", "--history", str(SAMPLE), "--config", str(CONFIG), "--out", str(out_dir)],
+        capsys,
+    )
+    assert code == 0, err
+    assert "On a typical night 48 GPUs stay idle" in out
+    for png in ("idle_heatmap.png", "daily_idle_gpu_hours.png", "pool_last_week.png",
+                "idle_depth.png"):
+        image = imread(out_dir / png)
+        assert image.shape[0] > 200 and image.shape[1] > 400
+        assert image[..., :3].std() > 0.05  # not a blank canvas
+    daily = pd.read_csv(out_dir / "daily_idle.csv", parse_dates=["date"])
+    assert len(daily) == 123
+    assert daily["idle_gpu_hours"].between(500, 1200).all()
+    depth = pd.read_csv(out_dir / "idle_depth.csv", index_col="gpus")
+    assert depth.loc[48, "median_hours"] >= 8
+
+
+def test_sample_regenerates_the_committed_files(tmp_path, capsys):
+    code, out, err = run(["sample", "--out", str(tmp_path)], capsys)
+    assert code == 0, err
+    assert (tmp_path / "history.parquet").read_bytes() == SAMPLE.read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["analyze", "--history", "missing.parquet", "--config", str(CONFIG)], "not found"),
+        (["analyze", "--history", str(SAMPLE), "--config", "nope.yaml"], "config file nope.yaml not found"),
+    ],
+)
+def test_user_errors_are_one_line_without_traceback(args, needle, capsys):
+    code, out, err = run(args, capsys)
+    assert code == 2
+    assert needle in err
+    assert "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1 or needle in err.replace("\n", " ")
+
+
+def test_unknown_service_in_config(tmp_path, capsys):
+    config = tmp_path / "c.yaml"
+    config.write_text(CONFIG.read_text().replace("- name: code ", "- name: coder "))
+    code, _, err = run(["analyze", "--history", str(SAMPLE), "--config", str(config),
+                        "--out", str(tmp_path)], capsys)
+    assert code == 2
+    assert "no series coder/replicas" in err and "Traceback" not in err
+
+
+def test_bad_history_files(tmp_path, capsys):
+    dup = tmp_path / "dup.csv"
+    dup.write_text("unique_id,ds,y\nchat/replicas,2025-10-01T00:00:00Z,1\n"
+                   "chat/replicas,2025-10-01T00:00:00Z,2\n")
+    code, _, err = run(["analyze", "--history", str(dup), "--config", str(CONFIG)], capsys)
+    assert code == 2 and "share a (unique_id, ds) pair" in err and "Traceback" not in err
+
+    text = tmp_path / "text.csv"
+    text.write_text("unique_id,ds,y\nchat/replicas,2025-10-01T00:00:00Z,many\n")
+    code, _, err = run(["analyze", "--history", str(text), "--config", str(CONFIG)], capsys)
+    assert code == 2 and "non-numeric y 'many'" in err
+
+
+def test_debug_shows_the_traceback(capsys):
+    with pytest.raises(Exception, match="not found"):
+        main(["--debug", "analyze", "--history", "missing.parquet", "--config", str(CONFIG)])
+
+
+def test_committed_sample_is_readable():
+    assert read_history(SAMPLE)["unique_id"].nunique() == 24
