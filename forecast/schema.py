@@ -77,9 +77,11 @@ def validate_history(frame: pd.DataFrame, *, source: str = "history") -> pd.Data
     out[DS] = _parse_timestamps(out[DS], source)
 
     y = pd.to_numeric(out[Y], errors="coerce")
-    bad = y.isna() & out[Y].notna() & ~out[Y].astype("string").str.strip().str.lower().isin(
-        ["nan", ""]
-    )
+    coerced = y.isna() & out[Y].notna()  # only text that is not a number lands here
+    bad = coerced.copy()
+    if coerced.any():
+        text = out.loc[coerced, Y].astype("string").str.strip().str.lower()
+        bad[coerced] = ~text.isin(["nan", ""])
     if bad.any():
         pos = int(bad.to_numpy().nonzero()[0][0])
         raise HistoryError(

@@ -3,7 +3,8 @@
 The metric names and labels are those the example configuration (``idlegpu.yaml``) queries, so
 fetching a backfilled Prometheus with that configuration returns the same series::
 
-    replicas                 gauge   kube_deployment_status_replicas{namespace="inference",deployment="<service>"}
+    replicas                 gauge   kube_deployment_status_replicas{namespace="inference",
+                                                                     deployment="<service>"}
     requests_running         gauge   vllm:num_requests_running{model_name="<service>"}
     requests_waiting         gauge   vllm:num_requests_waiting{model_name="<service>"}
     kv_cache_usage           gauge   vllm:kv_cache_usage_perc{model_name="<service>"}
@@ -15,9 +16,13 @@ timestamp, then ``c_i = c_{i-1} + y_i * step`` (``step`` = the series' sampling 
 rate between consecutive samples one step apart is ``y_i`` again. Across a gap the counter just
 continues from its last value.
 
-Load the file with::
+Load the file into a fresh directory with::
 
-    promtool tsdb create-blocks-from openmetrics --max-block-duration=24h FILE DATADIR
+    promtool tsdb create-blocks-from openmetrics --max-block-duration=486h FILE DATADIR
+
+(promtool rounds the duration down to 2h, 6h, 18h, 54h, 162h or 486h blocks and re-reads the
+file once per block: for 45 days of 12 series at 5 min, 24h took 6.3 s here and 486h 0.5 s.)
+Start Prometheus with a retention longer than the data's age, e.g. ``4000d``.
 
 Timestamps are written in seconds (OpenMetrics; milliseconds would land in the far future),
 values with ``repr`` so they read back exactly, every family's samples together, ``# EOF`` last.
@@ -233,7 +238,7 @@ def iter_openmetrics(
             if family.type == "counter":
                 step_s = _series_step_seconds(frame.iloc[lo:hi], uid, fallback)
                 y = _counter_values(y, step_s, uid)
-                ts = np.r_[ts[0] - int(round(step_s * 1e9)), ts]
+                ts = np.r_[ts[0] - round(step_s * 1e9), ts]
             prefix = f"{family.sample_name}{{{family.labels(service)}}} "
             values = _format_values(y)
             stamps = _format_timestamps(ts, uid)
@@ -263,7 +268,7 @@ def write_openmetrics(
     *,
     step_seconds: float | None = None,
 ) -> Path:
-    """Write ``history`` as an OpenMetrics file for ``promtool tsdb create-blocks-from openmetrics``.
+    """Write ``history`` as OpenMetrics for ``promtool tsdb create-blocks-from openmetrics``.
 
     Streams one series block at a time; the file is written to a temporary name and renamed, so
     a failure never leaves half a file behind. Returns ``out``.
@@ -273,8 +278,7 @@ def write_openmetrics(
     tmp = file.with_name(file.name + ".tmp")
     try:
         with open(tmp, "w", encoding="utf-8", newline="\n") as handle:
-            for piece in iter_openmetrics(history, settings, step_seconds=step_seconds):
-                handle.write(piece)
+            handle.writelines(iter_openmetrics(history, settings, step_seconds=step_seconds))
         tmp.replace(file)
     except BaseException:
         tmp.unlink(missing_ok=True)

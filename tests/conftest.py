@@ -1,0 +1,37 @@
+"""Shared fixtures. ``prometheus_factory`` starts REAL Prometheus servers backfilled from a
+history frame (see ``tests/prom_server.py``); they are stopped at the end of the session."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pandas as pd
+import pytest
+from prom_server import PrometheusMissingError, PromServer, find_binaries
+
+
+@pytest.fixture(scope="session")
+def prometheus_binaries() -> tuple[str, str]:
+    """``(prometheus, promtool)``; fails loudly (never skips) when they are not installed."""
+    try:
+        return find_binaries()
+    except PrometheusMissingError as exc:
+        pytest.fail(f"Prometheus tests need a real server: {exc}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def prometheus_factory(
+    tmp_path_factory: pytest.TempPathFactory, prometheus_binaries: tuple[str, str]
+) -> Iterator[Callable[..., PromServer]]:
+    """``start(history, name="prom") -> PromServer``: backfill ``history`` into a fresh data
+    directory and serve it on a free loopback port; ``.url`` is its address."""
+    servers: list[PromServer] = []
+
+    def start(history: pd.DataFrame, *, name: str = "prom", **kwargs: object) -> PromServer:
+        server = PromServer.from_history(history, tmp_path_factory.mktemp(name), **kwargs)
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()
