@@ -22,3 +22,23 @@ def holiday_names(country: str, days: Iterable[date]) -> dict[date, str]:
     years = tuple(range(min(days).year, max(days).year + 1))
     table = _holidays(country.upper(), years)
     return {d: table[d] for d in days if d in table}
+
+
+WORKING_DAY, SATURDAY, SUNDAY_OR_HOLIDAY = 0, 1, 2
+DAY_TYPE_NAMES = ("working day", "Saturday", "Sunday/holiday")
+
+
+def day_types(index, tz: str, country: str | None):
+    """Per timestamp: 0 working day, 1 Saturday, 2 Sunday or public holiday (local calendar)."""
+    import numpy as np
+
+    local = index.tz_convert(tz)
+    weekday = np.asarray(local.day_of_week)
+    kinds = np.where(weekday == 5, SATURDAY, np.where(weekday == 6, SUNDAY_OR_HOLIDAY, WORKING_DAY))
+    if country:
+        dates = local.date
+        holidays = holiday_names(country, set(dates))
+        if holidays:
+            is_holiday = np.fromiter((d in holidays for d in dates), bool, len(dates))
+            kinds = np.where(is_holiday, SUNDAY_OR_HOLIDAY, kinds)
+    return kinds

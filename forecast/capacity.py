@@ -195,3 +195,109 @@ def typical_night(summary: pd.DataFrame, min_hours: float = 8.0) -> int:
     """The most GPUs idle for at least ``min_hours`` hours on a median night (0 if none)."""
     ok = summary.index[summary["median_hours"] >= min_hours]
     return int(ok.max()) if len(ok) else 0
+
+
+# ---------------------------------------------------------------- forecast pool view, windows
+
+
+def forecast_pool_usage(forecast: pd.DataFrame, settings: Settings, confidence: float) -> pd.DataFrame:
+    """GPUs in use and free GPUs over a forecast, at a confidence level.
+
+    The pool's usage at confidence ``c`` adds up each service's replica quantile ``q=c`` times its
+    GPUs per replica. Adding quantiles is exact when services rise and fall together (they do:
+    one office day drives them all) and conservative otherwise, so free GPUs are promised with
+    at least confidence ``c``.
+    """
+    from forecast.models.base import quantile_column
+
+    column = quantile_column(confidence)
+    if column not in forecast.columns:
+        have = [c for c in forecast.columns if c.startswith("q")]
+        raise ConfigError(
+            f"the forecast has no quantile {confidence:g} (has {', '.join(have) or 'none'}); "
+            f"forecast with --quantiles including {confidence:g}"
+        )
+    gpus = {}
+    for service in settings.services:
+        rows = forecast[forecast[UNIQUE_ID] == series_id(service.name, REPLICAS)]
+        if rows.empty:
+            raise ConfigError(
+                f"the forecast has no series {series_id(service.name, REPLICAS)}; forecast every "
+                "configured service's replicas"
+            )
+        gpus[service.name] = rows.set_index(DS)[column] * service.gpus_per_replica
+    usage = pd.DataFrame(gpus).sort_index()
+    usage.index.name = DS
+    usage[IN_USE] = usage.sum(axis=1, min_count=len(gpus))
+    capacity = settings.pool.total_gpus - settings.pool.headroom_gpus
+    usage[FREE] = (capacity - usage[IN_USE]).clip(lower=0)
+    return usage
+
+
+@dataclass(frozen=True)
+class IdleWindow:
+    """``gpus`` GPUs free from ``start`` to ``end`` (UTC) with probability ``confidence``.
+
+    ``open_end``: the window reaches the end of the forecast and may last longer.
+    """
+
+    start: pd.Timestamp
+    end: pd.Timestamp
+    gpus: int
+    confidence: float
+    open_end: bool = False
+
+    @property
+    def hours(self) -> float:
+        return (self.end - self.start) / pd.Timedelta(hours=1)
+
+    @property
+    def gpu_hours(self) -> float:
+        return self.gpus * self.hours
+
+
+def idle_windows(
+    free: pd.Series,
+    *,
+    confidence: float,
+    granularity: int = 4,
+    min_hours: float = 1.0,
+) -> list[IdleWindow]:
+    """Every maximal stretch with at least N GPUs free, for N in multiples of ``granularity``.
+
+    ``free`` is a regular series of free GPUs (NaN = unknown, which breaks a window); each value
+    holds from its timestamp to the next. Windows shorter than ``min_hours`` are left out. Sorted
+    by start, then most GPUs first, so the admitter can pack jobs of any size.
+    """
+    if granularity < 1:
+        raise ValueError("granularity must be at least 1 GPU")
+    if len(free) < 2:
+        raise HistoryError("need at least two steps of free GPUs to find windows")
+    step = free.index[1] - free.index[0]
+    top = np.nanmax(free.to_numpy()) if free.notna().any() else 0
+    values = free.to_numpy()
+    windows = []
+    for level in range(granularity, int(top) + 1, granularity):
+        ok = np.nan_to_num(values, nan=-1) >= level
+        edges = np.diff(np.concatenate([[0], ok.astype(np.int8), [0]]))
+        for s, e in zip(np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)):
+            start, end = free.index[s], free.index[e - 1] + step
+            if (end - start) >= pd.Timedelta(hours=min_hours):
+                windows.append(IdleWindow(start, end, level, confidence, open_end=e == len(values)))
+    return sorted(windows, key=lambda w: (w.start, -w.gpus))
+
+
+def windows_frame(windows: list[IdleWindow], tz: str | ZoneInfo) -> pd.DataFrame:
+    """Windows as a table with local start/end times."""
+    return pd.DataFrame(
+        {
+            "start": [w.start.tz_convert(tz) for w in windows],
+            "end": [w.end.tz_convert(tz) for w in windows],
+            "gpus": [w.gpus for w in windows],
+            "hours": [w.hours for w in windows],
+            "gpu_hours": [w.gpu_hours for w in windows],
+            "confidence": [w.confidence for w in windows],
+            "open_end": [w.open_end for w in windows],
+        },
+        columns=["start", "end", "gpus", "hours", "gpu_hours", "confidence", "open_end"],
+    )

@@ -99,3 +99,77 @@ def idle_depth_chart(summary: pd.DataFrame, path: Path, *, title: str, min_hours
     ax.grid(alpha=0.3)
     ax.legend()
     return _save(fig, path)
+
+
+def forecast_chart(
+    history: pd.DataFrame,
+    forecast: pd.DataFrame,
+    path: Path,
+    *,
+    tz: str,
+    quantiles: list[float],
+    context: pd.Timedelta = pd.Timedelta(days=3),
+    max_panels: int = 8,
+) -> Path:
+    """Per series: recent history, the median forecast and the band between the outer quantiles."""
+    from forecast.models.base import quantile_column
+
+    uids = list(dict.fromkeys(forecast["unique_id"]))[:max_panels]
+    fig = Figure(figsize=(12, 2.4 * len(uids)))
+    axes = fig.subplots(len(uids), 1, squeeze=False)[:, 0]
+    lo_q, hi_q = min(quantiles), max(quantiles)
+    mid_q = 0.5 if 0.5 in quantiles else quantiles[len(quantiles) // 2]
+    for ax, uid in zip(axes, uids):
+        fc = forecast[forecast["unique_id"] == uid]
+        start = fc["ds"].min() - context
+        past = history[(history["unique_id"] == uid) & (history["ds"] >= start)]
+        ax.plot(past["ds"].dt.tz_convert(tz).dt.tz_localize(None), past["y"], color="black",
+                linewidth=1, label="history")
+        x = fc["ds"].dt.tz_convert(tz).dt.tz_localize(None)
+        if hi_q != lo_q:
+            ax.fill_between(x, fc[quantile_column(lo_q)], fc[quantile_column(hi_q)],
+                            step="post", alpha=0.25, color="C0",
+                            label=f"q{lo_q:g} to q{hi_q:g}")
+        ax.step(x, fc[quantile_column(mid_q)], where="post", color="C0",
+                label=f"forecast q{mid_q:g} ({fc['model'].iloc[0]})")
+        ax.set_title(uid, fontsize=9, loc="left")
+        ax.grid(alpha=0.3)
+    axes[0].legend(loc="upper left", fontsize=8, ncols=3)
+    axes[-1].set_xlabel(f"local time ({tz})")
+    return _save(fig, path)
+
+
+def free_gpu_chart(
+    past_free: pd.Series,
+    forecast_free: dict[str, pd.Series],
+    windows: pd.DataFrame,
+    path: Path,
+    *,
+    tz: str,
+    capacity: int,
+    title: str,
+) -> Path:
+    """Free GPUs: the recent past, the forecast at each confidence, and the idle windows."""
+    fig = Figure(figsize=(12, 4.5))
+    ax = fig.add_subplot()
+    ax.step(past_free.index.tz_convert(tz).tz_localize(None), past_free, where="post",
+            color="black", linewidth=1, label="free (history)")
+    for i, (label, series) in enumerate(forecast_free.items()):
+        x = series.index.tz_convert(tz).tz_localize(None)
+        ax.step(x, series, where="post", color=f"C{i}", label=label)
+        if i == len(forecast_free) - 1:
+            ax.fill_between(x, 0, series, step="post", color=f"C{i}", alpha=0.15)
+    if not windows.empty:
+        best = windows.loc[windows.groupby("start")["gpus"].idxmax()]
+        for row in best.itertuples():
+            ax.hlines(row.gpus, row.start.tz_localize(None), row.end.tz_localize(None),
+                      colors="C3", linewidth=3)
+        ax.plot([], [], color="C3", linewidth=3, label="idle windows (one line per size)")
+    ax.axhline(capacity, color="grey", linestyle="--", linewidth=1, label="pool minus headroom")
+    ax.set_ylim(0, capacity * 1.1)
+    ax.set_ylabel("free GPUs")
+    ax.set_xlabel(f"local time ({tz})")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left", fontsize=8, ncols=3)
+    return _save(fig, path)

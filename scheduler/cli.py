@@ -18,6 +18,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
 )
 console = Console()
 err_console = Console(stderr=True)
@@ -61,7 +62,7 @@ def parse_time(value: str, *, name: str) -> datetime:
     return parsed
 
 
-@app.command()
+@app.command(short_help="Regenerate the bundled sample pool history.")
 def sample(
     out: Annotated[Path, typer.Option(help="Directory for the sample files.")] = Path("data/sample"),
     seed: Annotated[int, typer.Option(help="Random seed of the generator.")] = 20251001,
@@ -89,7 +90,7 @@ def sample(
         console.print(f"wrote OpenMetrics for promtool backfill to {openmetrics}")
 
 
-@app.command("export-openmetrics")
+@app.command("export-openmetrics", short_help="Write a history as OpenMetrics for promtool.")
 def export_openmetrics(
     history: HistoryOption,
     out: Annotated[Path, typer.Option(help="OpenMetrics text file to write.")],
@@ -103,7 +104,7 @@ def export_openmetrics(
     console.print(f"wrote {len(frame):,} samples to {out}")
 
 
-@app.command()
+@app.command(short_help="Where and when the pool's GPUs sit idle.")
 def analyze(
     history: HistoryOption,
     config: ConfigOption = DEFAULT_CONFIG,
@@ -181,7 +182,280 @@ def _print_analysis(result) -> None:
                       "typical night.[/]")
 
 
-@app.command()
+def _optional_config(config: Path | None):
+    """The config if given, else ./idlegpu.yaml if present, else None (UTC, no holidays)."""
+    from forecast.config import load_config
+
+    if config is not None:
+        return load_config(config)
+    if DEFAULT_CONFIG.is_file():
+        return load_config(DEFAULT_CONFIG)
+    return None
+
+
+def _parse_quantiles(text: str) -> list[float]:
+    from forecast.models import validate_quantiles
+
+    try:
+        return list(validate_quantiles([float(part) for part in text.split(",") if part.strip()]))
+    except ValueError as exc:
+        raise typer.BadParameter(f"{text!r}: {exc}", param_hint="--quantiles") from None
+
+
+def _parse_horizon(text: str):
+    from forecast.models import parse_horizon
+
+    try:
+        return parse_horizon(text)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--horizon") from None
+
+
+def _history_until(history: Path, now: str | None, metrics: list[str] | None):
+    """Read a history, keep the given metrics and cut it at ``now`` (replay of a past moment)."""
+    import pandas as pd
+
+    from forecast.errors import HistoryError
+    from forecast.sources import read_history
+
+    frame = read_history(history)
+    if metrics:
+        metric = frame["unique_id"].str.rpartition("/")[2]
+        kept = frame[metric.isin(metrics)]
+        if kept.empty:
+            found = sorted(set(metric))
+            raise HistoryError(
+                f"{history}: no series of metric(s) {', '.join(metrics)}; "
+                f"found: {', '.join(found)}"
+            )
+        frame = kept
+    if now is not None:
+        cut = pd.Timestamp(parse_time(now, name="--now"))
+        frame = frame[frame["ds"] <= cut]
+        if frame.empty:
+            raise HistoryError(f"{history}: nothing at or before --now {now}")
+    return frame
+
+
+def _fit_predict_with_progress(name, settings, history, horizon, quantiles):
+    import pandas as pd
+    from rich.progress import Progress
+
+    from forecast.models import model_for
+
+    groups = list(history.groupby("unique_id", sort=True, observed=True))
+    frames = []
+    with Progress(console=err_console, transient=True) as progress:
+        task = progress.add_task(f"fitting {name}", total=len(groups))
+        for uid, group in groups:
+            progress.update(task, description=f"fitting {name} on {uid}")
+            frames.append(model_for(name, settings).fit(group).predict(horizon, quantiles))
+            progress.advance(task)
+    return pd.concat(frames, ignore_index=True)
+
+
+ModelOption = Annotated[
+    str, typer.Option("--model", "-m", help="auto | seasonal_naive | prophet | statsmodels | gbm")
+]
+NowOption = Annotated[
+    Optional[str],
+    typer.Option(help="Pretend it is this time: use only history up to it (audits, demos)."),
+]
+
+
+@app.command("forecast", short_help="Forecast every series as quantiles.")
+def forecast_cmd(
+    history: HistoryOption,
+    out: Annotated[Path, typer.Option(help="Forecast file (.parquet, .csv).")],
+    horizon: Annotated[str, typer.Option(help="How far ahead, e.g. 24h or 7d.")] = "24h",
+    quantiles: Annotated[str, typer.Option(help="Comma-separated quantiles.")] = "0.5,0.9,0.95",
+    model: ModelOption = "auto",
+    config: Annotated[
+        Optional[Path], typer.Option("--config", "-c", help="Pool config (time zone, holidays, "
+                                     "replica bounds); default ./idlegpu.yaml if present.")
+    ] = None,
+    metric: Annotated[
+        Optional[list[str]], typer.Option(help="Only series of this metric, e.g. replicas.")
+    ] = None,
+    now: NowOption = None,
+    plot: Annotated[
+        Optional[Path], typer.Option(help="Also draw history, forecast and bands to this PNG.")
+    ] = None,
+) -> None:
+    """Forecast every series of a history as quantiles: unique_id, ds, model, q0.5, q0.9, ..."""
+    from forecast.models import MODEL_NAMES
+
+    if model not in MODEL_NAMES:
+        raise typer.BadParameter(f"choose one of {', '.join(MODEL_NAMES)}", param_hint="--model")
+    settings = _optional_config(config)
+    qs = _parse_quantiles(quantiles)
+    span = _parse_horizon(horizon)
+    frame = _history_until(history, now, metric)
+    result = _fit_predict_with_progress(model, settings, frame, span, qs)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if out.suffix == ".parquet":
+        result.to_parquet(out, index=False)
+    else:
+        result.to_csv(out, index=False, float_format="%.6g")
+    console.print(
+        f"wrote {len(result):,} rows ({result['unique_id'].nunique()} series x {span}) to {out}"
+    )
+    if plot is not None:
+        from forecast import plots
+
+        tz = settings.pool.timezone if settings else "UTC"
+        plots.forecast_chart(frame, result, plot, tz=tz, quantiles=qs)
+        console.print(f"chart: {plot}")
+
+
+@app.command(short_help="The coming idle windows, with confidence.")
+def windows(
+    history: HistoryOption,
+    config: ConfigOption = DEFAULT_CONFIG,
+    confidence: Annotated[
+        float, typer.Option(help="Probability that the promised GPUs really are free.")
+    ] = 0.9,
+    horizon: Annotated[str, typer.Option(help="How far ahead to look.")] = "24h",
+    model: ModelOption = "auto",
+    now: NowOption = None,
+    granularity: Annotated[int, typer.Option(help="Window sizes in multiples of this many GPUs.")] = 4,
+    min_hours: Annotated[float, typer.Option(help="Shortest window worth listing, in hours.")] = 1.0,
+    out: Annotated[Path, typer.Option(help="Directory for windows.csv and the chart.")] = Path(
+        "out/windows"
+    ),
+) -> None:
+    """The coming idle windows: when, how many GPUs, for how long, with what confidence."""
+    from rich.table import Table
+
+    from forecast import plots
+    from forecast.capacity import (
+        FREE,
+        forecast_pool_usage,
+        idle_windows,
+        pool_usage,
+        windows_frame,
+    )
+    from forecast.config import load_config
+
+    if not 0.5 <= confidence < 1:
+        raise typer.BadParameter("use a confidence from 0.5 to 0.99", param_hint="--confidence")
+    settings = load_config(config)
+    span = _parse_horizon(horizon)
+    frame = _history_until(history, now, ["replicas"])
+    qs = sorted({0.5, confidence})
+    forecast = _fit_predict_with_progress(model, settings, frame, span, qs)
+    at_conf = forecast_pool_usage(forecast, settings, confidence)[FREE]
+    median = forecast_pool_usage(forecast, settings, 0.5)[FREE]
+    found = idle_windows(at_conf, confidence=confidence, granularity=granularity,
+                         min_hours=min_hours)
+    tz = settings.pool.timezone
+    table = windows_frame(found, tz)
+    out.mkdir(parents=True, exist_ok=True)
+    table.to_csv(out / "windows.csv", index=False, float_format="%.3f")
+    past = pool_usage(frame, settings)[FREE]
+    pool = settings.pool
+    chart = plots.free_gpu_chart(
+        past[past.index > past.index.max() - 2 * span],
+        {"free, median forecast": median, f"free with {confidence:.0%} confidence": at_conf},
+        table, out / "free_gpus.png", tz=tz,
+        capacity=pool.total_gpus - pool.headroom_gpus,
+        title=f"{pool.name}: free GPUs after {pool.headroom_gpus} headroom, forecast by {model}",
+    )
+    origin = frame["ds"].max().tz_convert(tz)
+    view = Table(
+        title=f"Idle windows after {origin:%a %Y-%m-%d %H:%M} ({tz}), {confidence:.0%} confidence",
+        title_justify="left",
+    )
+    for col in ("from", "until", "GPUs free", "hours", "GPU-hours"):
+        view.add_column(col, justify="right")
+    for row in table.itertuples():
+        until = f"{row.end:%a %H:%M}" + ("+" if row.open_end else "")
+        view.add_row(f"{row.start:%a %H:%M}", until, str(row.gpus), f"{row.hours:.1f}",
+                     f"{row.gpu_hours:,.0f}")
+    console.print(view)
+    if table.empty:
+        console.print(f"[yellow]no window of {granularity}+ GPUs for {min_hours:g}+ hours[/]")
+    else:
+        deepest = table.loc[(table["hours"] * table["gpus"]).idxmax()]
+        console.print(
+            f"[bold green]Largest: {deepest['gpus']} GPUs from {deepest['start']:%a %H:%M} to "
+            f"{deepest['end']:%a %H:%M} ({deepest['hours']:.1f} h, "
+            f"{deepest['gpu_hours']:,.0f} GPU-hours).[/]"
+        )
+    console.print(f"windows: {out / 'windows.csv'}; chart: {chart}")
+
+
+@app.command("backtest", short_help="Rolling-origin backtest of forecasters.")
+def backtest_cmd(
+    history: HistoryOption,
+    config: Annotated[
+        Optional[Path], typer.Option("--config", "-c", help="Pool config; default ./idlegpu.yaml.")
+    ] = None,
+    models: Annotated[str, typer.Option(help="Comma-separated models.")] = "auto,seasonal_naive",
+    horizon: Annotated[str, typer.Option(help="Forecast horizon per cutoff.")] = "24h",
+    days: Annotated[int, typer.Option(help="Daily cutoffs over this many last days.")] = 28,
+    cutoff_hour: Annotated[int, typer.Option(help="Local hour of each daily cutoff.")] = 18,
+    quantiles: Annotated[str, typer.Option(help="Comma-separated quantiles.")] = "0.5,0.9,0.95",
+    metric: Annotated[
+        Optional[list[str]], typer.Option(help="Series metrics to evaluate (default replicas).")
+    ] = None,
+    confidence: Annotated[float, typer.Option(help="Confidence for window quality.")] = 0.9,
+    out: Annotated[Path, typer.Option(help="CSV of the metrics table.")] = Path(
+        "out/backtest.csv"
+    ),
+) -> None:
+    """Rolling-origin backtest: refit at each daily cutoff on the past only, score the future."""
+    import pandas as pd
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from forecast.backtest import backtest, daily_cutoffs, score, window_quality
+    from forecast.models import MODEL_NAMES, model_for
+
+    names = [m.strip() for m in models.split(",") if m.strip()]
+    unknown = [m for m in names if m not in MODEL_NAMES]
+    if unknown:
+        raise typer.BadParameter(
+            f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(MODEL_NAMES)}",
+            param_hint="--models",
+        )
+    settings = _optional_config(config)
+    qs = _parse_quantiles(quantiles)
+    span = _parse_horizon(horizon)
+    metrics = metric or ["replicas"]
+    frame = _history_until(history, None, metrics)
+    tz = settings.pool.timezone if settings else "UTC"
+    cutoffs = daily_cutoffs(frame, timezone=tz, hour=cutoff_hour, days=days, horizon=span)
+    factories = {name: (lambda name=name: model_for(name, settings)) for name in names}
+    with Progress(console=err_console, transient=True) as progress:
+        task = progress.add_task("backtesting", total=len(names) * len(cutoffs))
+
+        def step(name, cutoff):
+            progress.update(task, advance=1, description=f"backtesting {name}")
+
+        run = backtest(frame, factories, cutoffs=cutoffs, horizon=span, quantiles=qs,
+                       on_step=step)
+    table = score(run.forecasts, qs)
+    table["fit_predict_s"] = pd.Series(run.seconds)
+    if settings is not None and metrics == ["replicas"] and confidence in qs:
+        table = table.join(window_quality(run.forecasts, frame, settings, confidence))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    table.to_csv(out, float_format="%.5g")
+    view = Table(
+        title=f"Backtest: {len(cutoffs)} daily cutoffs at {cutoff_hour:02d}:00 ({tz}), "
+        f"horizon {horizon}, {', '.join(metrics)}",
+        title_justify="left",
+    )
+    view.add_column("metric")
+    for name in table.index:
+        view.add_column(name, justify="right")
+    for col in table.columns:
+        view.add_row(col, *[f"{v:,.4g}" for v in table[col]])
+    console.print(view)
+    console.print(f"table: {out}")
+
+
+@app.command(short_help="Pull the pool's history from Prometheus.")
 def fetch(
     config: ConfigOption,
     start: Annotated[str, typer.Option(help="First timestamp (ISO 8601; naive = UTC).")],

@@ -1,0 +1,83 @@
+"""Forecasters of every series of a history, behind one protocol.
+
+``make_model(name, ...)`` builds one by name: ``auto`` (ours, the default), ``seasonal_naive``,
+``prophet``, ``statsmodels`` (MSTL) and ``gbm`` (scikit-learn quantile gradient boosting).
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+
+from forecast.config import Settings
+from forecast.models.base import (
+    DEFAULT_QUANTILES,
+    MODEL,
+    Forecaster,
+    parse_horizon,
+    quantile_column,
+    quantile_columns,
+    validate_quantiles,
+)
+from forecast.schema import REPLICAS, series_id
+
+# name -> (module, class); heavy libraries load only when their model is used
+MODELS = {
+    "auto": ("forecast.models.auto", "AutoForecaster"),
+    "seasonal_naive": ("forecast.models.naive", "SeasonalNaiveForecaster"),
+    "prophet": ("forecast.models.prophet_model", "ProphetForecaster"),
+    "statsmodels": ("forecast.models.mstl_model", "MSTLForecaster"),
+    "gbm": ("forecast.models.gbm_model", "GBMForecaster"),
+}
+MODEL_NAMES = tuple(MODELS)
+
+
+def make_model(
+    name: str,
+    *,
+    timezone: str = "UTC",
+    holiday_country: str | None = None,
+    bounds: dict[str, tuple[float, float]] | None = None,
+    **options,
+) -> Forecaster:
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODEL_NAMES)}")
+    module, cls = MODELS[name]
+    factory = getattr(import_module(module), cls)
+    return factory(timezone=timezone, holiday_country=holiday_country, bounds=bounds, **options)
+
+
+def replica_bounds(settings: Settings) -> dict[str, tuple[float, float]]:
+    """The autoscaler's min/max replicas per replica series."""
+    return {
+        series_id(s.name, REPLICAS): (float(s.min_replicas), float(s.max_replicas))
+        for s in settings.services
+    }
+
+
+def model_for(name: str, settings: Settings | None, **options) -> Forecaster:
+    """A model set up with the pool's time zone, holidays and replica bounds."""
+    if settings is None:
+        return make_model(name, **options)
+    return make_model(
+        name,
+        timezone=settings.pool.timezone,
+        holiday_country=settings.pool.holiday_country,
+        bounds=replica_bounds(settings),
+        **options,
+    )
+
+
+__all__ = [
+    "DEFAULT_QUANTILES",
+    "MODEL",
+    "MODELS",
+    "MODEL_NAMES",
+    "Forecaster",
+    "make_model",
+    "model_for",
+    "parse_horizon",
+    "quantile_column",
+    "quantile_columns",
+    "replica_bounds",
+    "validate_quantiles",
+]

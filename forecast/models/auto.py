@@ -1,0 +1,265 @@
+"""``auto``: idlegpu's own forecaster of replica curves.
+
+The idea: an inference service repeats its day. ``auto`` learns, per series, the curve of a
+working day, a Saturday and a Sunday-or-holiday at every time-of-day slot, as a recency-weighted
+median of past days of that type (half-life two weeks, so growth and new habits are followed
+and one-off spikes are ignored). From the last observations it corrects the level: the current
+deviation from the curve decays with the lead time at the rate the series' own deviations
+decay (an AR(1) fitted to them).
+
+Its quantiles are calibrated by construction: while fitting, it replays itself at every hour
+of the last three weeks (each replay sees only its past), collects the errors by lead time,
+hour of day and working/off day, and adds their empirical quantiles to the point forecast:
+split-conformal prediction per bucket. Integer series (replica counts) get integer quantiles
+(rounded up, toward the service) within their bounds (the autoscaler's min/max replicas when
+the config is given, else the range seen).
+
+Short histories: with less than a week, all days share one curve (documented fallback); less
+than one day of history is refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from forecast.calendar import WORKING_DAY, day_types
+from forecast.errors import HistoryError
+from forecast.models.base import (
+    DAY,
+    WEEK,
+    Series,
+    finish_quantiles,
+    parse_horizon,
+    prepare_series,
+    to_frame,
+    validate_quantiles,
+)
+
+LEAD_EDGES_H = (1.0, 6.0, 24.0)  # lead-time buckets: <1 h, 1-6 h, 6-24 h, >= 24 h
+MIN_BUCKET = 40  # fewer errors than this in a bucket: use the coarser bucket
+
+
+def _bucket_key(lead: np.ndarray, hour: np.ndarray, off: np.ndarray) -> np.ndarray:
+    return (lead.astype(np.int64) * 24 + hour) * 2 + off.astype(np.int64)
+
+
+class _Errors:
+    """Calibration errors grouped by bucket, with coarser groupings for sparse buckets."""
+
+    def __init__(self, keys: np.ndarray, errors: np.ndarray) -> None:
+        self.count = len(errors)
+        self.all = np.sort(errors)
+        # finest to coarsest: (lead, hour, off day), (lead, off day), (lead)
+        self.levels = []
+        for coarse in (keys, (keys // 48) * 2 + keys % 2, keys // 48):
+            order = np.argsort(coarse, kind="stable")
+            sorted_keys, sorted_errors = coarse[order], errors[order]
+            uniq, starts, counts = np.unique(sorted_keys, return_index=True, return_counts=True)
+            self.levels.append(
+                {int(k): sorted_errors[s : s + c] for k, s, c in zip(uniq, starts, counts)}
+            )
+
+    def offsets(
+        self, qs: tuple[float, ...], lead: np.ndarray, hour: np.ndarray, off: np.ndarray
+    ) -> np.ndarray:
+        """Empirical error quantiles for each future step, from its finest well-filled bucket."""
+        out = np.zeros((len(lead), len(qs)))
+        if self.count == 0:
+            return out
+        fine = _bucket_key(lead, hour, off)
+        candidates = (fine, (fine // 48) * 2 + fine % 2, fine // 48)
+        cache: dict[tuple[int, int], np.ndarray] = {}
+        overall = np.quantile(self.all, qs)
+        for row, keys in enumerate(zip(*candidates)):
+            for level, key in enumerate(keys):
+                key = int(key)
+                if (level, key) in cache:
+                    out[row] = cache[(level, key)]
+                    break
+                sample = self.levels[level].get(key)
+                if sample is not None and len(sample) >= MIN_BUCKET:
+                    cache[(level, key)] = np.quantile(sample, qs)
+                    out[row] = cache[(level, key)]
+                    break
+            else:
+                out[row] = overall
+        return out
+
+
+@dataclass
+class _Fitted:
+    series: Series
+    slots: np.ndarray  # slot of day of every step
+    kinds: np.ndarray  # day type of every step
+    day_of: np.ndarray  # day number of every step (local)
+    matrix: np.ndarray  # days x slots, NaN where missing
+    day_kind: np.ndarray  # day type per day
+    phi: float
+    errors: _Errors
+
+
+class AutoForecaster:
+    name = "auto"
+
+    def __init__(
+        self,
+        *,
+        timezone: str = "UTC",
+        holiday_country: str | None = None,
+        bounds: dict[str, tuple[float, float]] | None = None,
+        half_life_days: float = 14.0,
+        calibration_days: int = 21,
+        recent_steps: int = 3,
+    ) -> None:
+        self.timezone = timezone
+        self.holiday_country = holiday_country
+        self.bounds = bounds
+        self.half_life_days = half_life_days
+        self.calibration_days = calibration_days
+        self.recent_steps = recent_steps
+
+    # ---------------------------------------------------------------- fit
+    def fit(self, history: pd.DataFrame) -> AutoForecaster:
+        self.fitted_ = [self._fit_one(s) for s in prepare_series(history, self.bounds)]
+        return self
+
+    def _fit_one(self, series: Series) -> _Fitted:
+        span = series.values.index[-1] - series.values.index[0] + series.step
+        if span < DAY:
+            raise HistoryError(
+                f"series {series.uid} covers {span}; auto needs at least one day of history"
+            )
+        index = series.values.index
+        local = index.tz_convert(self.timezone)
+        slot_len = series.step
+        slots = ((local - local.normalize()) // slot_len).to_numpy().astype(int)
+        kinds = day_types(index, self.timezone, self.holiday_country)
+        if span < WEEK:
+            kinds = np.full_like(kinds, WORKING_DAY)  # too little for weekly shapes
+        first_day = local[0].normalize()
+        day_of = ((local.normalize() - first_day) // DAY).to_numpy().astype(int)
+        n_days, n_slots = day_of[-1] + 1, int(DAY / slot_len)
+        matrix = np.full((n_days, n_slots), np.nan)
+        matrix[day_of, np.clip(slots, 0, n_slots - 1)] = series.values.to_numpy()
+        day_kind = np.full(n_days, WORKING_DAY)
+        day_kind[day_of] = kinds
+        fitted = _Fitted(series, slots, kinds, day_of, matrix, day_kind, 0.0, _Errors(
+            np.zeros(0, dtype=np.int64), np.zeros(0)))
+        fitted.phi = self._residual_decay(fitted)
+        fitted.errors = self._calibration_errors(fitted)
+        return fitted
+
+    def _profile(self, f: _Fitted, before_day: int) -> np.ndarray:
+        """Day-type x slot curve from the complete days before ``before_day``."""
+        past = f.matrix[:before_day]
+        kinds = f.day_kind[:before_day]
+        ages = before_day - np.arange(before_day)
+        weights = 0.5 ** (ages / self.half_life_days)
+        overall = _weighted_median(past, weights)
+        profile = np.empty((3, past.shape[1]))
+        for kind in range(3):
+            rows = kinds == kind
+            curve = _weighted_median(past[rows], weights[rows]) if rows.any() else overall
+            profile[kind] = np.where(np.isnan(curve), overall, curve)
+        return profile
+
+    def _residual_decay(self, f: _Fitted) -> float:
+        start = min(f.matrix.shape[0] - 1, max(1, f.matrix.shape[0] // 2))
+        profile = self._profile(f, start)
+        mask = f.day_of >= start
+        resid = f.series.values.to_numpy()[mask] - profile[f.kinds[mask], f.slots[mask]]
+        a, b = resid[:-1], resid[1:]
+        ok = ~(np.isnan(a) | np.isnan(b))
+        if ok.sum() < 10 or np.nanstd(a[ok]) == 0 or np.nanstd(b[ok]) == 0:
+            return 0.9
+        return float(np.clip(np.corrcoef(a[ok], b[ok])[0, 1], 0.0, 0.995))
+
+    def _point(self, f: _Fitted, profile: np.ndarray, cutoff: int, kinds, slots, leads):
+        """Point forecasts at future steps given data up to position ``cutoff``."""
+        values = f.series.values.to_numpy()
+        lo = max(0, cutoff - self.recent_steps + 1)
+        recent = values[lo : cutoff + 1] - profile[f.kinds[lo : cutoff + 1], f.slots[lo : cutoff + 1]]
+        level = float(np.nanmean(recent)) if np.isfinite(recent).any() else 0.0
+        return profile[kinds, slots] + level * f.phi**leads
+
+    def _calibration_errors(self, f: _Fitted) -> _Errors:
+        """Errors of replayed forecasts: hourly cutoffs for the first day of lead time, every
+        six hours for leads of one to seven days (each replay sees only its past)."""
+        values = f.series.values.to_numpy()
+        n = len(values)
+        steps_per_day = f.matrix.shape[1]
+        steps_per_hour = max(1, round(pd.Timedelta(hours=1) / f.series.step))
+        step_h = f.series.step / pd.Timedelta(hours=1)
+        last_day = f.day_of[-1]
+        first = max(1, last_day - self.calibration_days)
+        hour_of_step = np.floor(f.slots * step_h).astype(int)
+        parts: list[tuple[np.ndarray, np.ndarray]] = []
+        for day in range(first, last_day + 1):
+            profile = self._profile(f, day)
+            positions = np.flatnonzero(f.day_of == day)
+            for i, cutoff in enumerate(positions[::steps_per_hour]):
+                long_leads = i % 6 == 0
+                stop = min(n, cutoff + 1 + (7 if long_leads else 1) * steps_per_day)
+                future = np.arange(cutoff + 1, stop)
+                if future.size == 0:
+                    continue
+                leads = future - cutoff
+                pred = self._point(f, profile, cutoff, f.kinds[future], f.slots[future], leads)
+                err = values[future] - pred
+                ok = np.isfinite(err)
+                key = _bucket_key(
+                    np.digitize(leads[ok] * step_h, LEAD_EDGES_H),
+                    hour_of_step[future][ok],
+                    f.kinds[future][ok] != WORKING_DAY,
+                )
+                parts.append((key, err[ok]))
+        if not parts:
+            return _Errors(np.zeros(0, dtype=np.int64), np.zeros(0))
+        keys = np.concatenate([k for k, _ in parts])
+        errors = np.concatenate([e for _, e in parts])
+        return _Errors(keys, errors)
+
+    # ---------------------------------------------------------------- predict
+    def predict(self, horizon: pd.Timedelta | str, quantiles: Sequence[float]) -> pd.DataFrame:
+        horizon = parse_horizon(horizon)
+        qs = validate_quantiles(quantiles)
+        frames = [self._predict_one(f, horizon, qs) for f in self.fitted_]
+        return pd.concat(frames, ignore_index=True)
+
+    def _predict_one(self, f: _Fitted, horizon: pd.Timedelta, qs: tuple[float, ...]) -> pd.DataFrame:
+        index = f.series.future_index(horizon)
+        local = index.tz_convert(self.timezone)
+        slots = ((local - local.normalize()) // f.series.step).to_numpy().astype(int)
+        kinds = day_types(index, self.timezone, self.holiday_country)
+        if f.day_kind.max() == WORKING_DAY and (f.day_of[-1] + 1) < 7:
+            kinds = np.full_like(kinds, WORKING_DAY)
+        # complete days only, as in the calibration replays (a partial day is the current one)
+        last_day_complete = f.slots[-1] == f.matrix.shape[1] - 1
+        profile = self._profile(f, f.day_of[-1] + 1 if last_day_complete else max(1, f.day_of[-1]))
+        leads = np.arange(1, len(index) + 1)
+        point = self._point(f, profile, len(f.series.values) - 1, kinds, slots, leads)
+        lead_bucket = np.digitize(leads * f.series.step / pd.Timedelta(hours=1), LEAD_EDGES_H)
+        hour = np.floor(slots * f.series.step / pd.Timedelta(hours=1)).astype(int)
+        offsets = f.errors.offsets(qs, lead_bucket, hour, kinds != WORKING_DAY)
+        arr = point[:, None] + offsets
+        arr = finish_quantiles(arr, f.series, qs, integer=True)
+        return to_frame(f.series.uid, index, self.name, arr, qs)
+
+
+def _weighted_median(rows: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """Column-wise weighted median of ``rows`` (days x slots), ignoring NaN."""
+    if rows.shape[0] == 0:
+        return np.full(rows.shape[1], np.nan)
+    order = np.argsort(np.where(np.isnan(rows), np.inf, rows), axis=0, kind="stable")
+    sorted_vals = np.take_along_axis(rows, order, axis=0)
+    w = np.where(np.isnan(rows), 0.0, weights[:, None])
+    sorted_w = np.take_along_axis(w, order, axis=0)
+    cum = np.cumsum(sorted_w, axis=0)
+    total = cum[-1]
+    idx = (cum >= 0.5 * total[None, :]).argmax(axis=0)
+    med = sorted_vals[idx, np.arange(rows.shape[1])]
+    return np.where(total > 0, med, np.nan)

@@ -1,0 +1,188 @@
+"""``prophet``: Meta's Prophet as a reference model, the way its users know it.
+
+Per series, one fresh ``Prophet`` per fit (a Prophet object cannot be refitted): additive trend +
+daily + weekly seasonality (yearly off; weekly only with at least two weeks of history, Prophet's
+own rule), plus the public holidays of ``holiday_country`` (``add_country_holidays``) when given.
+
+Time zone: Prophet knows no time zones, so it is fitted on LOCAL naive timestamps (``ds``
+converted to ``timezone``, then the zone dropped). The daily curve and the holidays are thus in
+local time, as the service's users live. Missing steps (gaps) are simply left out.
+
+Only the last ``max_days`` days are used (default 56, like the other reference models: it bounds
+the fit time, about 3 s for 8 weeks at 5 minutes here; ``None`` uses everything).
+
+Quantiles: Prophet gives ``yhat`` and an 80 % interval (``interval_width=0.8``: the 0.1 and 0.9
+quantiles of its predictive samples). Any quantile ``q`` is read from a normal predictive
+distribution through them: ``sigma = (yhat_upper - yhat_lower) / (2 * z(0.9))`` and
+``q -> yhat + z(q) * sigma``. The sampling of the interval is seeded (``random_state``) without
+disturbing NumPy's global random state, so forecasts are reproducible. Quantiles are sorted and
+clipped to the series' bounds, and stay continuous (no rounding).
+
+Minimum history: one day per series (else ``HistoryError``).
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from statistics import NormalDist
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from forecast.errors import HistoryError, PermanentError
+from forecast.models.base import (
+    DAY,
+    Series,
+    finish_quantiles,
+    parse_horizon,
+    prepare_series,
+    to_frame,
+    validate_quantiles,
+)
+
+Z80 = 1.2815515655446004  # z(0.9): half-width of the 80 % interval in standard deviations
+WEEKLY_MIN_SPAN = pd.Timedelta(days=14)
+
+
+@dataclass
+class _Fitted:
+    series: Series
+    model: Any  # prophet.Prophet
+
+
+def _import_prophet():
+    """``prophet.Prophet``, imported lazily and quietly (no cmdstanpy/plotly chatter)."""
+    # prophet.plot logs an ERROR at import when plotly is missing; plots are not used here.
+    logging.getLogger("prophet.plot").setLevel(logging.CRITICAL)
+    try:
+        from prophet import Prophet
+    except ImportError as exc:
+        raise PermanentError(
+            "the prophet model needs the 'prophet' package: pip install prophet "
+            f"(import failed: {exc})"
+        ) from exc
+    logging.getLogger("prophet").setLevel(logging.WARNING)
+    try:  # cmdstanpy sets its own logger to DEBUG on first use unless it has a handler
+        from cmdstanpy.utils import get_logger
+
+        get_logger().setLevel(logging.WARNING)
+    except Exception:  # pragma: no cover - other cmdstanpy versions
+        logging.getLogger("cmdstanpy").setLevel(logging.WARNING)
+    return Prophet
+
+
+@contextmanager
+def _quiet_prophet() -> Iterator[None]:
+    """Hide Prophet's own deprecation warnings (pandas ``inplace=``): nothing a user can act on."""
+    with warnings.catch_warnings():
+        for category in (DeprecationWarning, FutureWarning):
+            warnings.filterwarnings("ignore", category=category, module=r"prophet(\.|$)")
+        yield
+
+
+def _local_naive(index: pd.DatetimeIndex, timezone: str) -> pd.DatetimeIndex:
+    return index.tz_convert(timezone).tz_localize(None)
+
+
+class ProphetForecaster:
+    name = "prophet"
+
+    def __init__(
+        self,
+        *,
+        timezone: str = "UTC",
+        holiday_country: str | None = None,
+        bounds: dict[str, tuple[float, float]] | None = None,
+        max_days: float | None = 56,
+        uncertainty_samples: int = 200,
+        changepoint_prior_scale: float = 0.05,
+        seasonality_mode: str = "additive",
+        daily_fourier_order: int = 4,
+        weekly_fourier_order: int = 3,
+        random_state: int = 0,
+    ) -> None:
+        if uncertainty_samples < 10:
+            raise ValueError("uncertainty_samples must be at least 10 to estimate the interval")
+        self.timezone = timezone
+        self.holiday_country = holiday_country
+        self.bounds = bounds
+        self.max_days = max_days
+        self.uncertainty_samples = uncertainty_samples
+        self.changepoint_prior_scale = changepoint_prior_scale
+        self.seasonality_mode = seasonality_mode
+        self.daily_fourier_order = daily_fourier_order
+        self.weekly_fourier_order = weekly_fourier_order
+        self.random_state = random_state
+
+    # ---------------------------------------------------------------- fit
+    def fit(self, history: pd.DataFrame) -> ProphetForecaster:
+        series = prepare_series(history, self.bounds)
+        prophet_cls = _import_prophet()
+        self.fitted_ = [self._fit_one(prophet_cls, s) for s in series]
+        return self
+
+    def _fit_one(self, prophet_cls, series: Series) -> _Fitted:
+        values = series.values.dropna()
+        if self.max_days is not None:
+            values = values[values.index > series.last - pd.Timedelta(days=self.max_days)]
+        span = values.index[-1] - values.index[0] + series.step
+        if span < DAY:
+            raise HistoryError(
+                f"series {series.uid} covers {span}; the prophet model needs at least one day "
+                "of history"
+            )
+        frame = pd.DataFrame(
+            {"ds": _local_naive(values.index, self.timezone), "y": values.to_numpy()}
+        )
+        model = prophet_cls(
+            growth="linear",
+            daily_seasonality=self.daily_fourier_order,
+            weekly_seasonality=self.weekly_fourier_order if span >= WEEKLY_MIN_SPAN else False,
+            yearly_seasonality=False,
+            seasonality_mode=self.seasonality_mode,
+            changepoint_prior_scale=self.changepoint_prior_scale,
+            interval_width=0.8,
+            uncertainty_samples=self.uncertainty_samples,
+        )
+        with _quiet_prophet():
+            if self.holiday_country:
+                model.add_country_holidays(country_name=self.holiday_country.upper())
+            model.fit(frame)
+        return _Fitted(series, model)
+
+    # ---------------------------------------------------------------- predict
+    def predict(self, horizon: pd.Timedelta | str, quantiles: Sequence[float]) -> pd.DataFrame:
+        horizon = parse_horizon(horizon)
+        qs = validate_quantiles(quantiles)
+        z = np.array([NormalDist().inv_cdf(q) for q in qs])
+        frames = [self._predict_one(f, horizon, qs, z) for f in self.fitted_]
+        return pd.concat(frames, ignore_index=True)
+
+    def _predict_one(
+        self, f: _Fitted, horizon: pd.Timedelta, qs: tuple[float, ...], z: np.ndarray
+    ) -> pd.DataFrame:
+        index = f.series.future_index(horizon)
+        naive = _local_naive(index, self.timezone)
+        # Prophet sorts its input by ds; local time can step back at a DST change, so sort
+        # ourselves (stable) and put the rows back in UTC order afterwards.
+        order = np.argsort(naive.to_numpy(), kind="stable")
+        saved = np.random.get_state()  # Prophet samples its interval from NumPy's global RNG
+        try:
+            np.random.seed(self.random_state)
+            with _quiet_prophet():
+                out = f.model.predict(pd.DataFrame({"ds": naive[order]}))
+        finally:
+            np.random.set_state(saved)
+        yhat, lower, upper = (np.empty(len(index)) for _ in range(3))
+        yhat[order] = out["yhat"].to_numpy()
+        lower[order] = out["yhat_lower"].to_numpy()
+        upper[order] = out["yhat_upper"].to_numpy()
+        sigma = np.clip((upper - lower) / (2 * Z80), 0.0, None)
+        arr = yhat[:, None] + z[None, :] * sigma[:, None]
+        arr = finish_quantiles(arr, f.series, qs, integer=False)
+        return to_frame(f.series.uid, index, self.name, arr, qs)
