@@ -1,6 +1,7 @@
 """Benchmark: pulling 90 days at 1-minute step for 10 series out of a local Prometheus.
 
-    OMP_NUM_THREADS=1 /work/venv/bin/python bench/fetch_bench.py [--days 90] [--repeat 3]
+    OMP_NUM_THREADS=1 /work/venv/bin/python bench/fetch_bench.py [--days 90] [--repeat 3] \
+        [--latency-ms 0,20]
 
 Starts a real Prometheus (the test helper ``tests/prom_server.py``) backfilled from a generated
 10-series history (5 services x {replicas gauge, generation-token counter}: 129,600 points per
@@ -12,6 +13,16 @@ series at 90 days), then times
       over range selectors, one after the other), converted to the same tidy frame,
 
 checks that (a), (b) and (c) return the same history, and prints a markdown table.
+
+``--latency-ms`` (repeatable or comma-separated, default ``0,20``) repeats (a) and (b) with an
+added network round-trip time: for a latency above 0 the client talks to Prometheus through
+``bench/latency_proxy.py``, a loopback TCP proxy run as its own process that delays the bytes of
+each direction by half the round trip (no bandwidth limit, no loss, no jitter; new connections pay
+no handshake delay). A latency of 0 is the direct loopback connection, as before; (c) and the gzip
+variants are only timed there. On loopback the client is CPU-bound and Prometheus answers in
+milliseconds, so parallel workers cannot help; across a network (another node, an ingress, a
+Thanos or Mimir query frontend) every sequential query also waits one round trip, which parallel
+chunks overlap.
 """
 
 from __future__ import annotations
@@ -22,10 +33,13 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import argparse
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from datetime import timedelta
+from http.client import HTTPConnection
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -127,23 +141,86 @@ def naive_client_fetch(url: str, start, end, max_points: int) -> pd.DataFrame:
     return validate_history(pd.concat(frames, ignore_index=True), source="naive")
 
 
-def _server_cpu(pid: int) -> float:
-    """CPU seconds (user + system) the Prometheus process has used so far."""
+def _cpu(pid: int) -> float:
+    """CPU seconds (user + system) process ``pid`` has used so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def timed(fn, repeat: int, pid: int):
+def timed(fn, repeat: int, server_pid: int, proxy_pid: int | None = None):
     """Median wall time of ``repeat`` runs, all wall times, the last result, and the CPU seconds
-    per run of this process and of the Prometheus server."""
+    per run of this process, of the Prometheus server and of the latency proxy (None: none)."""
     times, result = [], None
-    c0, s0 = time.process_time(), _server_cpu(pid)
+    c0, s0 = time.process_time(), _cpu(server_pid)
+    p0 = _cpu(proxy_pid) if proxy_pid is not None else None
     for _ in range(repeat):
         t = time.perf_counter()
         result = fn()
         times.append(time.perf_counter() - t)
-    cpu = ((time.process_time() - c0) / repeat, (_server_cpu(pid) - s0) / repeat)
+    cpu = (
+        (time.process_time() - c0) / repeat,
+        (_cpu(server_pid) - s0) / repeat,
+        None if p0 is None else (_cpu(proxy_pid) - p0) / repeat,
+    )
     return statistics.median(times), times, result, cpu
+
+
+@contextmanager
+def latency_proxy(target_port: int, rtt_ms: float):
+    """Run ``bench/latency_proxy.py`` in its own process; yield ``(url, pid)``."""
+    proc = subprocess.Popen(
+        [sys.executable, str(Path(__file__).with_name("latency_proxy.py")),
+         "--target-port", str(target_port), "--rtt-ms", str(rtt_ms)],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        line = proc.stdout.readline().strip()  # "listening 127.0.0.1:<port>"
+        if not line.startswith("listening "):
+            raise RuntimeError(f"latency proxy did not start (exit {proc.poll()}): {line!r}")
+        yield f"http://{line.split()[1]}", proc.pid
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+        proc.stdout.close()
+        if proc.returncode not in (0, -15):
+            print(f"warning: latency proxy exited with {proc.returncode}", file=sys.stderr)
+
+
+def small_request_rtt(url: str, n: int = 9) -> float:
+    """Median milliseconds of ``GET /-/ready`` on one kept-alive connection (after a first one)."""
+    host, port = url.removeprefix("http://").split(":")
+    conn = HTTPConnection(host, int(port), timeout=10)
+    try:
+        times = []
+        for _ in range(n + 1):
+            t = time.perf_counter()
+            conn.request("GET", "/-/ready")
+            resp = conn.getresponse()
+            resp.read()
+            if resp.status != 200:
+                raise RuntimeError(f"{url}/-/ready answered {resp.status}")
+            times.append(time.perf_counter() - t)
+        return statistics.median(times[1:]) * 1000
+    finally:
+        conn.close()
+
+
+def parse_latencies(values: list[str] | None) -> list[float]:
+    out: list[float] = []
+    for value in values or ["0,20"]:
+        for part in value.split(","):
+            if part.strip():
+                ms = float(part)
+                if ms < 0:
+                    raise SystemExit(f"--latency-ms must be >= 0 (got {ms:g})")
+                if ms not in out:
+                    out.append(ms)
+    return out
 
 
 def main() -> None:
@@ -153,9 +230,24 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--skip-naive", action="store_true")
     parser.add_argument("--gzip", action=argparse.BooleanOptionalAction, default=True,
-                        help="also time (a) and (b) with gzip-compressed answers")
+                        help="also time (a) and (b) with gzip-compressed answers (latency 0 only)")
+    parser.add_argument("--latency-ms", action="append", metavar="MS[,MS...]",
+                        help="added network round-trip times in ms, repeatable or comma-separated "
+                             "(default 0,20); 0 is the direct loopback connection")
     args = parser.parse_args()
+    latencies = parse_latencies(args.latency_ms)
 
+    # rows: (latency ms, variant, median s, runs, (client, server, proxy) CPU s/run, vs-(b) key)
+    rows = []
+    seq = {}      # latency -> median of (b), the reference of the speed-up column
+    par_t = {}    # latency -> median of (a)
+    rtts = {}     # latency -> measured ms of a small request
+    cpu_seq = {}  # latency -> CPU per run of (b)
+    same_all = True
+    same_c = None
+    gz = None
+    t_validate = None
+    t_total = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="fetch-bench-") as tmp:
         t = time.perf_counter()
         history = make_history(args.days)
@@ -173,62 +265,75 @@ def main() -> None:
         try:
             start = history["ds"].min().to_pydatetime()
             end = history["ds"].max().to_pydatetime()
-            par = settings_for(server.url, args.workers)
-            max_points = par.prometheus.max_points_per_query
-            fetch_history(par, start, start + timedelta(hours=1))  # warm-up (page cache, pools)
-
             pid = server.proc.pid
-            t_par, runs_par, got_par, cpu_par = timed(
-                lambda: fetch_history(par, start, end, workers=args.workers), args.repeat, pid
-            )
-            t_seq, runs_seq, got_seq, cpu_seq = timed(
-                lambda: fetch_history(par, start, end, workers=1), args.repeat, pid
-            )
-            rows = [
-                (f"(a) fetch_history, chunks of {max_points:,} points, {args.workers} workers",
-                 t_par, runs_par, cpu_par),
-                ("(b) same chunks, one at a time (workers=1)", t_seq, runs_seq, cpu_seq),
-            ]
-            same_ab = got_par.equals(got_seq)
-            same_src = _matches_source(got_par, history)
-            t = time.perf_counter()
-            validate_history(got_par)
-            t_validate = time.perf_counter() - t
-            gz = None
-            if args.gzip:
-                # The same two runs with gzip-compressed answers (what requests asks for by
-                # default; fetch_history asks for identity): shows where the server's CPU goes.
-                prom_module._ACCEPT_ENCODING = "gzip, deflate"
-                try:
-                    t_gz_par, runs, got_gz, cpu = timed(
+            reference = None
+            max_points = settings_for(server.url, args.workers).prometheus.max_points_per_query
+            for ms in latencies:
+                with (latency_proxy(server.port, ms) if ms > 0 else _direct(server.url)) as (
+                    url, proxy_pid,
+                ):
+                    par = settings_for(url, args.workers)
+                    fetch_history(par, start, start + timedelta(hours=1))  # warm-up
+                    rtts[ms] = small_request_rtt(url)
+                    t_par, runs_par, got_par, cpu_par = timed(
                         lambda: fetch_history(par, start, end, workers=args.workers),
-                        args.repeat, pid,
+                        args.repeat, pid, proxy_pid,
                     )
-                    rows.append(("(a') as (a), gzip-compressed answers", t_gz_par, runs, cpu))
-                    t_gz_seq, runs, _, cpu = timed(
-                        lambda: fetch_history(par, start, end, workers=1), args.repeat, pid
+                    t_seq, runs_seq, got_seq, cpu_b = timed(
+                        lambda: fetch_history(par, start, end, workers=1),
+                        args.repeat, pid, proxy_pid,
                     )
-                    rows.append(("(b') as (b), gzip-compressed answers", t_gz_seq, runs, cpu))
-                    same_ab = same_ab and got_gz.equals(got_par)
-                    gz = t_gz_seq / t_gz_par
-                finally:
-                    prom_module._ACCEPT_ENCODING = "identity"
-            same_c = None
-            if not args.skip_naive:
-                t_naive, runs_naive, got_naive, cpu_naive = timed(
-                    lambda: naive_client_fetch(server.url, start, end, max_points),
-                    args.repeat, pid,
-                )
-                rows.append(
-                    (
-                        ("(c) prometheus-api-client get_metric_range_data"
-                         f"(chunk_size={max_points:,} min)"),
-                        t_naive, runs_naive, cpu_naive,
-                    )
-                )
-                same_c = _same(got_naive, got_par)
+                    seq[ms], par_t[ms], cpu_seq[ms] = t_seq, t_par, cpu_b
+                    rows.append((ms, f"(a) fetch_history, chunks of {max_points:,} points, "
+                                 f"{args.workers} workers", t_par, runs_par, cpu_par))
+                    rows.append((ms, "(b) same chunks, one at a time (workers=1)",
+                                 t_seq, runs_seq, cpu_b))
+                    if reference is None:
+                        reference = got_par
+                        same_src = _matches_source(got_par, history)
+                        t = time.perf_counter()
+                        validate_history(got_par)
+                        t_validate = time.perf_counter() - t
+                    same_all = same_all and got_par.equals(reference) and got_seq.equals(reference)
+                    print(f"latency {ms:g} ms done: (a) {t_par:.2f} s, (b) {t_seq:.2f} s",
+                          flush=True)
+                    if ms > 0:
+                        continue
+                    if args.gzip:
+                        # The same two runs with gzip-compressed answers (what requests asks for
+                        # by default; fetch_history asks for identity): where the server's CPU
+                        # goes.
+                        prom_module._ACCEPT_ENCODING = "gzip, deflate"
+                        try:
+                            t_gz_par, runs, got_gz, cpu = timed(
+                                lambda: fetch_history(par, start, end, workers=args.workers),
+                                args.repeat, pid,
+                            )
+                            rows.append((ms, "(a') as (a), gzip-compressed answers",
+                                         t_gz_par, runs, cpu))
+                            t_gz_seq, runs, got_gz_seq, cpu = timed(
+                                lambda: fetch_history(par, start, end, workers=1),
+                                args.repeat, pid,
+                            )
+                            rows.append((ms, "(b') as (b), gzip-compressed answers",
+                                         t_gz_seq, runs, cpu))
+                            same_all = (same_all and got_gz.equals(reference)
+                                        and got_gz_seq.equals(reference))
+                            gz = t_gz_seq / t_gz_par
+                        finally:
+                            prom_module._ACCEPT_ENCODING = "identity"
+                    if not args.skip_naive:
+                        t_naive, runs_naive, got_naive, cpu_naive = timed(
+                            lambda: naive_client_fetch(url, start, end, max_points),
+                            args.repeat, pid,
+                        )
+                        rows.append((ms, ("(c) prometheus-api-client get_metric_range_data"
+                                          f"(chunk_size={max_points:,} min)"),
+                                     t_naive, runs_naive, cpu_naive))
+                        same_c = _same(got_naive, reference)
         finally:
             server.stop()
+    t_total = time.perf_counter() - t_total
 
     requests_per_run = sum(
         -(-(per_series + (1 if "tokens" in uid else 0)) // max_points)
@@ -237,29 +342,49 @@ def main() -> None:
     print()
     print(f"{n_series} series x {per_series:,} points, {requests_per_run} range queries per run, "
           f"median of {args.repeat} runs, {os.cpu_count()} CPUs, OMP_NUM_THREADS="
-          f"{os.environ.get('OMP_NUM_THREADS')}")
+          f"{os.environ.get('OMP_NUM_THREADS')}; added round trip 0 = direct loopback, > 0 = "
+          "through bench/latency_proxy.py (simulated latency on loopback, no bandwidth limit)")
     print()
-    print("| variant | median time (s) | runs (s) | vs (b) | client CPU s/run "
-          "| Prometheus CPU s/run |")
-    print("|---|---|---|---|---|---|")
-    for name, med, runs, (cpu_client, cpu_server) in rows:
-        print(f"| {name} | {med:.2f} | {', '.join(f'{r:.2f}' for r in runs)} | "
-              f"{t_seq / med:.2f}x | {cpu_client:.2f} | {cpu_server:.2f} |")
+    print("| added RTT (ms) | measured small-request RTT (ms) | variant | median time (s) "
+          "| runs (s) | vs (b) at same RTT | client CPU s/run | Prometheus CPU s/run "
+          "| proxy CPU s/run |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for ms, name, med, runs, (cpu_client, cpu_server, cpu_proxy) in rows:
+        proxy = "-" if cpu_proxy is None else f"{cpu_proxy:.2f}"
+        print(f"| {ms:g} | {rtts[ms]:.1f} | {name} | {med:.2f} | "
+              f"{', '.join(f'{r:.2f}' for r in runs)} | {seq[ms] / med:.2f}x | "
+              f"{cpu_client:.2f} | {cpu_server:.2f} | {proxy} |")
     print()
-    print(f"speed-up (b)/(a): {t_seq / t_par:.2f}x"
-          + ("" if gz is None else f"; with gzip-compressed answers (b')/(a'): {gz:.2f}x"))
+    print("speed-up (b)/(a): "
+          + "; ".join(f"{seq[ms] / par_t[ms]:.2f}x at +{ms:g} ms" for ms in latencies)
+          + ("" if gz is None else f"; with gzip-compressed answers (b')/(a') at +0 ms: "
+             f"{gz:.2f}x"))
+    for ms in latencies:
+        if ms > 0:
+            floor = requests_per_run * ms / 1000
+            print(f"at +{ms:g} ms: {requests_per_run} sequential round trips alone are "
+                  f"{floor:.2f} s of (b); (b) took {seq[ms] - seq[latencies[0]]:+.2f} s "
+                  f"more than at +{latencies[0]:g} ms")
     cores = os.cpu_count() or 1
-    client, server = cpu_seq
-    bound = max(client, (client + server) / cores)
-    print(f"CPU per run at workers=1: client {client:.2f} s (one interpreter, GIL: ~serial), "
-          f"Prometheus {server:.2f} s; on {cores} cores a run cannot take less than "
-          f"max(client, total/{cores}) = {bound:.2f} s, i.e. at most {t_seq / bound:.2f}x "
-          "over (b). "
-          f"validate_history of the result alone takes {t_validate:.2f} s of each run.")
-    print(f"(a) == (b): {same_ab}; (a) == generated source (gauges exact, rates rtol 1e-9): "
-          f"{same_src}" + ("" if same_c is None else f"; (c) == (a): {same_c}"))
-    if not (same_ab and same_src and same_c in (None, True)):
+    ref_ms = latencies[0]
+    client, srv, _ = cpu_seq[ref_ms]
+    bound = max(client, (client + srv) / cores)
+    print(f"CPU per run at workers=1, +{ref_ms:g} ms: client {client:.2f} s (one interpreter, "
+          f"GIL: ~serial), Prometheus {srv:.2f} s; on {cores} cores a run cannot take less than "
+          f"max(client, total/{cores}) = {bound:.2f} s, i.e. at most {seq[ref_ms] / bound:.2f}x "
+          f"over (b) at that latency. validate_history of the result alone takes "
+          f"{t_validate:.2f} s of each run.")
+    print(f"all (a)/(b) results identical across latencies and variants: {same_all}; "
+          f"(a) == generated source (gauges exact, rates rtol 1e-9): {same_src}"
+          + ("" if same_c is None else f"; (c) == (a): {same_c}"))
+    print(f"total wall time of the benchmark: {t_total:.1f} s")
+    if not (same_all and same_src and same_c in (None, True)):
         raise SystemExit(1)
+
+
+@contextmanager
+def _direct(url: str):
+    yield url, None
 
 
 def _same(a: pd.DataFrame, b: pd.DataFrame) -> bool:

@@ -112,3 +112,22 @@ def test_debug_shows_the_traceback(capsys):
 
 def test_committed_sample_is_readable():
     assert read_history(SAMPLE)["unique_id"].nunique() == 24
+
+
+def test_export_openmetrics_of_a_history(tmp_path, capsys):
+    history = tmp_path / "h.csv"
+    history.write_text(
+        "unique_id,ds,y\n"
+        "chat/replicas,2025-10-01T00:00:00Z,4\n"
+        "chat/replicas,2025-10-01T00:05:00Z,5\n"
+        "chat/prompt_tokens_per_s,2025-10-01T00:00:00Z,10\n"
+        "chat/prompt_tokens_per_s,2025-10-01T00:05:00Z,20\n"
+    )
+    out = tmp_path / "h.om"
+    code, _, err = run(["export-openmetrics", "--history", str(history), "--out", str(out)], capsys)
+    assert code == 0, err
+    text = out.read_text()
+    assert text.endswith("# EOF\n")
+    assert 'kube_deployment_status_replicas{namespace="inference",deployment="chat"} 5.0 1759277100' in text
+    # the counter starts at 0 one step early and adds rate x 300 s per step: 0, 3000, 9000
+    assert 'vllm:prompt_tokens_total{model_name="chat"} 9000.0 1759277100' in text
