@@ -3,11 +3,11 @@
 import numpy as np
 import pandas as pd
 import pytest
+from forecast_data import TZ, replica_history
 
 from forecast.backtest import backtest, daily_cutoffs, pinball, score, window_quality
 from forecast.errors import HistoryError
 from forecast.models import make_model
-from forecast_data import TZ, replica_history
 
 
 def test_daily_cutoffs_are_local_evenings_with_an_observed_horizon():

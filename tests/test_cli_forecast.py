@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from forecast_data import replica_history
 from matplotlib.image import imread
 
-from forecast_data import replica_history
 from scheduler.cli import main
 
 REPO = Path(__file__).resolve().parents[1]

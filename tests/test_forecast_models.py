@@ -3,12 +3,12 @@
 import numpy as np
 import pandas as pd
 import pytest
+from forecast_data import TZ, continuous_history, daily_pattern, replica_history
 
+from forecast.config import load_config
 from forecast.errors import HistoryError
 from forecast.models import make_model, model_for, quantile_columns
 from forecast.models.auto import AutoForecaster
-from forecast.config import load_config
-from forecast_data import TZ, continuous_history, daily_pattern, replica_history
 
 QS = [0.1, 0.5, 0.9]
 
@@ -89,9 +89,9 @@ def test_short_history_falls_back_to_one_daily_curve():
 
 def test_too_little_history_is_refused_clearly():
     history = replica_history(days=1)
-    with pytest.raises(HistoryError, match="auto needs at least one day"):
+    with pytest.raises(HistoryError, match="the auto model needs at least 1 day "):
         AutoForecaster(timezone=TZ).fit(history.iloc[:50])
-    with pytest.raises(HistoryError, match="seasonal_naive needs at least 7 days"):
+    with pytest.raises(HistoryError, match="the seasonal_naive model needs at least 7 days"):
         make_model("seasonal_naive").fit(replica_history(days=5))
 
 

@@ -146,7 +146,7 @@ def test_predictions_are_reproducible_and_reach_past_a_week(fitted):
 
 @pytest.mark.parametrize(
     ("name", "too_short", "message"),
-    [("prophet", 0.75, "one day"), ("statsmodels", 1.5, "two days"), ("gbm", 0.75, "one day")],
+    [("prophet", 0.75, "1 day "), ("statsmodels", 1.5, "two days"), ("gbm", 0.75, "1 day ")],
 )
 def test_too_short_history_is_refused(name, too_short, message):
     index = grid(too_short)

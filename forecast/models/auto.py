@@ -20,23 +20,20 @@ than one day of history is refused.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
 from forecast.calendar import WORKING_DAY, day_types
-from forecast.errors import HistoryError
 from forecast.models.base import (
     DAY,
     WEEK,
     Series,
+    SeriesForecaster,
     finish_quantiles,
-    parse_horizon,
-    prepare_series,
+    require_span,
     to_frame,
-    validate_quantiles,
 )
 
 LEAD_EDGES_H = (1.0, 6.0, 24.0)  # lead-time buckets: <1 h, 1-6 h, 6-24 h, >= 24 h
@@ -102,7 +99,7 @@ class _Fitted:
     errors: _Errors
 
 
-class AutoForecaster:
+class AutoForecaster(SeriesForecaster):
     name = "auto"
 
     def __init__(
@@ -115,24 +112,15 @@ class AutoForecaster:
         calibration_days: int = 21,
         recent_steps: int = 3,
     ) -> None:
-        self.timezone = timezone
-        self.holiday_country = holiday_country
-        self.bounds = bounds
+        super().__init__(timezone=timezone, holiday_country=holiday_country, bounds=bounds)
         self.half_life_days = half_life_days
         self.calibration_days = calibration_days
         self.recent_steps = recent_steps
 
     # ---------------------------------------------------------------- fit
-    def fit(self, history: pd.DataFrame) -> AutoForecaster:
-        self.fitted_ = [self._fit_one(s) for s in prepare_series(history, self.bounds)]
-        return self
-
     def _fit_one(self, series: Series) -> _Fitted:
         span = series.values.index[-1] - series.values.index[0] + series.step
-        if span < DAY:
-            raise HistoryError(
-                f"series {series.uid} covers {span}; auto needs at least one day of history"
-            )
+        require_span(series, series.values, DAY, self.name)
         index = series.values.index
         local = index.tz_convert(self.timezone)
         slot_len = series.step
@@ -224,12 +212,6 @@ class AutoForecaster:
         return _Errors(keys, errors)
 
     # ---------------------------------------------------------------- predict
-    def predict(self, horizon: pd.Timedelta | str, quantiles: Sequence[float]) -> pd.DataFrame:
-        horizon = parse_horizon(horizon)
-        qs = validate_quantiles(quantiles)
-        frames = [self._predict_one(f, horizon, qs) for f in self.fitted_]
-        return pd.concat(frames, ignore_index=True)
-
     def _predict_one(self, f: _Fitted, horizon: pd.Timedelta, qs: tuple[float, ...]) -> pd.DataFrame:
         index = f.series.future_index(horizon)
         local = index.tz_convert(self.timezone)

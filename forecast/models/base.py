@@ -136,6 +136,60 @@ def to_frame(
     return frame
 
 
+def require_span(series: Series, values: pd.Series, minimum: pd.Timedelta, model: str) -> None:
+    """Refuse a series whose (used part of its) history is shorter than ``minimum``."""
+    span = values.index[-1] - values.index[0] + series.step if len(values) else pd.Timedelta(0)
+    if span < minimum:
+        days = minimum / DAY
+        need = f"{days:g} day{'s' if days != 1 else ''}" if days >= 1 else str(minimum)
+        raise HistoryError(
+            f"series {series.uid} covers {span}; the {model} model needs at least {need} "
+            "of history"
+        )
+
+
+class SeriesForecaster:
+    """Base of idlegpu's forecasters: every series is fitted and predicted on its own.
+
+    Subclasses set ``name`` and implement ``_fit_one(series) -> state`` and
+    ``_predict_one(state, horizon, quantiles) -> tidy frame``; ``_setup()`` may import their
+    library before any work, so a missing package fails before anything is computed.
+    """
+
+    name = "base"
+
+    def __init__(
+        self,
+        *,
+        timezone: str = "UTC",
+        holiday_country: str | None = None,
+        bounds: dict[str, tuple[float, float]] | None = None,
+    ) -> None:
+        self.timezone = timezone
+        self.holiday_country = holiday_country
+        self.bounds = bounds
+
+    def _setup(self) -> None:
+        """Import heavy libraries lazily; called once per fit."""
+
+    def _fit_one(self, series: Series):
+        raise NotImplementedError
+
+    def _predict_one(self, state, horizon: pd.Timedelta, qs: tuple[float, ...]) -> pd.DataFrame:
+        raise NotImplementedError
+
+    def fit(self, history: pd.DataFrame):
+        series = prepare_series(history, self.bounds)
+        self._setup()
+        self.fitted_ = [self._fit_one(s) for s in series]
+        return self
+
+    def predict(self, horizon: pd.Timedelta | str, quantiles: Sequence[float]) -> pd.DataFrame:
+        span = parse_horizon(horizon)
+        qs = validate_quantiles(quantiles)
+        return pd.concat([self._predict_one(f, span, qs) for f in self.fitted_], ignore_index=True)
+
+
 @runtime_checkable
 class Forecaster(Protocol):
     """``fit(history) -> self``; ``predict(horizon, quantiles) -> tidy frame``."""

@@ -35,7 +35,6 @@ constant over the training window is forecast as that constant, without training
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,16 +43,15 @@ import numpy as np
 import pandas as pd
 
 from forecast.calendar import day_types
-from forecast.errors import HistoryError, PermanentError
+from forecast.errors import PermanentError
 from forecast.models.base import (
     DAY,
     WEEK,
     Series,
+    SeriesForecaster,
     finish_quantiles,
-    parse_horizon,
-    prepare_series,
+    require_span,
     to_frame,
-    validate_quantiles,
 )
 
 LAG_WEEKS = (1, 2)
@@ -82,7 +80,7 @@ def _import_hgb():
     return HistGradientBoostingRegressor
 
 
-class GBMForecaster:
+class GBMForecaster(SeriesForecaster):
     name = "gbm"
 
     def __init__(
@@ -99,9 +97,7 @@ class GBMForecaster:
         random_state: int = 0,
         threads: int | None = 1,
     ) -> None:
-        self.timezone = timezone
-        self.holiday_country = holiday_country
-        self.bounds = bounds
+        super().__init__(timezone=timezone, holiday_country=holiday_country, bounds=bounds)
         self.max_days = max_days
         self.max_iter = max_iter
         self.learning_rate = learning_rate
@@ -111,22 +107,14 @@ class GBMForecaster:
         self.threads = threads
 
     # ---------------------------------------------------------------- fit
-    def fit(self, history: pd.DataFrame) -> GBMForecaster:
-        series = prepare_series(history, self.bounds)
+    def _setup(self) -> None:
         _import_hgb()  # fail early, before any work, when scikit-learn is missing
-        self.fitted_ = [self._fit_one(s) for s in series]
-        return self
 
     def _fit_one(self, series: Series) -> _Fitted:
         window = pd.Timedelta(days=self.max_days)
         values = series.values
         train = values[values.index > series.last - window]
-        span = train.index[-1] - train.index[0] + series.step
-        if span < DAY:
-            raise HistoryError(
-                f"series {series.uid} covers {span}; the gbm model needs at least one day "
-                "of history"
-            )
+        require_span(series, train, DAY, self.name)
         # keep what the lags of the training rows need, and no more
         keep = values[values.index > series.last - window - max(LAG_WEEKS) * WEEK]
         y = keep.to_numpy(dtype=float)
@@ -193,12 +181,6 @@ class GBMForecaster:
         return threadpool_limits(limits=self.threads)
 
     # ---------------------------------------------------------------- predict
-    def predict(self, horizon: pd.Timedelta | str, quantiles: Sequence[float]) -> pd.DataFrame:
-        horizon = parse_horizon(horizon)
-        qs = validate_quantiles(quantiles)
-        frames = [self._predict_one(f, horizon, qs) for f in self.fitted_]
-        return pd.concat(frames, ignore_index=True)
-
     def _predict_one(self, f: _Fitted, horizon: pd.Timedelta, qs: tuple[float, ...]):
         index = f.series.future_index(horizon)
         if f.constant is not None:

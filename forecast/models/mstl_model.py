@@ -33,7 +33,6 @@ Quantiles are sorted, clipped to the series' bounds and stay continuous (no roun
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,11 +43,9 @@ from forecast.models.base import (
     DAY,
     WEEK,
     Series,
+    SeriesForecaster,
     finish_quantiles,
-    parse_horizon,
-    prepare_series,
     to_frame,
-    validate_quantiles,
 )
 
 LEAD_EDGES_H = (1.0, 6.0, 24.0, 72.0)
@@ -84,7 +81,7 @@ def _seasonal_index(origin: np.ndarray, leads: np.ndarray, period: int) -> np.nd
     return origin + leads - period * np.ceil(leads / period).astype(int)
 
 
-class MSTLForecaster:
+class MSTLForecaster(SeriesForecaster):
     name = "statsmodels"
 
     def __init__(
@@ -96,21 +93,17 @@ class MSTLForecaster:
         max_days: float = 56,
         iterate: int = 2,
     ) -> None:
-        # unused (see the module docstring): accepted for the common forecaster interface
-        self.timezone = timezone
-        self.holiday_country = holiday_country
-        self.bounds = bounds
+        # time zone and holidays are unused (see the module docstring)
+        super().__init__(timezone=timezone, holiday_country=holiday_country, bounds=bounds)
         self.max_days = max_days
         self.iterate = iterate
 
     # ---------------------------------------------------------------- fit
-    def fit(self, history: pd.DataFrame) -> MSTLForecaster:
-        series = prepare_series(history, self.bounds)
-        mstl = _import_mstl()
-        self.fitted_ = [self._fit_one(mstl, s) for s in series]
-        return self
+    def _setup(self) -> None:
+        self._mstl = _import_mstl()
 
-    def _fit_one(self, mstl, series: Series) -> _Fitted:
+    def _fit_one(self, series: Series) -> _Fitted:
+        mstl = self._mstl
         values = series.values
         values = values[values.index > series.last - pd.Timedelta(days=self.max_days)]
         n = len(values)
@@ -175,12 +168,6 @@ class MSTLForecaster:
         return table
 
     # ---------------------------------------------------------------- predict
-    def predict(self, horizon: pd.Timedelta | str, quantiles: Sequence[float]) -> pd.DataFrame:
-        horizon = parse_horizon(horizon)
-        qs = validate_quantiles(quantiles)
-        frames = [self._predict_one(f, horizon, qs) for f in self.fitted_]
-        return pd.concat(frames, ignore_index=True)
-
     def _predict_one(self, f: _Fitted, horizon: pd.Timedelta, qs: tuple[float, ...]):
         index = f.series.future_index(horizon)
         leads = np.arange(1, len(index) + 1)

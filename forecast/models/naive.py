@@ -6,24 +6,20 @@ Quantiles come from the empirical distribution of the series' own week-over-week
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numpy as np
 import pandas as pd
 
-from forecast.errors import HistoryError
 from forecast.models.base import (
     WEEK,
     Series,
+    SeriesForecaster,
     finish_quantiles,
-    parse_horizon,
-    prepare_series,
+    require_span,
     to_frame,
-    validate_quantiles,
 )
 
 
-class SeasonalNaiveForecaster:
+class SeasonalNaiveForecaster(SeriesForecaster):
     name = "seasonal_naive"
 
     def __init__(
@@ -34,28 +30,16 @@ class SeasonalNaiveForecaster:
         bounds: dict[str, tuple[float, float]] | None = None,
         season: pd.Timedelta = WEEK,
     ) -> None:
-        self.timezone = timezone
-        self.holiday_country = holiday_country
-        self.bounds = bounds
+        super().__init__(timezone=timezone, holiday_country=holiday_country, bounds=bounds)
         self.season = season
 
-    def fit(self, history: pd.DataFrame) -> SeasonalNaiveForecaster:
-        self.series_ = prepare_series(history, self.bounds)
-        for series in self.series_:
-            span = series.values.index[-1] - series.values.index[0] + series.step
-            if span < self.season:
-                raise HistoryError(
-                    f"series {series.uid} covers {span}; seasonal_naive needs at least "
-                    f"{self.season} of history"
-                )
-        return self
+    def _fit_one(self, series: Series) -> Series:
+        require_span(series, series.values, self.season, self.name)
+        return series
 
-    def predict(self, horizon: pd.Timedelta | str, quantiles: Sequence[float]) -> pd.DataFrame:
-        horizon = parse_horizon(horizon)
-        qs = validate_quantiles(quantiles)
-        return pd.concat([self._one(s, horizon, qs) for s in self.series_], ignore_index=True)
-
-    def _one(self, series: Series, horizon: pd.Timedelta, qs: tuple[float, ...]) -> pd.DataFrame:
+    def _predict_one(
+        self, series: Series, horizon: pd.Timedelta, qs: tuple[float, ...]
+    ) -> pd.DataFrame:
         values = series.values
         lag = int(self.season / series.step)
         index = series.future_index(horizon)

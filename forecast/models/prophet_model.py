@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from statistics import NormalDist
@@ -34,15 +34,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from forecast.errors import HistoryError, PermanentError
+from forecast.errors import PermanentError
 from forecast.models.base import (
     DAY,
     Series,
+    SeriesForecaster,
     finish_quantiles,
-    parse_horizon,
-    prepare_series,
+    require_span,
     to_frame,
-    validate_quantiles,
 )
 
 Z80 = 1.2815515655446004  # z(0.9): half-width of the 80 % interval in standard deviations
@@ -89,7 +88,7 @@ def _local_naive(index: pd.DatetimeIndex, timezone: str) -> pd.DatetimeIndex:
     return index.tz_convert(timezone).tz_localize(None)
 
 
-class ProphetForecaster:
+class ProphetForecaster(SeriesForecaster):
     name = "prophet"
 
     def __init__(
@@ -108,9 +107,7 @@ class ProphetForecaster:
     ) -> None:
         if uncertainty_samples < 10:
             raise ValueError("uncertainty_samples must be at least 10 to estimate the interval")
-        self.timezone = timezone
-        self.holiday_country = holiday_country
-        self.bounds = bounds
+        super().__init__(timezone=timezone, holiday_country=holiday_country, bounds=bounds)
         self.max_days = max_days
         self.uncertainty_samples = uncertainty_samples
         self.changepoint_prior_scale = changepoint_prior_scale
@@ -120,22 +117,16 @@ class ProphetForecaster:
         self.random_state = random_state
 
     # ---------------------------------------------------------------- fit
-    def fit(self, history: pd.DataFrame) -> ProphetForecaster:
-        series = prepare_series(history, self.bounds)
-        prophet_cls = _import_prophet()
-        self.fitted_ = [self._fit_one(prophet_cls, s) for s in series]
-        return self
+    def _setup(self) -> None:
+        self._prophet_cls = _import_prophet()
 
-    def _fit_one(self, prophet_cls, series: Series) -> _Fitted:
+    def _fit_one(self, series: Series) -> _Fitted:
+        prophet_cls = self._prophet_cls
         values = series.values.dropna()
         if self.max_days is not None:
             values = values[values.index > series.last - pd.Timedelta(days=self.max_days)]
         span = values.index[-1] - values.index[0] + series.step
-        if span < DAY:
-            raise HistoryError(
-                f"series {series.uid} covers {span}; the prophet model needs at least one day "
-                "of history"
-            )
+        require_span(series, values, DAY, self.name)
         frame = pd.DataFrame(
             {"ds": _local_naive(values.index, self.timezone), "y": values.to_numpy()}
         )
@@ -156,16 +147,8 @@ class ProphetForecaster:
         return _Fitted(series, model)
 
     # ---------------------------------------------------------------- predict
-    def predict(self, horizon: pd.Timedelta | str, quantiles: Sequence[float]) -> pd.DataFrame:
-        horizon = parse_horizon(horizon)
-        qs = validate_quantiles(quantiles)
+    def _predict_one(self, f: _Fitted, horizon: pd.Timedelta, qs: tuple[float, ...]) -> pd.DataFrame:
         z = np.array([NormalDist().inv_cdf(q) for q in qs])
-        frames = [self._predict_one(f, horizon, qs, z) for f in self.fitted_]
-        return pd.concat(frames, ignore_index=True)
-
-    def _predict_one(
-        self, f: _Fitted, horizon: pd.Timedelta, qs: tuple[float, ...], z: np.ndarray
-    ) -> pd.DataFrame:
         index = f.series.future_index(horizon)
         naive = _local_naive(index, self.timezone)
         # Prophet sorts its input by ds; local time can step back at a DST change, so sort
