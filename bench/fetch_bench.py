@@ -53,7 +53,7 @@ from forecast.config import load_config
 from forecast.schema import validate_history
 from forecast.sources import prometheus as prom_module
 from forecast.sources.prometheus import counter_rate, fetch_history
-from tests.prom_server import PromServer
+from tests.prom_server import PromServer, stop_process
 
 STEP = 60
 SERVICES = [f"svc{i}" for i in range(5)]
@@ -179,13 +179,7 @@ def latency_proxy(target_port: int, rtt_ms: float):
             raise RuntimeError(f"latency proxy did not start (exit {proc.poll()}): {line!r}")
         yield f"http://{line.split()[1]}", proc.pid
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
+        stop_process(proc)
         proc.stdout.close()
         if proc.returncode not in (0, -15):
             print(f"warning: latency proxy exited with {proc.returncode}", file=sys.stderr)

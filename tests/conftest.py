@@ -10,6 +10,23 @@ import pytest
 from prom_server import PrometheusMissingError, PromServer, find_binaries
 
 
+@pytest.fixture
+def cli(capsys: pytest.CaptureFixture[str]) -> Callable[[list[str]], tuple[int, str, str]]:
+    """Run the ``idlegpu`` command in-process: ``cli(args) -> (exit code, stdout, stderr)``."""
+    from scheduler.cli import main
+
+    def run(args: list[str]) -> tuple[int, str, str]:
+        try:
+            main(args)
+            code = 0
+        except SystemExit as exc:
+            code = exc.code or 0
+        captured = capsys.readouterr()
+        return code, captured.out, captured.err
+
+    return run
+
+
 @pytest.fixture(scope="session")
 def prometheus_binaries() -> tuple[str, str]:
     """``(prometheus, promtool)``; fails loudly (never skips) when they are not installed."""

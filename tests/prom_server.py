@@ -182,13 +182,8 @@ class PromServer:
     def stop(self) -> None:
         """Terminate, wait, kill if it will not go."""
         proc, self.proc = self.proc, None
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
+        if proc is not None:
+            stop_process(proc)
         log = getattr(self, "_log", None)
         if log is not None:
             log.close()
@@ -199,3 +194,14 @@ class PromServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def stop_process(proc: subprocess.Popen, timeout: float = 10) -> None:
+    """Terminate a child process, and kill it if it will not go."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=timeout)

@@ -16,22 +16,13 @@ SAMPLE = REPO / "data" / "sample" / "history.parquet"
 CONFIG = REPO / "idlegpu.yaml"
 
 
-def run(args, capsys):
-    try:
-        main(args)
-        code = 0
-    except SystemExit as exc:
-        code = exc.code or 0
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
-
-def test_help_lists_every_command(capsys):
-    code, out, _ = run(["--help"], capsys)
+def test_help_lists_every_command(cli):
+    code, out, _ = cli(["--help"])
     assert code == 0
     for command in ("sample", "fetch", "analyze", "export-openmetrics"):
         assert command in out
-    code, out, _ = run(["analyze", "--help"], capsys)
+    code, out, _ = cli(["analyze", "--help"])
     assert code == 0 and "--history" in out and "--min-hours" in out
 
 
@@ -42,11 +33,10 @@ def test_console_script_is_installed():
     assert "idle GPUs" in result.stdout
 
 
-def test_analyze_the_sample(tmp_path, capsys):
+def test_analyze_the_sample(tmp_path, cli):
     out_dir = tmp_path / "analysis"
-    code, out, err = run(
-        ["analyze", "--history", str(SAMPLE), "--config", str(CONFIG), "--out", str(out_dir)],
-        capsys,
+    code, out, err = cli(
+        ["analyze", "--history", str(SAMPLE), "--config", str(CONFIG), "--out", str(out_dir)]
     )
     assert code == 0, err
     assert "On a typical night 48 GPUs stay idle" in out
@@ -62,8 +52,8 @@ def test_analyze_the_sample(tmp_path, capsys):
     assert depth.loc[48, "median_hours"] >= 8
 
 
-def test_sample_regenerates_the_committed_files(tmp_path, capsys):
-    code, out, err = run(["sample", "--out", str(tmp_path)], capsys)
+def test_sample_regenerates_the_committed_files(tmp_path, cli):
+    code, out, err = cli(["sample", "--out", str(tmp_path)])
     assert code == 0, err
     assert (tmp_path / "history.parquet").read_bytes() == SAMPLE.read_bytes()
 
@@ -75,37 +65,37 @@ def test_sample_regenerates_the_committed_files(tmp_path, capsys):
         (["analyze", "--history", str(SAMPLE), "--config", "nope.yaml"], "config file nope.yaml not found"),
     ],
 )
-def test_user_errors_are_one_line_without_traceback(args, needle, capsys):
-    code, out, err = run(args, capsys)
+def test_user_errors_are_one_line_without_traceback(args, needle, cli):
+    code, out, err = cli(args)
     assert code == 2
     assert needle in err
     assert "Traceback" not in err
     assert len(err.strip().splitlines()) == 1 or needle in err.replace("\n", " ")
 
 
-def test_unknown_service_in_config(tmp_path, capsys):
+def test_unknown_service_in_config(tmp_path, cli):
     config = tmp_path / "c.yaml"
     config.write_text(CONFIG.read_text().replace("- name: code ", "- name: coder "))
-    code, _, err = run(["analyze", "--history", str(SAMPLE), "--config", str(config),
-                        "--out", str(tmp_path)], capsys)
+    code, _, err = cli(["analyze", "--history", str(SAMPLE), "--config", str(config),
+                        "--out", str(tmp_path)])
     assert code == 2
     assert "no series coder/replicas" in err and "Traceback" not in err
 
 
-def test_bad_history_files(tmp_path, capsys):
+def test_bad_history_files(tmp_path, cli):
     dup = tmp_path / "dup.csv"
     dup.write_text("unique_id,ds,y\nchat/replicas,2025-10-01T00:00:00Z,1\n"
                    "chat/replicas,2025-10-01T00:00:00Z,2\n")
-    code, _, err = run(["analyze", "--history", str(dup), "--config", str(CONFIG)], capsys)
+    code, _, err = cli(["analyze", "--history", str(dup), "--config", str(CONFIG)])
     assert code == 2 and "share a (unique_id, ds) pair" in err and "Traceback" not in err
 
     text = tmp_path / "text.csv"
     text.write_text("unique_id,ds,y\nchat/replicas,2025-10-01T00:00:00Z,many\n")
-    code, _, err = run(["analyze", "--history", str(text), "--config", str(CONFIG)], capsys)
+    code, _, err = cli(["analyze", "--history", str(text), "--config", str(CONFIG)])
     assert code == 2 and "non-numeric y 'many'" in err
 
 
-def test_debug_shows_the_traceback(capsys):
+def test_debug_shows_the_traceback(cli):
     with pytest.raises(Exception, match="not found"):
         main(["--debug", "analyze", "--history", "missing.parquet", "--config", str(CONFIG)])
 
@@ -114,7 +104,7 @@ def test_committed_sample_is_readable():
     assert read_history(SAMPLE)["unique_id"].nunique() == 24
 
 
-def test_export_openmetrics_of_a_history(tmp_path, capsys):
+def test_export_openmetrics_of_a_history(tmp_path, cli):
     history = tmp_path / "h.csv"
     history.write_text(
         "unique_id,ds,y\n"
@@ -124,7 +114,7 @@ def test_export_openmetrics_of_a_history(tmp_path, capsys):
         "chat/prompt_tokens_per_s,2025-10-01T00:05:00Z,20\n"
     )
     out = tmp_path / "h.om"
-    code, _, err = run(["export-openmetrics", "--history", str(history), "--out", str(out)], capsys)
+    code, _, err = cli(["export-openmetrics", "--history", str(history), "--out", str(out)])
     assert code == 0, err
     text = out.read_text()
     assert text.endswith("# EOF\n")

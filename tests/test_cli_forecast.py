@@ -7,30 +7,19 @@ import pytest
 from forecast_data import replica_history
 from matplotlib.image import imread
 
-from scheduler.cli import main
-
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = str(REPO / "data" / "sample" / "history.parquet")
 CONFIG = str(REPO / "idlegpu.yaml")
 NOW = "2026-01-28T18:00:00+09:00"  # a Wednesday evening
 
 
-def run(args, capsys):
-    try:
-        main(args)
-        code = 0
-    except SystemExit as exc:
-        code = exc.code or 0
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
-
-def test_forecast_writes_quantile_columns_and_a_plot(tmp_path, capsys):
+def test_forecast_writes_quantile_columns_and_a_plot(tmp_path, cli):
     out, png = tmp_path / "f.csv", tmp_path / "f.png"
-    code, stdout, err = run(
+    code, stdout, err = cli(
         ["forecast", "--history", SAMPLE, "--config", CONFIG, "--horizon", "24h",
          "--quantiles", "0.5,0.9,0.95", "--metric", "replicas", "--now", NOW,
-         "--out", str(out), "--plot", str(png)], capsys)
+         "--out", str(out), "--plot", str(png)])
     assert code == 0, err
     frame = pd.read_csv(out, parse_dates=["ds"])
     assert list(frame.columns) == ["unique_id", "ds", "model", "q0.5", "q0.9", "q0.95"]
@@ -41,21 +30,21 @@ def test_forecast_writes_quantile_columns_and_a_plot(tmp_path, capsys):
     assert image.shape[0] > 400 and image[..., :3].std() > 0.05
 
 
-def test_forecast_any_step_without_config(tmp_path, capsys, monkeypatch):
+def test_forecast_any_step_without_config(tmp_path, cli, monkeypatch):
     monkeypatch.chdir(tmp_path)  # no ./idlegpu.yaml here: UTC, no holidays
     history = tmp_path / "h.csv"
     replica_history(days=10, step="1h").to_csv(history, index=False)
     out = tmp_path / "f.parquet"
-    code, _, err = run(["forecast", "--history", str(history), "--horizon", "2d",
+    code, _, err = cli(["forecast", "--history", str(history), "--horizon", "2d",
                         "--quantiles", "0.5,0.9", "--model", "seasonal_naive",
-                        "--out", str(out)], capsys)
+                        "--out", str(out)])
     assert code == 0, err
     assert len(pd.read_parquet(out)) == 48
 
 
-def test_tonights_windows_on_the_sample(tmp_path, capsys):
-    code, out, err = run(["windows", "--history", SAMPLE, "--config", CONFIG, "--now", NOW,
-                          "--out", str(tmp_path)], capsys)
+def test_tonights_windows_on_the_sample(tmp_path, cli):
+    code, out, err = cli(["windows", "--history", SAMPLE, "--config", CONFIG, "--now", NOW,
+                          "--out", str(tmp_path)])
     assert code == 0, err
     assert "Idle windows after Wed 2026-01-28 18:00" in out
     table = pd.read_csv(tmp_path / "windows.csv")
@@ -67,10 +56,10 @@ def test_tonights_windows_on_the_sample(tmp_path, capsys):
     assert imread(tmp_path / "free_gpus.png")[..., :3].std() > 0.05
 
 
-def test_backtest_table(tmp_path, capsys):
+def test_backtest_table(tmp_path, cli):
     out = tmp_path / "bt.csv"
-    code, stdout, err = run(["backtest", "--history", SAMPLE, "--config", CONFIG, "--days", "3",
-                             "--models", "auto,seasonal_naive", "--out", str(out)], capsys)
+    code, stdout, err = cli(["backtest", "--history", SAMPLE, "--config", CONFIG, "--days", "3",
+                             "--models", "auto,seasonal_naive", "--out", str(out)])
     assert code == 0, err
     table = pd.read_csv(out, index_col="model")
     assert set(table.index) == {"auto", "seasonal_naive"}
@@ -93,9 +82,9 @@ def test_backtest_table(tmp_path, capsys):
         (["backtest", "--history", SAMPLE, "--metric", "qps"], "no series of metric(s) qps"),
     ],
 )
-def test_bad_input_gets_one_clear_line(args, needle, capsys, tmp_path, monkeypatch):
+def test_bad_input_gets_one_clear_line(args, needle, cli, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    code, _, err = run(args, capsys)
+    code, _, err = cli(args)
     assert code == 2
     assert needle in " ".join(err.split())
     assert "Traceback" not in err
