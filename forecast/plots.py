@@ -115,8 +115,8 @@ def forecast_chart(
     from forecast.models.base import quantile_column
 
     uids = list(dict.fromkeys(forecast["unique_id"]))[:max_panels]
-    fig = Figure(figsize=(12, 2.4 * len(uids)))
-    axes = fig.subplots(len(uids), 1, squeeze=False)[:, 0]
+    fig = Figure(figsize=(12, 2.4 * len(uids)), layout="constrained")
+    axes = fig.subplots(len(uids), 1, squeeze=False, sharex=True)[:, 0]
     lo_q, hi_q = min(quantiles), max(quantiles)
     mid_q = 0.5 if 0.5 in quantiles else quantiles[len(quantiles) // 2]
     for ax, uid in zip(axes, uids):
