@@ -143,6 +143,42 @@ class PrometheusConfig(_Strict):
     """Sent as ``Authorization: Bearer``; prefer ``IDLEGPU_PROMETHEUS__BEARER_TOKEN``."""
 
 
+class AdmissionConfig(_Strict):
+    """How research jobs are admitted to and preempted from the pool."""
+
+    confidence: float = Field(default=0.9, ge=0.5, lt=1.0)
+    """Probability that GPUs promised to a job really stay free (quantile of the forecast)."""
+    runtime_quantile: float = Field(default=0.9, gt=0.0, lt=1.0)
+    """Quantile of past runtimes a job is planned with."""
+    runtime_safety_factor: float = Field(default=1.3, ge=1.0)
+    """Multiplies a runtime that comes from the user's estimate rather than from history."""
+    grace_seconds: int = Field(default=600, ge=0)
+    """Time a preempted job gets to checkpoint and exit (terminationGracePeriodSeconds); also
+    the lead time of proactive preemption before the forecast ramp."""
+    min_segment_seconds: int = Field(default=1800, gt=0)
+    """Shortest run worth starting for a checkpointable job (restart costs)."""
+    kv_cache_pressure: float = Field(default=0.95, gt=0.0, le=1.0)
+    """KV-cache usage at which the service is under pressure (preempt to free GPUs)."""
+    waiting_pressure: float = Field(default=8.0, ge=0.0)
+    """Requests waiting per serving replica at which the service is under pressure."""
+    max_signal_age_seconds: int = Field(default=120, gt=0)
+    """Live vLLM signals older than this are stale: no admission on stale signals."""
+    missing_signals_preempt_after_seconds: int | None = Field(default=900, gt=0)
+    """Preempt jobs when signals stay missing this long (None: never preempt for that)."""
+    max_forecast_age_seconds: int = Field(default=6 * 3600, gt=0)
+    """No admission on a forecast older than this."""
+    fair_share_days: float = Field(default=7.0, gt=0)
+    """Team fair share looks at GPU-hours used over this many past days."""
+    allowed_registries: list[str] = Field(default_factory=lambda: ["registry.example.com/"])
+    """Image prefixes jobs may use (e.g. ``registry.example.com/research/``)."""
+    max_gpus_per_job: int = Field(default=64, gt=0)
+
+
+class StoreConfig(_Strict):
+    url: str = "sqlite:///idlegpu.db"
+    """SQLAlchemy URL of the job store: a SQLite file by default, or postgresql://..."""
+
+
 class Settings(BaseSettings):
     """Everything ``idlegpu.yaml`` holds."""
 
@@ -155,6 +191,8 @@ class Settings(BaseSettings):
     query_templates: dict[str, MetricQuery] = Field(default_factory=dict)
     """Queries shared by all services; ``$service`` is replaced by the service name."""
     services: list[ServiceConfig] = Field(min_length=1)
+    admission: AdmissionConfig = AdmissionConfig()
+    store: StoreConfig = StoreConfig()
 
     @classmethod
     def settings_customise_sources(

@@ -1,0 +1,175 @@
+"""The vocabulary of admission: job states and events, what the policy sees, what it decides.
+
+Frozen dataclasses and enums only: no I/O, no clock. Times are timezone-aware UTC datetimes;
+durations are seconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from enum import StrEnum
+
+import numpy as np
+
+
+class JobState(StrEnum):
+    """Life of one job unit (a pipeline step or sweep member).
+
+    QUEUED -> ADMITTED -> RUNNING -> SUCCEEDED | FAILED; RUNNING -> QUEUED again when preempted
+    (a checkpointable job resumes later); CANCELLED from any non-terminal state.
+    """
+
+    QUEUED = "queued"
+    ADMITTED = "admitted"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    def is_terminal(self) -> bool:
+        return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+
+    def holds_gpus(self) -> bool:
+        return self in (JobState.ADMITTED, JobState.RUNNING)
+
+
+class EventKind(StrEnum):
+    """Entries of the accounting log (what reports read)."""
+
+    SUBMITTED = "submitted"
+    ADMITTED = "admitted"
+    STARTED = "started"
+    CHECKPOINTED = "checkpointed"
+    PREEMPTED = "preempted"
+    FINISHED = "finished"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class Action(StrEnum):
+    ADMIT = "admit"
+    PREEMPT = "preempt"
+    DEFER = "defer"
+
+
+@dataclass(frozen=True)
+class WaitingJob:
+    """A queued job unit whose dependencies are met, as the policy needs it."""
+
+    id: str
+    team: str
+    gpus: int
+    runtime_s: float
+    """Remaining runtime at the configured quantile (after checkpoints already made)."""
+    checkpointable: bool
+    priority: int
+    submitted_at: datetime
+    deadline: datetime | None = None
+    preemptions: int = 0
+    max_preemptions: int | None = None
+    kind: str = "job"
+
+
+@dataclass(frozen=True)
+class RunningJob:
+    """A job unit holding GPUs now."""
+
+    id: str
+    team: str
+    gpus: int
+    priority: int
+    started_at: datetime
+    checkpointable: bool
+    remaining_s: float
+    """Estimated seconds of work left."""
+    last_checkpoint_at: datetime | None = None
+    stop_by: datetime | None = None
+    """When the admitter planned to checkpoint and stop it (end of its window), if ever."""
+    kind: str = "job"
+
+    def unsaved_work_s(self, now: datetime) -> float:
+        """Seconds of work a preemption now would lose (since the last checkpoint or start)."""
+        if not self.checkpointable:
+            return (now - self.started_at).total_seconds()
+        since = self.last_checkpoint_at or self.started_at
+        return max(0.0, (now - since).total_seconds())
+
+
+@dataclass(frozen=True)
+class FreeProfile:
+    """Free GPUs for research jobs over time, promised with ``confidence``.
+
+    ``free[i]`` holds from ``start + i * step_s`` to the next step: the pool minus headroom minus
+    the services' forecast usage, before any research job.
+    """
+
+    start: datetime
+    step_s: int
+    free: np.ndarray
+    confidence: float
+    made_at: datetime
+
+    def index_at(self, when: datetime) -> int:
+        """Step holding ``when`` (negative before the start, >= len after the end)."""
+        return int((when - self.start).total_seconds() // self.step_s)
+
+    def time_at(self, index: int) -> datetime:
+        return self.start + timedelta(seconds=index * self.step_s)
+
+    @property
+    def end(self) -> datetime:
+        return self.time_at(len(self.free))
+
+
+@dataclass(frozen=True)
+class ServingSignals:
+    """Live signals of the inference services (vLLM and the autoscaler)."""
+
+    observed_at: datetime | None
+    """When the signals were read; None when they could not be read at all."""
+    requests_waiting_per_replica: float = 0.0
+    kv_cache_usage: float = 0.0
+    gpus_short: int = 0
+    """GPUs the services want now beyond what they hold and what is idle (pending replicas)."""
+
+    def age_s(self, now: datetime) -> float | None:
+        return None if self.observed_at is None else (now - self.observed_at).total_seconds()
+
+
+@dataclass(frozen=True)
+class PolicySettings:
+    """The admission knobs the policy needs (from ``admission`` in idlegpu.yaml)."""
+
+    grace_s: float = 600.0
+    min_segment_s: float = 1800.0
+    kv_cache_pressure: float = 0.95
+    waiting_pressure: float = 8.0
+    max_signal_age_s: float = 120.0
+    missing_signals_preempt_after_s: float | None = 900.0
+    max_forecast_age_s: float = 6 * 3600.0
+    pressure_gpus: int = 4
+    """GPUs to free on queue/KV pressure when the autoscaler names no figure (one replica)."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    job_id: str
+    gpus: int
+    reason: str
+    stop_by: datetime | None = None
+    """For admissions: when the job must checkpoint and stop (end of its window), if before it
+    would finish."""
+    start_at: datetime | None = None
+    """For deferrals with a reservation: when the job is expected to start."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything ``decide`` returns, in a deterministic order."""
+
+    decisions: tuple[Decision, ...] = field(default_factory=tuple)
+
+    def of(self, action: Action) -> list[Decision]:
+        return [d for d in self.decisions if d.action is action]
