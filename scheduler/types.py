@@ -173,3 +173,40 @@ class Plan:
 
     def of(self, action: Action) -> list[Decision]:
         return [d for d in self.decisions if d.action is action]
+
+
+@dataclass(frozen=True)
+class UnitSpec:
+    """One runnable unit of a job request: a pipeline step, or one member of a step's sweep.
+
+    Everything a Kubernetes Job needs, already templated (parameters filled into args and env).
+    ``depends_on`` lists ``(step_index, member)`` units of the same request that must have
+    succeeded first (a step waits for every member of the step before it).
+    """
+
+    step: str
+    step_index: int
+    member: int
+    image: str
+    command: tuple[str, ...]
+    args: tuple[str, ...]
+    env: tuple[tuple[str, str], ...]
+    parameters: tuple[tuple[str, str], ...]
+    gpus: int
+    cpu: float
+    memory: str
+    runtime_estimate_s: float | None
+    checkpointable: bool
+    checkpoint_interval_s: float | None
+    resume_args: tuple[str, ...]
+    priority: int
+    deadline: datetime | None
+    max_preemptions: int | None
+    output: str | None
+    depends_on: tuple[tuple[int, int], ...]
+    kind: str = "job"
+
+    @property
+    def family(self) -> str:
+        """Runs of the same image and step are one family for runtime estimates."""
+        return f"{self.image.rsplit(':', 1)[0]}#{self.step}"
