@@ -165,8 +165,8 @@ class AdmissionConfig(_Strict):
     """Live vLLM signals older than this are stale: no admission on stale signals."""
     missing_signals_preempt_after_seconds: int | None = Field(default=900, gt=0)
     """Preempt jobs when signals stay missing this long (None: never preempt for that)."""
-    max_forecast_age_seconds: int = Field(default=6 * 3600, gt=0)
-    """No admission on a forecast older than this."""
+    max_forecast_age_seconds: int = Field(default=26 * 3600, gt=0)
+    """No admission on a forecast older than this (it is refreshed every evening)."""
     fair_share_days: float = Field(default=7.0, gt=0)
     """Team fair share looks at GPU-hours used over this many past days."""
     allowed_registries: list[str] = Field(default_factory=lambda: ["registry.example.com/"])

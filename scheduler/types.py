@@ -147,7 +147,7 @@ class PolicySettings:
     waiting_pressure: float = 8.0
     max_signal_age_s: float = 120.0
     missing_signals_preempt_after_s: float | None = 900.0
-    max_forecast_age_s: float = 6 * 3600.0
+    max_forecast_age_s: float = 26 * 3600.0
     pressure_gpus: int = 4
     """GPUs to free on queue/KV pressure when the autoscaler names no figure (one replica)."""
 

@@ -1,0 +1,268 @@
+"""The admission policy: which research jobs start, which stop, and why. Pure: no I/O, no clock.
+
+``decide(now, profile, running, queue, signals, team_usage, settings) -> Plan``
+
+1. **Safety first.** Live signals that are stale or missing block every admission (never admit
+   blind); signals missing for longer than configured preempt everything. Queue or KV-cache
+   pressure, or replicas the autoscaler wants but cannot place, preempt just enough GPUs.
+2. **Proactive preemption.** Running jobs are checked against the forecast over the next grace
+   period: where the free-GPU profile falls below what they hold, enough of them are told to
+   checkpoint and stop now, so the GPUs are back before the service ramps up. Jobs whose planned
+   window has ended are stopped too.
+3. **Victims** lose the least: lowest priority first, then the least unsaved work (GPU-seconds
+   since the last checkpoint), then the most GPUs; and no more victims than the need requires.
+4. **Admission** walks the queue by priority, then team fair share (fewest GPU-hours used
+   lately), then age. A job starts now if its GPUs stay free, against the profile minus what is
+   already running, for its runtime plus the grace period (a checkpointable job: for at least a
+   worthwhile segment, stopping before the window closes). The first job that cannot start gets
+   a reservation at its earliest fitting time; later jobs backfill only around it (EASY
+   backfilling), so small jobs never starve a big one.
+Same inputs, same decisions: every ordering has a total tie-break on the job id.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta
+
+import numpy as np
+
+from scheduler.types import (
+    Action,
+    Decision,
+    FreeProfile,
+    Plan,
+    PolicySettings,
+    RunningJob,
+    ServingSignals,
+    WaitingJob,
+)
+
+
+MAX_RESERVATION_ATTEMPTS = 8
+
+
+def _hours(seconds: float) -> str:
+    return f"{seconds / 3600:.1f} h"
+
+
+def _steps(seconds: float, step_s: int) -> int:
+    return max(1, math.ceil(seconds / step_s))
+
+
+def decide(
+    now: datetime,
+    profile: FreeProfile,
+    running: Sequence[RunningJob],
+    queue: Sequence[WaitingJob],
+    signals: ServingSignals,
+    team_usage: Mapping[str, float],
+    settings: PolicySettings,
+) -> Plan:
+    step = profile.step_s
+    n_steps = len(profile.free)
+    i0 = max(0, profile.index_at(now))
+    grace_steps = _steps(settings.grace_s, step) if settings.grace_s > 0 else 0
+    decisions: list[Decision] = []
+
+    # GPUs held by running jobs over the profile's steps, until they finish or must stop
+    used = np.zeros(n_steps + 1)
+    ends: dict[str, int] = {}
+    for job in running:
+        end = now + timedelta(seconds=max(0.0, job.remaining_s))
+        if job.stop_by is not None:
+            end = min(end, job.stop_by)
+        last = min(n_steps, max(i0 + 1, math.ceil((end - profile.start).total_seconds() / step)))
+        ends[job.id] = last
+        used[i0:last] += job.gpus
+    free = np.asarray(profile.free, dtype=float)
+    free = np.concatenate([free, [0.0]])  # beyond the forecast nothing is promised
+
+    # --- 1. live signals ---------------------------------------------------------------
+    age = signals.age_s(now)
+    blind = age is None or age > settings.max_signal_age_s
+    give_up = settings.missing_signals_preempt_after_s is not None and (
+        age is None or age > settings.missing_signals_preempt_after_s
+    )
+    live_need, live_reason = 0, ""
+    if not blind:
+        if signals.gpus_short > 0:
+            live_need = signals.gpus_short
+            live_reason = f"the services want {signals.gpus_short} GPUs they cannot get"
+        elif signals.kv_cache_usage >= settings.kv_cache_pressure:
+            live_need = settings.pressure_gpus
+            live_reason = f"KV-cache usage {signals.kv_cache_usage:.0%} is at the pressure mark"
+        elif signals.requests_waiting_per_replica >= settings.waiting_pressure:
+            live_need = settings.pressure_gpus
+            live_reason = (
+                f"{signals.requests_waiting_per_replica:.1f} requests wait per replica"
+            )
+
+    # --- 2. preemption -------------------------------------------------------------------
+    victims: dict[str, str] = {}
+    if give_up and running:
+        what = "never read" if age is None else f"missing for {age / 60:.0f} min"
+        for job in sorted(running, key=lambda j: j.id):
+            victims[job.id] = f"live signals {what}: stopping every job to keep the service safe"
+    else:
+        for job in sorted(running, key=lambda j: j.id):
+            if job.stop_by is not None and job.stop_by <= now + timedelta(seconds=settings.grace_s):
+                victims[job.id] = "its window closes: checkpoint and stop as planned"
+        window = slice(i0, min(n_steps, i0 + grace_steps + 1))
+        deficit = 0.0
+        if window.stop > window.start:
+            deficit = float(np.max(used[window] - free[window], initial=0.0))
+        need = max(live_need, math.ceil(deficit))
+        if need > 0:
+            reason = live_reason or (
+                f"the forecast needs {math.ceil(deficit)} of their GPUs for the service within "
+                f"{_hours(settings.grace_s)}"
+            )
+            freed = sum(j.gpus for j in running if j.id in victims)
+            for job in _victims(running, need - freed, now, exclude=victims):
+                victims[job.id] = reason
+    for job in sorted(running, key=lambda j: j.id):
+        if job.id in victims:
+            decisions.append(Decision(Action.PREEMPT, job.id, job.gpus, victims[job.id]))
+            # its GPUs come back only once the grace period has passed
+            release = min(n_steps, i0 + grace_steps)
+            used[release : ends[job.id]] -= job.gpus
+
+    # --- 3. admission gates --------------------------------------------------------------
+    gate = ""
+    if blind:
+        gate = (
+            "live signals were never read" if age is None
+            else f"live signals are {age:.0f} s old (limit {settings.max_signal_age_s:.0f} s)"
+        ) + "; not admitting blind"
+    elif (now - profile.made_at).total_seconds() > settings.max_forecast_age_s:
+        gate = f"the forecast is {_hours((now - profile.made_at).total_seconds())} old; refresh it"
+    elif i0 >= n_steps or profile.index_at(now) < 0:
+        gate = "the forecast does not cover now"
+    elif live_need > 0:
+        gate = f"the service is under pressure ({live_reason})"
+    ordered = sorted(
+        queue,
+        key=lambda j: (-j.priority, team_usage.get(j.team, 0.0), j.submitted_at, j.id),
+    )
+    if gate:
+        decisions.extend(Decision(Action.DEFER, j.id, j.gpus, gate) for j in ordered)
+        return Plan(tuple(decisions))
+
+    # --- 4. admission with one reservation (EASY backfilling) ----------------------------
+    avail = free[:n_steps] - used[:n_steps]
+    reserved = False
+    attempts = 0  # reservation attempts; bounded so a long queue stays cheap
+    for job in ordered:
+        try_reserve = not reserved and attempts < MAX_RESERVATION_ATTEMPTS
+        decision = _place(job, now, profile, avail, i0, settings, reserve=try_reserve)
+        if decision.action is Action.DEFER and try_reserve:
+            attempts += 1
+            reserved = decision.start_at is not None
+        decisions.append(decision)
+    return Plan(tuple(decisions))
+
+
+def _victims(
+    running: Sequence[RunningJob], need: int, now: datetime, exclude: Mapping[str, str]
+) -> list[RunningJob]:
+    """Fewest, cheapest victims covering ``need`` GPUs."""
+    if need <= 0:
+        return []
+    candidates = sorted(
+        (j for j in running if j.id not in exclude),
+        key=lambda j: (j.priority, j.unsaved_work_s(now) * j.gpus, -j.gpus, j.id),
+    )
+    chosen: list[RunningJob] = []
+    freed = 0
+    for job in candidates:
+        if freed >= need:
+            break
+        chosen.append(job)
+        freed += job.gpus
+    # drop victims that turned out unnecessary, most expensive first
+    for job in sorted(chosen, key=lambda j: (-j.priority, -j.unsaved_work_s(now) * j.gpus, j.id)):
+        if freed - job.gpus >= need:
+            chosen.remove(job)
+            freed -= job.gpus
+    return chosen
+
+
+def _place(
+    job: WaitingJob,
+    now: datetime,
+    profile: FreeProfile,
+    avail: np.ndarray,
+    i0: int,
+    settings: PolicySettings,
+    *,
+    reserve: bool,
+) -> Decision:
+    """Admit ``job`` now if it fits (updating ``avail``), else defer it, reserving if asked."""
+    step = profile.step_s
+    n = len(avail)
+    if job.deadline is not None and now >= job.deadline:
+        return Decision(Action.DEFER, job.id, job.gpus, "its deadline has passed")
+    whole = not job.checkpointable or (
+        job.max_preemptions is not None and job.preemptions >= job.max_preemptions
+    )
+    need_s = job.runtime_s + settings.grace_s
+    need_steps = _steps(need_s, step)
+    min_steps = need_steps if whole else _steps(
+        min(job.runtime_s, settings.min_segment_s) + settings.grace_s, step
+    )
+    if job.gpus <= avail[i0] and i0 + min_steps <= n:
+        run = _run_length(avail, i0, job.gpus)
+        if run >= need_steps:
+            avail[i0 : i0 + need_steps] -= job.gpus
+            return Decision(Action.ADMIT, job.id, job.gpus,
+                            f"{job.gpus} GPUs stay free for its {_hours(job.runtime_s)}")
+        if not whole and run >= min_steps:
+            avail[i0 : i0 + run] -= job.gpus
+            stop_by = profile.time_at(i0 + run) - timedelta(seconds=settings.grace_s)
+            return Decision(
+                Action.ADMIT, job.id, job.gpus,
+                f"a {_hours((stop_by - now).total_seconds())} segment of its "
+                f"{_hours(job.runtime_s)} fits; checkpoints and stops before the window closes",
+                stop_by=stop_by,
+            )
+    what = "whole" if whole else "for a worthwhile segment"
+    if reserve:
+        start = _earliest_fit(avail, i0 + 1, job.gpus, min_steps)
+        if start is not None:
+            length = need_steps if whole else min(need_steps, _run_length(avail, start, job.gpus))
+            avail[start : start + length] -= job.gpus
+            start_at = profile.time_at(start)
+            return Decision(
+                Action.DEFER, job.id, job.gpus,
+                f"does not fit {what} now; {job.gpus} GPUs reserved for it from "
+                f"{start_at:%Y-%m-%d %H:%M} UTC",
+                start_at=start_at,
+            )
+    if job.gpus > avail[i0]:
+        return Decision(Action.DEFER, job.id, job.gpus,
+                        f"needs {job.gpus} GPUs; {max(0, int(avail[i0]))} free now")
+    if i0 + min_steps > n:
+        return Decision(Action.DEFER, job.id, job.gpus,
+                        f"its {_hours(job.runtime_s)} run past the end of the forecast")
+    return Decision(
+        Action.DEFER, job.id, job.gpus,
+        f"{job.gpus} GPUs do not stay free {what} ({_hours(job.runtime_s)} + grace)"
+        + ("" if reserve else " without delaying the reserved job"),
+    )
+
+
+def _run_length(avail: np.ndarray, start: int, gpus: int) -> int:
+    """Steps from ``start`` during which at least ``gpus`` GPUs stay available."""
+    short = np.flatnonzero(avail[start:] < gpus)
+    return int(short[0]) if short.size else len(avail) - start
+
+
+def _earliest_fit(avail: np.ndarray, start: int, gpus: int, steps: int) -> int | None:
+    """First step from ``start`` opening ``steps`` consecutive steps with ``gpus`` available."""
+    if start + steps > len(avail):
+        return None
+    ok = np.concatenate([[0], np.cumsum(avail[start:] >= gpus)])
+    full = np.flatnonzero(ok[steps:] - ok[:-steps] == steps)
+    return int(full[0]) + start if full.size else None

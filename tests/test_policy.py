@@ -1,0 +1,263 @@
+"""decide(): table-driven cases and properties (hypothesis)."""
+
+from datetime import UTC, datetime, timedelta
+
+import numpy as np
+import pytest
+from hypothesis import given, settings as hsettings, strategies as st
+
+from scheduler.policy import decide
+from scheduler.types import (
+    Action,
+    FreeProfile,
+    PolicySettings,
+    RunningJob,
+    ServingSignals,
+    WaitingJob,
+)
+
+T0 = datetime(2026, 1, 28, 11, 0, tzinfo=UTC)  # 20:00 in Seoul
+STEP = 300
+H = 3600
+SETTINGS = PolicySettings(grace_s=600, min_segment_s=1800)
+FRESH = ServingSignals(observed_at=T0, requests_waiting_per_replica=0.0, kv_cache_usage=0.3)
+
+
+def profile(values, made_at=T0, start=T0):
+    return FreeProfile(start=start, step_s=STEP, free=np.asarray(values, dtype=float),
+                       confidence=0.9, made_at=made_at)
+
+
+def flat(gpus, hours, then=0, then_hours=2):
+    """``gpus`` free for ``hours``, then ``then`` free for ``then_hours``."""
+    return profile([gpus] * int(hours * 12) + [then] * int(then_hours * 12))
+
+
+def job(id, gpus=8, hours=2.0, ckpt=False, priority=0, team="a", age_h=0.0, **kw):
+    return WaitingJob(id=id, team=team, gpus=gpus, runtime_s=hours * H, checkpointable=ckpt,
+                      priority=priority, submitted_at=T0 - timedelta(hours=age_h + 1), **kw)
+
+
+def run(id, gpus=8, hours_left=4.0, priority=0, since_ckpt_h=1.0, ckpt=True, stop_by=None):
+    return RunningJob(id=id, team="a", gpus=gpus, priority=priority,
+                      started_at=T0 - timedelta(hours=5), checkpointable=ckpt,
+                      remaining_s=hours_left * H,
+                      last_checkpoint_at=T0 - timedelta(hours=since_ckpt_h), stop_by=stop_by)
+
+
+def plan(prof, queue=(), running=(), signals=FRESH, usage=None, settings=SETTINGS, now=T0):
+    return decide(now, prof, list(running), list(queue), signals, usage or {}, settings)
+
+
+def actions(result):
+    return {d.job_id: d.action for d in result.decisions}
+
+
+# ----------------------------------------------------------------------------- admission
+
+
+def test_a_job_that_fits_whole_is_admitted_without_a_stop():
+    result = plan(flat(16, 6), [job("j", gpus=8, hours=3)])
+    (d,) = result.decisions
+    assert d.action is Action.ADMIT and d.stop_by is None
+    assert "8 GPUs stay free for its 3.0 h" in d.reason
+
+
+def test_a_job_that_does_not_fit_whole_waits_with_the_reason():
+    result = plan(flat(16, 2), [job("j", gpus=8, hours=3)])
+    (d,) = result.decisions
+    assert d.action is Action.DEFER
+    assert "do not stay free whole" in d.reason or "past the end" in d.reason
+
+
+def test_no_free_gpus_says_so():
+    (d,) = plan(flat(0, 6, then=0), [job("j", gpus=4, hours=1)]).decisions
+    assert d.action is Action.DEFER and "needs 4 GPUs; 0 free now" in d.reason
+
+
+def test_a_checkpointable_long_job_runs_a_segment_that_ends_before_the_ramp():
+    # 10 h window of 32 GPUs; a 40 h job gets a segment that stops grace before the window ends
+    (d,) = plan(flat(32, 10, then=0, then_hours=14), [job("big", gpus=32, hours=40, ckpt=True)]).decisions
+    assert d.action is Action.ADMIT
+    assert d.stop_by == T0 + timedelta(hours=10) - timedelta(seconds=600)
+    assert "segment" in d.reason
+
+
+def test_a_window_shorter_than_a_worthwhile_segment_is_not_used():
+    (d,) = plan(flat(32, 0.5, then=0, then_hours=20), [job("big", gpus=32, hours=40, ckpt=True)]).decisions
+    assert d.action is Action.DEFER
+
+
+def test_exhausted_preemptions_mean_the_job_must_fit_whole():
+    prof = flat(32, 10, then=0, then_hours=14)
+    tired = job("big", gpus=32, hours=40, ckpt=True, preemptions=5, max_preemptions=5)
+    (d,) = plan(prof, [tired]).decisions
+    assert d.action is Action.DEFER
+
+
+@pytest.mark.parametrize(
+    ("queue", "winner"),
+    [
+        ([job("low", priority=0, age_h=9), job("high", priority=5)], "high"),
+        ([job("busy", team="x"), job("idle", team="y")], "idle"),  # fair share (usage below)
+        ([job("young", age_h=0), job("old", age_h=3)], "old"),
+        ([job("b"), job("a")], "a"),  # total tie-break on the id
+    ],
+)
+def test_order_is_priority_then_fair_share_then_age(queue, winner):
+    result = plan(flat(8, 6), queue, usage={"x": 100.0, "y": 5.0})
+    admitted = [d.job_id for d in result.of(Action.ADMIT)]
+    assert admitted == [winner]
+
+
+def test_the_head_job_gets_a_reservation_and_small_jobs_backfill_around_it():
+    # 16 GPUs now, 48 from hour 2 to hour 12
+    prof = profile([16] * 24 + [48] * 120 + [0] * 24)
+    head = job("head", gpus=48, hours=6, priority=1)
+    short = job("short", gpus=8, hours=1)  # ends before the reservation starts
+    long = job("long", gpus=16, hours=5)  # would eat into the reservation
+    result = plan(prof, [head, short, long])
+    got = actions(result)
+    assert got == {"head": Action.DEFER, "short": Action.ADMIT, "long": Action.DEFER}
+    reserved = next(d for d in result.decisions if d.job_id == "head")
+    assert reserved.start_at == T0 + timedelta(hours=2)
+    assert "reserved" in reserved.reason
+
+
+def test_deadline_passed():
+    (d,) = plan(flat(16, 6), [job("late", deadline=T0 - timedelta(hours=1))]).decisions
+    assert d.action is Action.DEFER and "deadline" in d.reason
+
+
+# ----------------------------------------------------------------------------- gates
+
+
+def test_stale_signals_block_admission_but_do_not_preempt_yet():
+    stale = ServingSignals(observed_at=T0 - timedelta(minutes=5))
+    result = plan(flat(32, 6), [job("j")], running=[run("r")], signals=stale)
+    assert actions(result) == {"j": Action.DEFER}
+    assert "not admitting blind" in result.decisions[0].reason
+
+
+def test_signals_missing_too_long_preempt_everything():
+    gone = ServingSignals(observed_at=T0 - timedelta(minutes=30))
+    result = plan(flat(32, 6), [job("j")], running=[run("r1"), run("r2")], signals=gone)
+    assert actions(result) == {"r1": Action.PREEMPT, "r2": Action.PREEMPT, "j": Action.DEFER}
+    never = plan(flat(32, 6), [], running=[run("r1")], signals=ServingSignals(observed_at=None))
+    assert actions(never) == {"r1": Action.PREEMPT}
+    relaxed = PolicySettings(missing_signals_preempt_after_s=None)
+    kept = plan(flat(32, 6), [], running=[run("r1")], signals=gone, settings=relaxed)
+    assert actions(kept) == {}
+
+
+def test_an_old_forecast_blocks_admission():
+    old = profile([32] * 100, made_at=T0 - timedelta(hours=27))
+    (d,) = plan(old, [job("j")]).decisions
+    assert d.action is Action.DEFER and "forecast is 27.0 h old" in d.reason
+
+
+# ----------------------------------------------------------------------------- preemption
+
+
+def test_forecast_ramp_preempts_just_enough_before_it_arrives():
+    # 24 GPUs free for 5 minutes, then 8: the ramp is inside the grace period
+    prof = profile([24] * 1 + [8] * 50)
+    result = plan(prof, running=[run("a", gpus=8), run("b", gpus=16, since_ckpt_h=0.1)])
+    assert actions(result) == {"b": Action.PREEMPT}  # frees 16 >= need 16
+    assert "forecast" in result.decisions[0].reason
+
+
+def test_a_ramp_beyond_the_grace_period_waits():
+    prof = profile([24] * 6 + [8] * 50)  # ramp in 30 min, grace 10 min
+    assert actions(plan(prof, running=[run("a", gpus=8), run("b", gpus=16)])) == {}
+
+
+def test_victims_lose_the_least_work_lowest_priority_first():
+    running = [
+        run("vip", gpus=8, priority=9, since_ckpt_h=0.0),
+        run("fresh-ckpt", gpus=8, since_ckpt_h=0.1),
+        run("stale-ckpt", gpus=8, since_ckpt_h=3.0),
+        run("no-ckpt", gpus=8, ckpt=False),
+    ]
+    signals = ServingSignals(observed_at=T0, gpus_short=8)
+    result = plan(flat(32, 6), running=running, signals=signals)
+    assert actions(result) == {"fresh-ckpt": Action.PREEMPT}
+    assert "cannot get" in result.decisions[0].reason
+    more = plan(flat(32, 6), running=running, signals=ServingSignals(observed_at=T0, gpus_short=12))
+    assert set(actions(more)) == {"fresh-ckpt", "stale-ckpt"}
+
+
+def test_kv_pressure_preempts_one_replica_worth_and_stops_admission():
+    signals = ServingSignals(observed_at=T0, kv_cache_usage=0.97)
+    result = plan(flat(32, 6), [job("j", gpus=4)], running=[run("r", gpus=4)], signals=signals)
+    assert actions(result) == {"r": Action.PREEMPT, "j": Action.DEFER}
+    assert "under pressure" in result.of(Action.DEFER)[0].reason
+
+
+def test_a_closing_window_stops_its_job_as_planned():
+    running = [run("seg", gpus=8, stop_by=T0 + timedelta(minutes=5))]
+    result = plan(flat(32, 6), running=running)
+    assert actions(result) == {"seg": Action.PREEMPT}
+    assert "window closes" in result.decisions[0].reason
+
+
+# ----------------------------------------------------------------------------- properties
+
+
+waiting_jobs = st.lists(
+    st.builds(
+        lambda i, gpus, hours, ckpt, prio, team: job(f"j{i}", gpus=gpus, hours=hours, ckpt=ckpt,
+                                                    priority=prio, team=team, age_h=i % 5),
+        st.integers(0, 10_000), st.sampled_from([1, 4, 8, 16, 32]),
+        st.floats(0.1, 30), st.booleans(), st.integers(0, 3), st.sampled_from("abc"),
+    ),
+    max_size=25, unique_by=lambda j: j.id,
+)
+profiles = st.lists(st.integers(0, 64), min_size=1, max_size=60).map(
+    lambda v: profile(np.repeat(v, 4))
+)
+
+
+@hsettings(max_examples=150, deadline=None)
+@given(prof=profiles, queue=waiting_jobs)
+def test_admissions_never_overcommit_the_profile(prof, queue):
+    result = plan(prof, queue)
+    load = np.zeros(len(prof.free))
+    by_id = {j.id: j for j in queue}
+    for d in result.of(Action.ADMIT):
+        j = by_id[d.job_id]
+        seconds = (d.stop_by - T0).total_seconds() if d.stop_by else j.runtime_s
+        steps = int(np.ceil((seconds + SETTINGS.grace_s) / STEP))
+        assert steps <= len(prof.free), "admitted past the forecast"
+        load[:steps] += j.gpus
+        if not j.checkpointable:
+            assert d.stop_by is None
+            assert prof.free[:steps].min() >= j.gpus  # fits whole
+    assert (load <= prof.free + 1e-9).all()
+
+
+@hsettings(max_examples=60, deadline=None)
+@given(prof=profiles, queue=waiting_jobs, seed=st.integers(0, 100))
+def test_same_inputs_same_decisions_whatever_the_input_order(prof, queue, seed):
+    shuffled = list(queue)
+    np.random.default_rng(seed).shuffle(shuffled)
+    assert plan(prof, queue) == plan(prof, shuffled)
+
+
+@hsettings(max_examples=150, deadline=None)
+@given(
+    gpus=st.lists(st.sampled_from([1, 4, 8, 16, 32]), min_size=1, max_size=10),
+    ckpt_hours=st.lists(st.floats(0, 10), min_size=10, max_size=10),
+    need=st.integers(1, 100),
+)
+def test_preemption_frees_enough_and_no_more_victims_than_needed(gpus, ckpt_hours, need):
+    running = [run(f"r{i}", gpus=g, since_ckpt_h=ckpt_hours[i]) for i, g in enumerate(gpus)]
+    signals = ServingSignals(observed_at=T0, gpus_short=need)
+    result = plan(flat(200, 6), running=running, signals=signals)
+    victims = [d for d in result.of(Action.PREEMPT)]
+    freed = sum(d.gpus for d in victims)
+    if sum(gpus) >= need:
+        assert freed >= need
+        assert all(freed - d.gpus < need for d in victims)  # each victim is necessary
+    else:
+        assert len(victims) == len(running)
