@@ -36,9 +36,10 @@ def day_types(index, tz: str, country: str | None):
     weekday = np.asarray(local.day_of_week)
     kinds = np.where(weekday == 5, SATURDAY, np.where(weekday == 6, SUNDAY_OR_HOLIDAY, WORKING_DAY))
     if country:
-        dates = local.date
-        holidays = holiday_names(country, set(dates))
+        import pandas as pd
+
+        days = pd.Index(local.normalize().date)
+        holidays = holiday_names(country, days.unique())
         if holidays:
-            is_holiday = np.fromiter((d in holidays for d in dates), bool, len(dates))
-            kinds = np.where(is_holiday, SUNDAY_OR_HOLIDAY, kinds)
+            kinds = np.where(days.isin(list(holidays)), SUNDAY_OR_HOLIDAY, kinds)
     return kinds

@@ -266,3 +266,19 @@ def _earliest_fit(avail: np.ndarray, start: int, gpus: int, steps: int) -> int |
     ok = np.concatenate([[0], np.cumsum(avail[start:] >= gpus)])
     full = np.flatnonzero(ok[steps:] - ok[:-steps] == steps)
     return int(full[0]) + start if full.size else None
+
+
+def policy_settings(admission) -> PolicySettings:
+    """PolicySettings from the ``admission`` section of idlegpu.yaml (an AdmissionConfig)."""
+    return PolicySettings(
+        grace_s=float(admission.grace_seconds),
+        min_segment_s=float(admission.min_segment_seconds),
+        kv_cache_pressure=admission.kv_cache_pressure,
+        waiting_pressure=admission.waiting_pressure,
+        max_signal_age_s=float(admission.max_signal_age_seconds),
+        missing_signals_preempt_after_s=(
+            None if admission.missing_signals_preempt_after_seconds is None
+            else float(admission.missing_signals_preempt_after_seconds)
+        ),
+        max_forecast_age_s=float(admission.max_forecast_age_seconds),
+    )

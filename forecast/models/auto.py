@@ -37,7 +37,8 @@ from forecast.models.base import (
 )
 
 LEAD_EDGES_H = (1.0, 6.0, 24.0)  # lead-time buckets: <1 h, 1-6 h, 6-24 h, >= 24 h
-MIN_BUCKET = 40  # fewer errors than this in a bucket: use the coarser bucket
+MIN_BUCKET = 40
+LOOKBACK_HALF_LIVES = 5  # days older than this many half-lives weigh < 3 %: left out  # fewer errors than this in a bucket: use the coarser bucket
 
 
 def _bucket_key(lead: np.ndarray, hour: np.ndarray, off: np.ndarray) -> np.ndarray:
@@ -49,16 +50,23 @@ class _Errors:
 
     def __init__(self, keys: np.ndarray, errors: np.ndarray) -> None:
         self.count = len(errors)
-        self.all = np.sort(errors)
-        # finest to coarsest: (lead, hour, off day), (lead, off day), (lead)
-        self.levels = []
-        for coarse in (keys, (keys // 48) * 2 + keys % 2, keys // 48):
+        self.all = errors
+        self._keys = keys
+        self._levels: dict[int, dict[int, np.ndarray]] = {}
+
+    def level(self, n: int) -> dict[int, np.ndarray]:
+        """Errors by bucket: 0 (lead, hour, off day), 1 (lead, off day), 2 (lead); built lazily
+        since the coarser ones are rarely needed."""
+        if n not in self._levels:
+            keys = self._keys
+            coarse = (keys, (keys // 48) * 2 + keys % 2, keys // 48)[n]
             order = np.argsort(coarse, kind="stable")
-            sorted_keys, sorted_errors = coarse[order], errors[order]
+            sorted_keys, sorted_errors = coarse[order], self.all[order]
             uniq, starts, counts = np.unique(sorted_keys, return_index=True, return_counts=True)
-            self.levels.append(
-                {int(k): sorted_errors[s : s + c] for k, s, c in zip(uniq, starts, counts)}
-            )
+            self._levels[n] = {
+                int(k): sorted_errors[s : s + c] for k, s, c in zip(uniq, starts, counts)
+            }
+        return self._levels[n]
 
     def offsets(
         self, qs: tuple[float, ...], lead: np.ndarray, hour: np.ndarray, off: np.ndarray
@@ -77,7 +85,7 @@ class _Errors:
                 if (level, key) in cache:
                     out[row] = cache[(level, key)]
                     break
-                sample = self.levels[level].get(key)
+                sample = self.level(level).get(key)
                 if sample is not None and len(sample) >= MIN_BUCKET:
                     cache[(level, key)] = np.quantile(sample, qs)
                     out[row] = cache[(level, key)]
@@ -143,9 +151,10 @@ class AutoForecaster(SeriesForecaster):
 
     def _profile(self, f: _Fitted, before_day: int) -> np.ndarray:
         """Day-type x slot curve from the complete days before ``before_day``."""
-        past = f.matrix[:before_day]
-        kinds = f.day_kind[:before_day]
-        ages = before_day - np.arange(before_day)
+        first = max(0, before_day - int(LOOKBACK_HALF_LIVES * self.half_life_days))
+        past = f.matrix[first:before_day]
+        kinds = f.day_kind[first:before_day]
+        ages = before_day - np.arange(first, before_day)
         weights = 0.5 ** (ages / self.half_life_days)
         overall = _weighted_median(past, weights)
         profile = np.empty((3, past.shape[1]))
@@ -184,32 +193,43 @@ class AutoForecaster(SeriesForecaster):
         step_h = f.series.step / pd.Timedelta(hours=1)
         last_day = f.day_of[-1]
         first = max(1, last_day - self.calibration_days)
-        hour_of_step = np.floor(f.slots * step_h).astype(int)
-        parts: list[tuple[np.ndarray, np.ndarray]] = []
+        # everything that depends only on the target step or the lead, computed once
+        target_key = _bucket_key(
+            np.zeros(n, dtype=np.int64),
+            np.floor(f.slots * step_h).astype(np.int64),
+            f.kinds != WORKING_DAY,
+        )
+        max_lead = 7 * steps_per_day
+        leads_all = np.arange(1, max_lead + 1)
+        lead_key = np.digitize(leads_all * step_h, LEAD_EDGES_H).astype(np.int64) * 48
+        decay = f.phi ** leads_all.astype(float)
+        day_starts = np.searchsorted(f.day_of, np.arange(last_day + 2))
+        keys_out: list[np.ndarray] = []
+        errors_out: list[np.ndarray] = []
         for day in range(first, last_day + 1):
             profile = self._profile(f, day)
-            positions = np.flatnonzero(f.day_of == day)
-            for i, cutoff in enumerate(positions[::steps_per_hour]):
-                long_leads = i % 6 == 0
-                stop = min(n, cutoff + 1 + (7 if long_leads else 1) * steps_per_day)
-                future = np.arange(cutoff + 1, stop)
-                if future.size == 0:
+            lo, hi = day_starts[day], day_starts[day + 1]
+            reach = min(n, hi + max_lead)
+            # the profile's forecast of every step a cutoff of this day can reach
+            curve = profile[f.kinds[lo:reach], f.slots[lo:reach]]
+            resid = values[lo:reach] - curve
+            for i, cutoff in enumerate(range(lo, hi, steps_per_hour)):
+                stop = min(n, cutoff + 1 + (max_lead if i % 6 == 0 else steps_per_day))
+                m = stop - cutoff - 1
+                if m <= 0:
                     continue
-                leads = future - cutoff
-                pred = self._point(f, profile, cutoff, f.kinds[future], f.slots[future], leads)
-                err = values[future] - pred
+                recent = values[max(0, cutoff - self.recent_steps + 1) : cutoff + 1] - profile[
+                    f.kinds[max(0, cutoff - self.recent_steps + 1) : cutoff + 1],
+                    f.slots[max(0, cutoff - self.recent_steps + 1) : cutoff + 1],
+                ]
+                level = float(np.nanmean(recent)) if np.isfinite(recent).any() else 0.0
+                err = resid[cutoff + 1 - lo : stop - lo] - level * decay[:m]
                 ok = np.isfinite(err)
-                key = _bucket_key(
-                    np.digitize(leads[ok] * step_h, LEAD_EDGES_H),
-                    hour_of_step[future][ok],
-                    f.kinds[future][ok] != WORKING_DAY,
-                )
-                parts.append((key, err[ok]))
-        if not parts:
+                keys_out.append(target_key[cutoff + 1 : stop][ok] + lead_key[:m][ok])
+                errors_out.append(err[ok])
+        if not errors_out:
             return _Errors(np.zeros(0, dtype=np.int64), np.zeros(0))
-        keys = np.concatenate([k for k, _ in parts])
-        errors = np.concatenate([e for _, e in parts])
-        return _Errors(keys, errors)
+        return _Errors(np.concatenate(keys_out), np.concatenate(errors_out))
 
     # ---------------------------------------------------------------- predict
     def _predict_one(self, f: _Fitted, horizon: pd.Timedelta, qs: tuple[float, ...]) -> pd.DataFrame:

@@ -1,0 +1,406 @@
+"""Replay a pool history and a job trace through ``decide()`` to measure admission policies.
+
+The simulated cluster follows the real pool's service usage step by step (the replica counts
+of the history) and the service always wins: when it needs GPUs that jobs hold, those jobs are
+evicted and get their grace period, and the service waits for it (counted as service delay).
+Jobs progress while they run; a checkpointable job saves its progress every checkpoint
+interval and when it is stopped as planned at the end of its window; an unplanned preemption
+loses what was not saved, and a job that cannot checkpoint loses everything.
+
+Policies, all driven by the same ``decide()``:
+
+* ``night``: the fixed 20:00-08:00 local window of the original operator: whatever is free when
+  a job is considered is assumed free until 08:00;
+* ``reactive``: start whenever GPUs are free now, assuming they stay free; the live backstop
+  preempts when the service needs them;
+* ``forecast``: ours: the free-GPU profile of the ``auto`` forecaster at the configured
+  confidence, refreshed every evening from the history before that moment only;
+* ``oracle``: ours with the actual future in place of the forecast (the practical upper bound).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+import numpy as np
+import pandas as pd
+
+from forecast.capacity import FREE, IN_USE, forecast_pool_usage, pool_usage
+from forecast.config import Settings
+from forecast.schema import DS, KV_CACHE_USAGE, REPLICAS, REQUESTS_WAITING, UNIQUE_ID, Y
+from scheduler.policy import decide, policy_settings
+from scheduler.types import (
+    Action,
+    FreeProfile,
+    PolicySettings,
+    RunningJob,
+    ServingSignals,
+    WaitingJob,
+)
+
+POLICIES = ("night", "reactive", "forecast", "oracle")
+NIGHT_HOURS = (20, 8)
+
+
+@dataclass(frozen=True)
+class SimJob:
+    """One job unit of a trace, with the truth the policy does not know (``work_s``)."""
+
+    id: str
+    team: str
+    kind: str
+    gpus: int
+    submit_at: datetime
+    work_s: float
+    """Seconds of work it really needs."""
+    estimate_s: float
+    """What the admitter plans with (runtime estimate at the configured quantile)."""
+    checkpointable: bool
+    checkpoint_interval_s: float = 1800.0
+    priority: int = 0
+    deadline: datetime | None = None
+    max_preemptions: int | None = None
+    depends_on: tuple[str, ...] = ()
+
+
+@dataclass
+class _Job:
+    spec: SimJob
+    saved_s: float = 0.0
+    progress_s: float = 0.0  # work since the last checkpoint of the current attempt
+    running: bool = False
+    releasing_until: datetime | None = None
+    started_at: datetime | None = None
+    last_checkpoint_at: datetime | None = None
+    stop_by: datetime | None = None
+    first_start: datetime | None = None
+    finished_at: datetime | None = None
+    preemptions: int = 0
+    lost_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class SimResult:
+    policy: str
+    metrics: dict[str, float]
+    runs: pd.DataFrame  # one row per attempt
+    free_gpu_hours: float
+
+
+@dataclass
+class _Run:
+    rows: list[dict] = field(default_factory=list)
+
+    def close(self, job: _Job, end: datetime, outcome: str, lost_s: float) -> None:
+        start = job.started_at
+        assert start is not None
+        hours = (end - start).total_seconds() / 3600
+        self.rows.append(
+            {
+                "job_id": job.spec.id, "team": job.spec.team, "kind": job.spec.kind,
+                "gpus": job.spec.gpus, "start": start, "end": end, "outcome": outcome,
+                "gpu_hours": job.spec.gpus * hours,
+                "lost_gpu_hours": job.spec.gpus * lost_s / 3600,
+            }
+        )
+
+
+class _PoolTimeline:
+    """The actual pool, step by step: service GPUs, free GPUs and live signals."""
+
+    def __init__(self, history: pd.DataFrame, settings: Settings, start: datetime, end: datetime):
+        usage = pool_usage(history, settings).ffill()
+        self.step = usage.index[1] - usage.index[0]
+        self.index = usage.index[(usage.index >= start) & (usage.index < end)]
+        if len(self.index) < 2:
+            raise ValueError("the simulation period is not covered by the history")
+        self.service_gpus = usage.loc[self.index, IN_USE].to_numpy()
+        self.free_all = usage[FREE].to_numpy()  # for the oracle: the actual future
+        self.offset = int(usage.index.get_loc(self.index[0]))
+        metric = history[UNIQUE_ID].str.rpartition("/")[2]
+        wide = history.pivot(index=DS, columns=UNIQUE_ID, values=Y).reindex(usage.index).ffill()
+        kv_cols = [c for c in wide.columns if c.endswith("/" + KV_CACHE_USAGE)]
+        self.kv = wide[kv_cols].max(axis=1).loc[self.index].fillna(0).to_numpy() if kv_cols else \
+            np.zeros(len(self.index))
+        waiting = [c for c in wide.columns if c.endswith("/" + REQUESTS_WAITING)]
+        if waiting:
+            per_replica = [
+                wide[c] / wide[c.rpartition("/")[0] + "/" + REPLICAS].clip(lower=1) for c in waiting
+            ]
+            self.waiting = pd.concat(per_replica, axis=1).max(axis=1).loc[self.index].fillna(0)
+            self.waiting = self.waiting.to_numpy()
+        else:
+            self.waiting = np.zeros(len(self.index))
+        del metric
+        self.step_s = int(self.step.total_seconds())
+        self.free_gpu_hours = float(usage.loc[self.index, FREE].sum() * self.step_s / 3600)
+
+
+def simulate(
+    history: pd.DataFrame,
+    settings: Settings,
+    jobs: Sequence[SimJob],
+    policy: str,
+    *,
+    start: datetime,
+    end: datetime,
+    horizon: timedelta = timedelta(hours=48),
+    refresh_hour: int = 17,
+    policy_config: PolicySettings | None = None,
+    forecast_profiles: dict[datetime, FreeProfile] | None = None,
+    on_step: Callable[[int, int], None] | None = None,
+) -> SimResult:
+    """Run one policy over ``[start, end)``; see the module docstring."""
+    if policy not in POLICIES:
+        raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
+    config = policy_config or policy_settings(settings.admission)
+    pool = _PoolTimeline(history, settings, start, end)
+    step_s, total = pool.step_s, settings.pool.total_gpus
+    capacity = total - settings.pool.headroom_gpus
+    horizon_steps = int(horizon.total_seconds() // step_s)
+    tz = settings.pool.timezone
+    state = {j.id: _Job(j) for j in sorted(jobs, key=lambda j: (j.submit_at, j.id))}
+    pending = sorted(state.values(), key=lambda j: (j.spec.submit_at, j.spec.id))
+    runs = _Run()
+    usage_log: list[tuple[datetime, str, float]] = []
+    delay_gpu_min = 0.0
+    profile: FreeProfile | None = None
+    planned_stops = 0
+    grace = timedelta(seconds=config.grace_s)
+    if policy == "forecast" and forecast_profiles is None:
+        forecast_profiles = forecast_profiles_for(history, settings, pool.index, refresh_hour,
+                                                  horizon)
+
+    for k, now in enumerate(pool.index):
+        now = now.to_pydatetime()
+        step = timedelta(seconds=step_s)
+        # 1. progress, checkpoints, completions, releases
+        for job in state.values():
+            if job.running and job.releasing_until is None:
+                job.progress_s += step_s
+                if job.saved_s + job.progress_s >= job.spec.work_s:
+                    job.saved_s, job.progress_s = job.spec.work_s, 0.0
+                    job.running, job.finished_at = False, now
+                    runs.close(job, now, "finished", 0.0)
+                    usage_log.append((now, job.spec.team, job.spec.gpus * (now - job.started_at).total_seconds() / 3600))
+                elif job.spec.checkpointable and job.last_checkpoint_at is not None and (
+                    now - job.last_checkpoint_at
+                ).total_seconds() >= job.spec.checkpoint_interval_s:
+                    job.saved_s += job.progress_s
+                    job.progress_s = 0.0
+                    job.last_checkpoint_at = now
+            elif job.running and job.releasing_until is not None and now >= job.releasing_until:
+                job.running, job.releasing_until = False, None
+        # 2. the service takes what it needs; evictions if jobs are in the way
+        held = sum(j.spec.gpus for j in state.values() if j.running)
+        releasing = sum(j.spec.gpus for j in state.values()
+                        if j.running and j.releasing_until is not None)
+        service = pool.service_gpus[k]
+        short = max(0.0, service + held - total)
+        if short > 0:
+            delay_gpu_min += short * step_s / 60
+            need = short - releasing
+            for victim in _evict(state.values(), need):
+                _stop(victim, now, grace, planned=False, runs=runs)
+        gpus_short = int(max(0.0, short - releasing))
+        signals = ServingSignals(
+            observed_at=now,
+            requests_waiting_per_replica=float(pool.waiting[k]),
+            kv_cache_usage=float(pool.kv[k]),
+            gpus_short=gpus_short,
+        )
+        # 3. what the policy sees
+        queue = _waiting(state, now, step_s)
+        running = [_running(j, now, step_s) for j in state.values()
+                   if j.running and j.releasing_until is None]
+        if not queue and not running:
+            if on_step:
+                on_step(k, len(pool.index))
+            continue
+        if policy == "forecast":
+            profile = _latest(forecast_profiles, now) or profile
+        elif policy == "oracle":
+            i = pool.offset + k
+            profile = FreeProfile(start=now, step_s=step_s,
+                                  free=pool.free_all[i : i + horizon_steps],
+                                  confidence=1.0, made_at=now)
+        else:
+            free_now = max(0.0, capacity - service)
+            steps = horizon_steps
+            if policy == "night":
+                steps = _steps_until_morning(now, tz, step_s)
+            profile = FreeProfile(start=now, step_s=step_s,
+                                  free=np.full(max(steps, 1), free_now if steps else 0.0),
+                                  confidence=0.0, made_at=now)
+        if profile is None:
+            continue
+        window_start = now - timedelta(days=settings.admission.fair_share_days)
+        team_usage: dict[str, float] = {}
+        for when, team, hours in usage_log:
+            if when >= window_start:
+                team_usage[team] = team_usage.get(team, 0.0) + hours
+        plan = decide(now, profile, running, queue, signals, team_usage, config)
+        for d in plan.decisions:
+            job = state[d.job_id]
+            if d.action is Action.PREEMPT:
+                planned = job.stop_by is not None and job.stop_by <= now + grace
+                planned_stops += planned
+                _stop(job, now, grace, planned=planned, runs=runs)
+            elif d.action is Action.ADMIT:
+                job.running, job.started_at, job.last_checkpoint_at = True, now, now
+                job.stop_by, job.progress_s = d.stop_by, 0.0
+                job.first_start = job.first_start or now
+        if on_step:
+            on_step(k, len(pool.index))
+        del step
+
+    end_time = pool.index[-1].to_pydatetime()
+    for job in state.values():
+        if job.running and job.releasing_until is None:
+            runs.close(job, end_time, "running", 0.0)
+    frame = pd.DataFrame(runs.rows, columns=["job_id", "team", "kind", "gpus", "start", "end",
+                                             "outcome", "gpu_hours", "lost_gpu_hours"])
+    useful = sum(j.spec.gpus * (j.saved_s + (j.progress_s if j.running else 0.0))
+                 for j in state.values()) / 3600
+    lost = sum(j.spec.gpus * j.lost_s for j in state.values()) / 3600
+    started = [j for j in state.values() if j.first_start is not None]
+    waits = [(j.first_start - j.spec.submit_at).total_seconds() / 3600 for j in started]
+    metrics = {
+        "useful_gpu_hours": useful,
+        "lost_gpu_hours": lost,
+        "preemptions": float(sum(j.preemptions for j in state.values())),
+        "planned_stops": float(planned_stops),
+        "service_delay_gpu_minutes": delay_gpu_min,
+        "jobs_finished": float(sum(j.finished_at is not None for j in state.values())),
+        "jobs": float(len(state)),
+        "mean_queue_wait_hours": float(np.mean(waits)) if waits else float("nan"),
+        "idle_gpu_hours": pool.free_gpu_hours,
+        "idle_share_used": useful / pool.free_gpu_hours if pool.free_gpu_hours else float("nan"),
+    }
+    return SimResult(policy, metrics, frame, pool.free_gpu_hours)
+
+
+def _stop(job: _Job, now: datetime, grace: timedelta, *, planned: bool, runs: _Run) -> None:
+    """Start the grace period of a running job; planned stops checkpoint, others lose work."""
+    if planned and job.spec.checkpointable:
+        job.saved_s += job.progress_s
+        lost = 0.0
+    else:
+        lost = job.progress_s if job.spec.checkpointable else job.saved_s + job.progress_s
+        if not job.spec.checkpointable:
+            job.saved_s = 0.0
+        job.preemptions += not planned
+    job.lost_s += lost
+    job.progress_s = 0.0
+    job.releasing_until = now + grace
+    job.stop_by = None
+    runs.close(job, now + grace, "stopped" if planned else "preempted", lost)
+
+
+def _evict(jobs, need: float) -> list[_Job]:
+    """What the kube-scheduler evicts for the service: lowest priority, newest first."""
+    if need <= 0:
+        return []
+    candidates = sorted(
+        (j for j in jobs if j.running and j.releasing_until is None),
+        key=lambda j: (j.spec.priority, -(j.started_at.timestamp()), j.spec.id),
+    )
+    chosen, freed = [], 0
+    for job in candidates:
+        if freed >= need:
+            break
+        chosen.append(job)
+        freed += job.spec.gpus
+    return chosen
+
+
+def _waiting(state: dict[str, _Job], now: datetime, step_s: int) -> list[WaitingJob]:
+    out = []
+    for job in state.values():
+        spec = job.spec
+        if job.running or job.finished_at is not None or spec.submit_at > now:
+            continue
+        if any(state[d].finished_at is None for d in spec.depends_on if d in state):
+            continue
+        out.append(
+            WaitingJob(
+                id=spec.id, team=spec.team, gpus=spec.gpus,
+                runtime_s=max(step_s, spec.estimate_s - job.saved_s),
+                checkpointable=spec.checkpointable, priority=spec.priority,
+                submitted_at=spec.submit_at, deadline=spec.deadline,
+                preemptions=job.preemptions, max_preemptions=spec.max_preemptions, kind=spec.kind,
+            )
+        )
+    return out
+
+
+def _running(job: _Job, now: datetime, step_s: int) -> RunningJob:
+    spec = job.spec
+    return RunningJob(
+        id=spec.id, team=spec.team, gpus=spec.gpus, priority=spec.priority,
+        started_at=job.started_at, checkpointable=spec.checkpointable,
+        remaining_s=max(step_s, spec.estimate_s - job.saved_s - job.progress_s),
+        last_checkpoint_at=job.last_checkpoint_at, stop_by=job.stop_by, kind=spec.kind,
+    )
+
+
+def _steps_until_morning(now: datetime, tz: str, step_s: int) -> int:
+    local = pd.Timestamp(now).tz_convert(tz)
+    start_h, end_h = NIGHT_HOURS
+    if start_h <= local.hour or local.hour < end_h:
+        morning = local.normalize() + pd.Timedelta(hours=end_h)
+        if local.hour >= start_h:
+            morning += pd.Timedelta(days=1)
+        return int((morning - local).total_seconds() // step_s)
+    return 0
+
+
+def _latest(profiles: dict[datetime, FreeProfile] | None, now: datetime) -> FreeProfile | None:
+    if not profiles:
+        return None
+    made = [t for t in profiles if t <= now]
+    return profiles[max(made)] if made else None
+
+
+def forecast_profiles_for(
+    history: pd.DataFrame,
+    settings: Settings,
+    index: pd.DatetimeIndex,
+    refresh_hour: int,
+    horizon: timedelta,
+    *,
+    model: str = "auto",
+    on_refresh: Callable[[int, int], None] | None = None,
+) -> dict[datetime, FreeProfile]:
+    """The free-GPU profiles the ``forecast`` policy sees: one per evening (and one at the
+    start), each fitted only on the history before it."""
+    from forecast.models import model_for
+
+    replicas = history[history[UNIQUE_ID].str.endswith("/" + REPLICAS)]
+    local = index.tz_convert(settings.pool.timezone)
+    refresh = [index[0]] + list(index[(local.hour == refresh_hour) & (local.minute == 0)])
+    refresh = sorted(set(refresh))
+    confidence = settings.admission.confidence
+    profiles = {}
+    for n, at in enumerate(refresh):
+        past = replicas[replicas[DS] < at]
+        forecast = model_for(model, settings).fit(past).predict(
+            pd.Timedelta(horizon), sorted({0.5, confidence})
+        )
+        free = forecast_pool_usage(forecast, settings, confidence)[FREE]
+        profiles[at.to_pydatetime()] = FreeProfile(
+            start=free.index[0].to_pydatetime(),
+            step_s=int((free.index[1] - free.index[0]).total_seconds()),
+            free=free.to_numpy(dtype=float),
+            confidence=confidence,
+            made_at=at.to_pydatetime(),
+        )
+        if on_refresh:
+            on_refresh(n + 1, len(refresh))
+    return profiles
+
+
+__all__ = ["POLICIES", "SimJob", "SimResult", "forecast_profiles_for", "simulate"]
