@@ -151,7 +151,7 @@ def decide(
         return Plan(tuple(decisions))
 
     # --- 4. admission with one reservation (EASY backfilling) ----------------------------
-    avail = free[:n_steps] - used[:n_steps]
+    avail = _Availability(free[:n_steps] - used[:n_steps], i0)
     reserved = False
     attempts = 0  # reservation attempts; bounded so a long queue stays cheap
     for job in ordered:
@@ -189,19 +189,45 @@ def _victims(
     return chosen
 
 
+class _Availability:
+    """GPUs still available per step from now, with run lengths cached per job size (a long
+    queue has few distinct sizes, and the array changes only when a job is placed)."""
+
+    def __init__(self, values: np.ndarray, i0: int) -> None:
+        self.values = values
+        self.i0 = i0
+        self._runs: dict[int, int] = {}
+
+    def now(self) -> float:
+        return float(self.values[self.i0])
+
+    def run_from_now(self, gpus: int) -> int:
+        if gpus not in self._runs:
+            self._runs[gpus] = _run_length(self.values, self.i0, gpus)
+        return self._runs[gpus]
+
+    def take(self, start: int, stop: int, gpus: int) -> None:
+        self.values[start:stop] -= gpus
+        self._runs.clear()
+
+
 def _place(
     job: WaitingJob,
     now: datetime,
     profile: FreeProfile,
-    avail: np.ndarray,
+    capacity: _Availability,
     i0: int,
     settings: PolicySettings,
     *,
     reserve: bool,
 ) -> Decision:
-    """Admit ``job`` now if it fits (updating ``avail``), else defer it, reserving if asked."""
+    """Admit ``job`` now if it fits (taking its GPUs), else defer it, reserving if asked."""
     step = profile.step_s
+    avail = capacity.values
     n = len(avail)
+    if not reserve and job.gpus > capacity.now():
+        return Decision(Action.DEFER, job.id, job.gpus,
+                        f"needs {job.gpus} GPUs; {max(0, int(capacity.now()))} free now")
     if job.deadline is not None and now >= job.deadline:
         return Decision(Action.DEFER, job.id, job.gpus, "its deadline has passed")
     whole = not job.checkpointable or (
@@ -213,13 +239,13 @@ def _place(
         min(job.runtime_s, settings.min_segment_s) + settings.grace_s, step
     )
     if job.gpus <= avail[i0] and i0 + min_steps <= n:
-        run = _run_length(avail, i0, job.gpus)
+        run = capacity.run_from_now(job.gpus)
         if run >= need_steps:
-            avail[i0 : i0 + need_steps] -= job.gpus
+            capacity.take(i0, i0 + need_steps, job.gpus)
             return Decision(Action.ADMIT, job.id, job.gpus,
                             f"{job.gpus} GPUs stay free for its {_hours(job.runtime_s)}")
         if not whole and run >= min_steps:
-            avail[i0 : i0 + run] -= job.gpus
+            capacity.take(i0, i0 + run, job.gpus)
             stop_by = profile.time_at(i0 + run) - timedelta(seconds=settings.grace_s)
             return Decision(
                 Action.ADMIT, job.id, job.gpus,
@@ -232,7 +258,7 @@ def _place(
         start = _earliest_fit(avail, i0 + 1, job.gpus, min_steps)
         if start is not None:
             length = need_steps if whole else min(need_steps, _run_length(avail, start, job.gpus))
-            avail[start : start + length] -= job.gpus
+            capacity.take(start, start + length, job.gpus)
             start_at = profile.time_at(start)
             return Decision(
                 Action.DEFER, job.id, job.gpus,
