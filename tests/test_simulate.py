@@ -1,0 +1,102 @@
+"""The simulator on a small pool whose every step is known."""
+
+from datetime import datetime, timedelta
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from forecast.config import load_config
+from scheduler.simulate import SimJob, simulate
+
+TZ = "Asia/Seoul"
+START = pd.Timestamp("2026-01-05 00:00", tz=TZ)  # a Monday
+
+
+def pool():
+    """One service of 4-GPU replicas in a 40-GPU pool (no headroom): 2 replicas from 20:00 to
+    08:00 (32 GPUs free), 9 by day (4 free)."""
+    settings = load_config(
+        data={
+            "pool": {"total_gpus": 40, "headroom_gpus": 0, "timezone": TZ},
+            "query_templates": {"replicas": "r"},
+            "services": [{"name": "svc", "gpus_per_replica": 4, "min_replicas": 2,
+                          "max_replicas": 10}],
+            "admission": {"grace_seconds": 900, "min_segment_seconds": 1800},
+        }
+    )
+    local = pd.date_range(START, periods=14 * 96, freq="15min")
+    night = (local.hour >= 20) | (local.hour < 8)
+    history = pd.DataFrame({"unique_id": "svc/replicas", "ds": local.tz_convert("UTC"),
+                            "y": np.where(night, 2.0, 9.0)})
+    return settings, history
+
+
+def at(day, hour):
+    return (START + pd.Timedelta(days=day, hours=hour)).tz_convert("UTC").to_pydatetime()
+
+
+def job(id, gpus, hours, ckpt, submit=(7, 19), **kw):
+    return SimJob(id=id, team="t", kind="x", gpus=gpus, submit_at=at(*submit),
+                  work_s=hours * 3600, estimate_s=hours * 3600, checkpointable=ckpt,
+                  checkpoint_interval_s=3600, **kw)
+
+
+def run(policy, jobs, days=(7, 11)):
+    settings, history = pool()
+    return simulate(history, settings, jobs, policy, start=at(days[0], 0), end=at(days[1], 0))
+
+
+def test_a_whole_night_job_finishes_under_every_policy():
+    for policy in ("night", "reactive", "forecast", "oracle"):
+        result = run(policy, [job("eval", 16, 6, ckpt=False)])
+        m = result.metrics
+        assert m["jobs_finished"] == 1, policy
+        assert m["useful_gpu_hours"] == pytest.approx(16 * 6), policy
+        assert m["lost_gpu_hours"] == 0 and m["service_delay_gpu_minutes"] == 0, policy
+        start = pd.Timestamp(result.runs["start"].iloc[0]).tz_convert(TZ)
+        assert start.hour >= 20 or start.hour < 8, policy
+
+
+def test_reactive_runs_into_the_morning_and_the_service_waits():
+    # submitted at 05:00: free now, but 6 h do not fit before 08:00
+    eval_job = job("eval", 16, 6, ckpt=False, submit=(7, 5))
+    reactive = run("reactive", [eval_job]).metrics
+    assert reactive["lost_gpu_hours"] > 0  # killed at 08:00, started again later
+    assert reactive["service_delay_gpu_minutes"] > 0  # the service waited out the grace period
+    assert reactive["preemptions"] >= 1
+    for policy in ("forecast", "oracle"):
+        m = run(policy, [eval_job]).metrics
+        assert m["lost_gpu_hours"] == 0 and m["service_delay_gpu_minutes"] == 0, policy
+        assert m["jobs_finished"] == 1, policy
+
+
+def test_a_long_checkpointable_job_runs_over_several_nights_without_loss():
+    train = job("train", 32, 30, ckpt=True, submit=(7, 18))
+    result = run("oracle", [train], days=(7, 12))
+    m = result.metrics
+    assert m["jobs_finished"] == 1
+    assert m["lost_gpu_hours"] == 0 and m["service_delay_gpu_minutes"] == 0
+    assert m["planned_stops"] >= 2  # stopped before each morning, resumed each night
+    assert (result.runs["outcome"] == "stopped").sum() == m["planned_stops"]
+    assert m["useful_gpu_hours"] == pytest.approx(32 * 30)
+    assert result.runs["gpu_hours"].sum() >= 32 * 30  # held GPUs include grace periods
+
+
+def test_dependencies_run_in_order():
+    first = job("prep", 8, 1, ckpt=False)
+    second = job("train", 8, 1, ckpt=False, depends_on=("prep",))
+    runs = run("oracle", [second, first]).runs.set_index("job_id")
+    assert runs.loc["train", "start"] >= runs.loc["prep", "end"]
+
+
+def test_the_idle_share_is_useful_over_idle_gpu_hours():
+    m = run("oracle", [job("eval", 16, 6, ckpt=False)]).metrics
+    # 4 days: each has 12 night hours x 32 free + 12 day hours x 4 free
+    assert m["idle_gpu_hours"] == pytest.approx(4 * (12 * 32 + 12 * 4))
+    assert m["idle_share_used"] == pytest.approx(96 / m["idle_gpu_hours"])
+
+
+def test_unknown_policy():
+    with pytest.raises(ValueError, match="unknown policy 'greedy'"):
+        run("greedy", [])
