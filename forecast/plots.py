@@ -173,3 +173,25 @@ def free_gpu_chart(
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left", fontsize=8, ncols=3)
     return _save(fig, path)
+
+
+def policy_chart(metrics: pd.DataFrame, cumulative: pd.DataFrame, path: Path, *, title: str) -> Path:
+    """Left: useful and lost GPU-hours per policy. Right: useful GPU-hours over time."""
+    fig = Figure(figsize=(13, 4.5), layout="constrained")
+    left, right = fig.subplots(1, 2, width_ratios=[1, 2])
+    names = list(metrics.index)
+    x = np.arange(len(names))
+    left.bar(x - 0.2, metrics["useful_gpu_hours"], width=0.4, label="useful", color="C2")
+    left.bar(x + 0.2, metrics["lost_gpu_hours"], width=0.4, label="lost to preemption",
+             color="C3")
+    left.set_xticks(x, names)
+    left.set_ylabel("GPU-hours")
+    left.legend(fontsize=8)
+    left.grid(axis="y", alpha=0.3)
+    for i, name in enumerate(cumulative.columns):
+        right.plot(cumulative.index, cumulative[name], label=name, color=f"C{i}")
+    right.set_ylabel("useful GPU-hours, cumulative")
+    right.legend(fontsize=8)
+    right.grid(alpha=0.3)
+    fig.suptitle(title)
+    return _save(fig, path)

@@ -455,6 +455,112 @@ def backtest_cmd(
     console.print(f"table: {out}")
 
 
+@app.command(short_help="Compare admission policies on a history and a job trace.")
+def simulate(
+    history: HistoryOption,
+    jobs: Annotated[Path, typer.Option(help="Job trace (YAML), e.g. data/sample/jobs.yaml.")],
+    config: ConfigOption = DEFAULT_CONFIG,
+    policies: Annotated[str, typer.Option(help="Comma-separated policies.")] = (
+        "night,reactive,forecast,oracle"
+    ),
+    days: Annotated[
+        Optional[int], typer.Option(help="Simulate only this many days from the start.")
+    ] = None,
+    warmup_days: Annotated[
+        int, typer.Option(help="History kept before the start for the first forecast.")
+    ] = 14,
+    out: Annotated[Path, typer.Option(help="Directory for the CSVs and the chart.")] = Path(
+        "out/simulation"
+    ),
+) -> None:
+    """Replay the pool history and a job trace through the admission policy, for each of
+    night (fixed 20:00-08:00), reactive, forecast (ours) and oracle (actual future)."""
+    import pandas as pd
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from forecast import plots
+    from forecast.config import load_config
+    from forecast.sources import read_history
+    from scheduler.simulate import POLICIES, forecast_profiles_for
+    from scheduler.simulate import simulate as run_policy
+    from scheduler.simulate import trace_jobs
+    from scheduler.specs import load_trace
+
+    names = [p.strip() for p in policies.split(",") if p.strip()]
+    unknown = [p for p in names if p not in POLICIES]
+    if unknown:
+        raise typer.BadParameter(f"unknown policy {', '.join(unknown)}; choose from "
+                                 f"{', '.join(POLICIES)}", param_hint="--policies")
+    settings = load_config(config)
+    frame = read_history(history)
+    entries = load_trace(jobs, settings.admission)
+    sim_jobs = trace_jobs(entries, _planning_estimate(settings))
+    first, last = frame["ds"].min(), frame["ds"].max()
+    start = max(first + pd.Timedelta(days=warmup_days), min(j.submit_at for j in sim_jobs))
+    start = pd.Timestamp(start).ceil("h")
+    end = last if days is None else min(last, start + pd.Timedelta(days=days))
+    if end <= start:
+        raise typer.BadParameter("nothing to simulate: the history ends before the trace starts")
+    rows, cumulative = {}, {}
+    out.mkdir(parents=True, exist_ok=True)
+    with Progress(console=err_console, transient=True) as progress:
+        profiles = None
+        if "forecast" in names:
+            task = progress.add_task("forecasting each evening", total=None)
+            index = pd.date_range(start, end, freq="5min", inclusive="left")
+            profiles = forecast_profiles_for(
+                frame, settings, index, 17, pd.Timedelta(hours=48),
+                on_refresh=lambda n, total: progress.update(task, completed=n, total=total),
+            )
+            progress.remove_task(task)
+        for name in names:
+            task = progress.add_task(f"simulating {name}", total=None)
+            result = run_policy(
+                frame, settings, sim_jobs, name, start=start.to_pydatetime(),
+                end=end.to_pydatetime(), forecast_profiles=profiles,
+                on_step=lambda k, total: progress.update(task, completed=k + 1, total=total),
+            )
+            progress.remove_task(task)
+            rows[name] = result.metrics
+            result.runs.to_csv(out / f"runs_{name}.csv", index=False)
+            kept = (result.runs["gpu_hours"] - result.runs["lost_gpu_hours"]).to_numpy()
+            ends = pd.to_datetime(result.runs["end"], utc=True).dt.tz_convert(
+                settings.pool.timezone).dt.tz_localize(None)
+            cumulative[name] = pd.Series(kept, index=ends).groupby(level=0).sum().cumsum()
+    table = pd.DataFrame(rows).T
+    table.index.name = "policy"
+    table.to_csv(out / "policies.csv", float_format="%.4g")
+    curves = pd.concat(cumulative, axis=1).sort_index().ffill().fillna(0)
+    chart = plots.policy_chart(
+        table, curves, out / "policies.png",
+        title=f"{settings.pool.name}: {len(sim_jobs)} job units, "
+        f"{start:%Y-%m-%d} to {end:%Y-%m-%d}",
+    )
+    view = Table(title=f"Policies over {(end - start).days} days, {len(entries)} requests "
+                 f"({len(sim_jobs)} units)", title_justify="left")
+    view.add_column("metric")
+    for name in table.index:
+        view.add_column(name, justify="right")
+    for col in table.columns:
+        view.add_row(col, *[f"{v:,.3g}" if abs(v) < 100 else f"{v:,.0f}" for v in table[col]])
+    console.print(view)
+    console.print(f"tables: {out / 'policies.csv'}, runs_<policy>.csv; chart: {chart}")
+
+
+def _planning_estimate(settings):
+    """Seconds the admitter plans a unit with: the runtime model when it has history, else the
+    user's estimate times the safety factor, else a 4-hour guess."""
+    factor = settings.admission.runtime_safety_factor
+
+    def estimate(unit) -> float:
+        if unit.runtime_estimate_s:
+            return unit.runtime_estimate_s * factor
+        return 4 * 3600.0
+
+    return estimate
+
+
 @app.command(short_help="Pull the pool's history from Prometheus.")
 def fetch(
     config: ConfigOption,

@@ -90,14 +90,19 @@ def decide(
         if signals.gpus_short > 0:
             live_need = signals.gpus_short
             live_reason = f"the services want {signals.gpus_short} GPUs they cannot get"
-        elif signals.kv_cache_usage >= settings.kv_cache_pressure:
-            live_need = settings.pressure_gpus
-            live_reason = f"KV-cache usage {signals.kv_cache_usage:.0%} is at the pressure mark"
-        elif signals.requests_waiting_per_replica >= settings.waiting_pressure:
-            live_need = settings.pressure_gpus
-            live_reason = (
-                f"{signals.requests_waiting_per_replica:.1f} requests wait per replica"
-            )
+        else:
+            # pressure asks for one more replica; idle GPUs serve it before any job must go
+            spare = settings.pressure_gpus - (signals.idle_gpus or 0)
+            if signals.kv_cache_usage >= settings.kv_cache_pressure and spare > 0:
+                live_need = spare
+                live_reason = (
+                    f"KV-cache usage {signals.kv_cache_usage:.0%} is at the pressure mark"
+                )
+            elif signals.requests_waiting_per_replica >= settings.waiting_pressure and spare > 0:
+                live_need = spare
+                live_reason = (
+                    f"{signals.requests_waiting_per_replica:.1f} requests wait per replica"
+                )
 
     # --- 2. preemption -------------------------------------------------------------------
     victims: dict[str, str] = {}

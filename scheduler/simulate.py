@@ -211,6 +211,7 @@ def simulate(
             requests_waiting_per_replica=float(pool.waiting[k]),
             kv_cache_usage=float(pool.kv[k]),
             gpus_short=gpus_short,
+            idle_gpus=int(max(0.0, total - service - held)),
         )
         # 3. what the policy sees
         queue = _waiting(state, now, step_s)
@@ -403,4 +404,34 @@ def forecast_profiles_for(
     return profiles
 
 
-__all__ = ["POLICIES", "SimJob", "SimResult", "forecast_profiles_for", "simulate"]
+
+
+def trace_jobs(entries, estimate: Callable[[object], float]) -> list[SimJob]:
+    """Simulation jobs from a job trace (``specs.TraceEntry``): one per unit, ids
+    ``<entry>-<name>-<step>-<member>``, ``estimate(unit)`` the seconds the admitter plans with."""
+    jobs = []
+    for n, entry in enumerate(entries):
+        request = entry.request
+        prefix = f"{n:04d}-{request.name}"
+        for unit in entry.units():
+            jobs.append(
+                SimJob(
+                    id=f"{prefix}-{unit.step_index}-{unit.member}",
+                    team=request.team,
+                    kind=unit.kind,
+                    gpus=unit.gpus,
+                    submit_at=entry.submit_at,
+                    work_s=entry.actual_runtime_s(unit.step, unit.member),
+                    estimate_s=float(estimate(unit)),
+                    checkpointable=unit.checkpointable,
+                    checkpoint_interval_s=unit.checkpoint_interval_s or 1800.0,
+                    priority=unit.priority,
+                    deadline=unit.deadline,
+                    max_preemptions=unit.max_preemptions,
+                    depends_on=tuple(f"{prefix}-{s}-{m}" for s, m in unit.depends_on),
+                )
+            )
+    return jobs
+
+
+__all__ = ["POLICIES", "SimJob", "SimResult", "forecast_profiles_for", "simulate", "trace_jobs"]

@@ -132,6 +132,9 @@ class ServingSignals:
     kv_cache_usage: float = 0.0
     gpus_short: int = 0
     """GPUs the services want now beyond what they hold and what is idle (pending replicas)."""
+    idle_gpus: int | None = None
+    """GPUs nobody holds right now; queue or KV pressure preempts only what these cannot
+    cover (None: unknown, assume none)."""
 
     def age_s(self, now: datetime) -> float | None:
         return None if self.observed_at is None else (now - self.observed_at).total_seconds()

@@ -261,3 +261,9 @@ def test_preemption_frees_enough_and_no_more_victims_than_needed(gpus, ckpt_hour
         assert all(freed - d.gpus < need for d in victims)  # each victim is necessary
     else:
         assert len(victims) == len(running)
+
+
+def test_pressure_is_served_by_idle_gpus_before_any_job_goes():
+    signals = ServingSignals(observed_at=T0, kv_cache_usage=0.97, idle_gpus=6)
+    result = plan(flat(32, 6), [job("j", gpus=4)], running=[run("r", gpus=4)], signals=signals)
+    assert actions(result) == {"j": Action.ADMIT}

@@ -1,0 +1,1221 @@
+"""The job store: job requests, their runnable units, every attempt to run them and the
+accounting log, in one SQL database (SQLAlchemy 2.0 Core).
+
+A SQLite file by default (``sqlite:///idlegpu.db``: WAL journal, foreign keys on, a busy
+timeout, write transactions taken with ``BEGIN IMMEDIATE`` so concurrent writers queue up
+instead of failing), PostgreSQL by URL (``postgresql+psycopg://user@host/db``) with the same
+queries: nothing below the schema-migration lock is dialect-specific SQL.
+
+**Schema** (version ``SCHEMA_VERSION``; ``schema_version`` holds one row per applied migration):
+
+- ``requests``: one job request as submitted (``id``, ``name``, ``team``, ``kind``,
+  ``submitted_at``, optional unique ``idempotency_key``, the ``raw`` request as JSON);
+- ``units``: its runnable units, ``id = f"{request_id}-{step_index}-{member}"``, with the
+  serialised ``UnitSpec`` (``spec`` JSON, datetimes ISO 8601), the ``state`` (a ``JobState``),
+  a ``version`` bumped by every transition, ``attempts``, ``preemptions``, checkpointed
+  progress ``work_done_s`` and ``last_checkpoint_at``, the ``current_attempt`` while it holds
+  GPUs, its ``stop_by``, ``cancel_requested_at`` and the ``reason`` of a failure or cancel;
+- ``unit_deps``: ``(unit_id, depends_on)`` edges inside a request (from ``UnitSpec.depends_on``);
+- ``attempts``: one row per admission, ``id = f"{unit_id}/{number}"``: ``admitted_at``,
+  ``started_at``, ``ended_at``, ``outcome``, ``gpus``, ``gpu_seconds``, ``lost_gpu_seconds``,
+  the admission window's ``window_label`` and ``stop_by``, ``work_done_at_start_s``;
+- ``events``: the append-only accounting log (``id`` ascending = order of commit; ``at``,
+  ``kind`` an ``EventKind``, ``unit_id``, ``request_id``, ``team``, ``gpus``, ``gpu_seconds``,
+  ``detail`` JSON).
+
+**Transitions** are one transaction each and compare-and-set: the unit row is read, the
+expected state checked, then ``UPDATE units ... WHERE id = ? AND state = ? AND version = ?``;
+if another process moved the unit in between, nothing is written and ``StaleStateError`` says
+so. A retried or duplicated call therefore never admits a unit twice nor opens a second attempt;
+a crash before the commit leaves the unit as it was, a crash after leaves the whole transition.
+
+=========================  ============================  ============================
+call                       from                          to
+=========================  ============================  ============================
+``admit``                  QUEUED (dependencies done)    ADMITTED (+ attempt opened)
+``started``                ADMITTED                      RUNNING
+``checkpointed``           RUNNING                       RUNNING (progress saved)
+``preempted``              ADMITTED, RUNNING             QUEUED (CANCELLED if a cancel
+                                                         was requested)
+``requeue_admitted``       ADMITTED                      QUEUED (idem), not a preemption
+``finished``               ADMITTED, RUNNING             SUCCEEDED
+``failed``                 QUEUED, ADMITTED, RUNNING     FAILED; dependants CANCELLED
+``cancel``                 QUEUED                        CANCELLED; dependants too
+``cancel``                 ADMITTED, RUNNING             unchanged, marked: stop it,
+                                                         then ``preempted`` cancels it
+=========================  ============================  ============================
+
+**Accounting**: an attempt holds ``gpus`` GPUs from ``admitted_at`` to ``ended_at`` whatever
+happens in between (the GPUs were the team's and nobody else's), so its ``gpu_seconds`` is
+``gpus * (ended_at - admitted_at)``; ``lost_gpu_seconds`` is the part of it whose work was
+thrown away (since the last checkpoint of the attempt, or since admission).
+
+Times are passed in (``now``), never read from a clock here; they must be timezone-aware and
+are stored as UTC.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field, fields
+from datetime import UTC, datetime, timedelta
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Self
+
+import sqlalchemy as sa
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import Connection, Engine
+
+from forecast.errors import PermanentError, TemporaryError
+from scheduler.types import EventKind, JobState, RunningJob, UnitSpec, WaitingJob
+
+# --------------------------------------------------------------------------- errors
+
+
+class StoreError(PermanentError):
+    """The job store refused a call or cannot be used as it is (bad URL, newer schema, ...)."""
+
+
+class SchemaVersionError(StoreError):
+    """The database was written by a newer idlegpu than this one."""
+
+
+class UnknownJobError(StoreError):
+    """No request or unit has the id given."""
+
+
+class InvalidRequestError(StoreError):
+    """A submission is inconsistent (no units, duplicate units, unknown or cyclic dependencies)."""
+
+
+class TransitionRefusedError(StoreError):
+    """A transition does not apply to the unit as it is now."""
+
+
+class StaleStateError(TransitionRefusedError):
+    """The unit is not in the state the caller expected: another process (or an earlier try of
+    the same call) moved it first. Nothing was written; reload the unit and decide again."""
+
+    def __init__(
+        self, unit_id: str, action: str, expected: Sequence[JobState], actual: JobState | None
+    ) -> None:
+        wanted = " or ".join(s.value for s in expected)
+        now = actual.value if actual is not None else "gone"
+        super().__init__(
+            f"cannot {action} unit {unit_id}: it is {now}, not {wanted} "
+            "(another process changed it first; reload it and retry)"
+        )
+        self.unit_id = unit_id
+        self.action = action
+        self.expected = tuple(expected)
+        self.actual = actual
+
+
+class StoreUnavailableError(TemporaryError):
+    """The database could not be reached or stayed locked past the busy timeout."""
+
+
+# --------------------------------------------------------------------------- rows
+
+
+class AttemptOutcome(StrEnum):
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    PREEMPTED = "preempted"
+    REQUEUED = "requeued"
+    """Returned to the queue by a reconciler: admitted but never started."""
+    CANCELLED = "cancelled"
+
+
+@dataclass(frozen=True)
+class UnitRow:
+    """One job unit as stored: everything a queue table or the admitter needs."""
+
+    id: str
+    request_id: str
+    request_name: str
+    team: str
+    kind: str
+    step: str
+    step_index: int
+    member: int
+    gpus: int
+    priority: int
+    checkpointable: bool
+    state: JobState
+    attempts: int
+    """Admissions so far (the number of the current or last attempt)."""
+    preemptions: int
+    work_done_s: float
+    """Checkpointed progress, in seconds of work (0 for a unit that cannot checkpoint)."""
+    last_checkpoint_at: datetime | None
+    submitted_at: datetime
+    updated_at: datetime
+    current_attempt: str | None
+    """Id of the open attempt while the unit holds GPUs (ADMITTED or RUNNING)."""
+    admitted_at: datetime | None
+    """Admission of the current attempt."""
+    started_at: datetime | None
+    """Start of the current attempt (None until ``started``)."""
+    stop_by: datetime | None
+    cancel_requested_at: datetime | None
+    """Set when a cancel found the unit holding GPUs: stop it, then call ``preempted``."""
+    reason: str | None
+    """Why it failed or was cancelled."""
+    depends_on: tuple[str, ...]
+    """Unit ids that must succeed first."""
+    spec: UnitSpec
+
+    @property
+    def family(self) -> str:
+        return self.spec.family
+
+    @property
+    def image(self) -> str:
+        return self.spec.image
+
+
+@dataclass(frozen=True)
+class RequestRow:
+    id: str
+    name: str
+    team: str
+    kind: str
+    submitted_at: datetime
+    idempotency_key: str | None
+    raw: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class AttemptRow:
+    id: str
+    unit_id: str
+    number: int
+    admitted_at: datetime
+    started_at: datetime | None
+    ended_at: datetime | None
+    outcome: AttemptOutcome | None
+    gpus: int
+    gpu_seconds: float | None
+    lost_gpu_seconds: float | None
+    window_label: str | None
+    stop_by: datetime | None
+    work_done_at_start_s: float
+
+    @property
+    def open(self) -> bool:
+        return self.ended_at is None
+
+
+@dataclass(frozen=True)
+class EventRow:
+    id: int
+    at: datetime
+    kind: EventKind
+    unit_id: str | None
+    request_id: str | None
+    team: str | None
+    gpus: int | None
+    gpu_seconds: float | None
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CancelResult:
+    """What ``cancel`` did: units now CANCELLED, units holding GPUs that the caller must stop
+    (then report with ``preempted``), and units left alone because they already ended."""
+
+    cancelled: tuple[str, ...]
+    to_stop: tuple[str, ...]
+    unchanged: tuple[str, ...]
+
+
+# --------------------------------------------------------------------------- schema
+
+
+class UTCDateTime(sa.types.TypeDecorator):
+    """A timezone-aware datetime stored as naive UTC (portable across SQLite and PostgreSQL)."""
+
+    impl = sa.DateTime
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError(f"naive datetime {value.isoformat()}: the store needs aware times")
+        return value.astimezone(UTC).replace(tzinfo=None)
+
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+        return None if value is None else value.replace(tzinfo=UTC)
+
+
+_ID = sa.String(160)
+_BIGINT_PK = sa.BigInteger().with_variant(sa.Integer(), "sqlite")  # rowid alias on SQLite
+
+
+def _define_tables(md: sa.MetaData) -> dict[str, sa.Table]:
+    """The tables of schema version 1.
+
+    Never change what a released migration creates: when a later migration alters a table,
+    freeze a copy of this function for ``_v1_initial`` and change the live definition.
+    """
+    requests = sa.Table(
+        "requests", md,
+        sa.Column("id", _ID, primary_key=True),
+        sa.Column("name", sa.Text, nullable=False),
+        sa.Column("team", sa.String(128), nullable=False),
+        sa.Column("kind", sa.String(32), nullable=False),
+        sa.Column("submitted_at", UTCDateTime, nullable=False),
+        sa.Column("idempotency_key", sa.String(200), unique=True),
+        sa.Column("raw", sa.JSON, nullable=False),
+    )
+    units = sa.Table(
+        "units", md,
+        sa.Column("id", _ID, primary_key=True),
+        sa.Column("request_id", _ID, sa.ForeignKey("requests.id"), nullable=False),
+        sa.Column("step", sa.Text, nullable=False),
+        sa.Column("step_index", sa.Integer, nullable=False),
+        sa.Column("member", sa.Integer, nullable=False),
+        sa.Column("team", sa.String(128), nullable=False),
+        sa.Column("kind", sa.String(32), nullable=False),
+        sa.Column("gpus", sa.Integer, nullable=False),
+        sa.Column("priority", sa.Integer, nullable=False),
+        sa.Column("checkpointable", sa.Boolean, nullable=False),
+        sa.Column("spec", sa.JSON, nullable=False),
+        sa.Column("state", sa.String(16), nullable=False),
+        sa.Column("version", sa.Integer, nullable=False),
+        sa.Column("attempts", sa.Integer, nullable=False),
+        sa.Column("preemptions", sa.Integer, nullable=False),
+        sa.Column("work_done_s", sa.Float, nullable=False),
+        sa.Column("last_checkpoint_at", UTCDateTime),
+        sa.Column("current_attempt", _ID),
+        sa.Column("stop_by", UTCDateTime),
+        sa.Column("cancel_requested_at", UTCDateTime),
+        sa.Column("reason", sa.Text),
+        sa.Column("submitted_at", UTCDateTime, nullable=False),
+        sa.Column("updated_at", UTCDateTime, nullable=False),
+        sa.UniqueConstraint("request_id", "step_index", "member", name="uq_units_step_member"),
+        sa.Index("ix_units_state", "state"),
+    )
+    unit_deps = sa.Table(
+        "unit_deps", md,
+        sa.Column("unit_id", _ID, sa.ForeignKey("units.id"), primary_key=True),
+        sa.Column("depends_on", _ID, sa.ForeignKey("units.id"), primary_key=True),
+        sa.Index("ix_unit_deps_depends_on", "depends_on"),
+    )
+    attempts = sa.Table(
+        "attempts", md,
+        sa.Column("id", _ID, primary_key=True),
+        sa.Column("unit_id", _ID, sa.ForeignKey("units.id"), nullable=False),
+        sa.Column("number", sa.Integer, nullable=False),
+        sa.Column("admitted_at", UTCDateTime, nullable=False),
+        sa.Column("started_at", UTCDateTime),
+        sa.Column("ended_at", UTCDateTime),
+        sa.Column("outcome", sa.String(16)),
+        sa.Column("gpus", sa.Integer, nullable=False),
+        sa.Column("gpu_seconds", sa.Float),
+        sa.Column("lost_gpu_seconds", sa.Float),
+        sa.Column("window_label", sa.Text),
+        sa.Column("stop_by", UTCDateTime),
+        sa.Column("work_done_at_start_s", sa.Float, nullable=False),
+        sa.UniqueConstraint("unit_id", "number", name="uq_attempts_unit_number"),
+        sa.Index("ix_attempts_admitted_at", "admitted_at"),
+    )
+    events = sa.Table(
+        "events", md,
+        sa.Column("id", _BIGINT_PK, primary_key=True, autoincrement=True),
+        sa.Column("at", UTCDateTime, nullable=False),
+        sa.Column("kind", sa.String(16), nullable=False),
+        sa.Column("unit_id", _ID),
+        sa.Column("request_id", _ID),
+        sa.Column("team", sa.String(128)),
+        sa.Column("gpus", sa.Integer),
+        sa.Column("gpu_seconds", sa.Float),
+        sa.Column("detail", sa.JSON, nullable=False),
+        sa.Index("ix_events_at", "at"),
+        sqlite_autoincrement=True,  # ids never reused: the log's order is the commit order
+    )
+    return {t.name: t for t in (requests, units, unit_deps, attempts, events)}
+
+
+METADATA = sa.MetaData()
+_T = _define_tables(METADATA)
+REQUESTS, UNITS, UNIT_DEPS, ATTEMPTS, EVENTS = (
+    _T["requests"], _T["units"], _T["unit_deps"], _T["attempts"], _T["events"]
+)
+
+_VERSION_MD = sa.MetaData()
+SCHEMA_VERSION_TABLE = sa.Table(
+    "schema_version", _VERSION_MD,
+    sa.Column("version", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("name", sa.Text, nullable=False),
+)
+
+
+def _v1_initial(conn: Connection) -> None:
+    md = sa.MetaData()
+    _define_tables(md)
+    md.create_all(conn)
+
+
+Migration = tuple[str, Callable[[Connection], None]]
+MIGRATIONS: list[Migration] = [
+    ("initial schema: requests, units, unit_deps, attempts, events", _v1_initial),
+]
+"""Applied in order at open, all pending ones in one transaction; version N = MIGRATIONS[N-1].
+Append only."""
+SCHEMA_VERSION = len(MIGRATIONS)
+
+_PG_MIGRATION_LOCK = 0x1D1E_690  # pg_advisory_xact_lock key: one migrator at a time
+_TERMINAL = tuple(s.value for s in JobState if s.is_terminal())
+_HOLDING = (JobState.ADMITTED, JobState.RUNNING)
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _aware(value: datetime, name: str = "now") -> datetime:
+    if not isinstance(value, datetime):
+        raise TypeError(f"{name} must be a datetime, got {type(value).__name__}")
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ValueError(f"{name} ({value.isoformat()}) must be timezone-aware")
+    return value
+
+
+def _aware_opt(value: datetime | None, name: str) -> datetime | None:
+    return None if value is None else _aware(value, name)
+
+
+def _iso(value: datetime | None) -> str | None:
+    return None if value is None else value.astimezone(UTC).isoformat()
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, (tuple, list)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, StrEnum):
+        return value.value
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return str(value)
+
+
+def spec_to_json(spec: UnitSpec) -> dict[str, Any]:
+    """A ``UnitSpec`` as plain JSON (tuples as lists, datetimes as ISO 8601)."""
+    return {f.name: _jsonable(getattr(spec, f.name)) for f in fields(UnitSpec)}
+
+
+def spec_from_json(data: Mapping[str, Any]) -> UnitSpec:
+    """Inverse of ``spec_to_json``; unknown keys (from a newer writer) are ignored."""
+    known = {f.name for f in fields(UnitSpec)}
+    values = {k: v for k, v in data.items() if k in known}
+    for name in ("command", "args", "resume_args"):
+        if name in values:
+            values[name] = tuple(values[name] or ())
+    for name in ("env", "parameters"):
+        if name in values:
+            values[name] = tuple((str(k), str(v)) for k, v in values[name] or ())
+    if "depends_on" in values:
+        values["depends_on"] = tuple((int(s), int(m)) for s, m in values["depends_on"] or ())
+    if values.get("deadline") is not None:
+        values["deadline"] = datetime.fromisoformat(values["deadline"])
+    try:
+        return UnitSpec(**values)
+    except TypeError as exc:
+        raise StoreError(f"stored unit spec cannot be read: {exc}") from exc
+
+
+def unit_id_for(request_id: str, step_index: int, member: int) -> str:
+    return f"{request_id}-{step_index}-{member}"
+
+
+def _slug(name: str) -> str:
+    slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:40].strip("-")
+    return slug or "job"
+
+
+def _short(exc: BaseException) -> str:
+    text = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def _check_units(units: Sequence[UnitSpec]) -> None:
+    if not units:
+        raise InvalidRequestError("a request needs at least one unit")
+    keys = [(u.step_index, u.member) for u in units]
+    dupes = sorted({k for k in keys if keys.count(k) > 1})
+    if dupes:
+        raise InvalidRequestError(
+            "units repeat (step_index, member): " + ", ".join(f"{s}-{m}" for s, m in dupes)
+        )
+    known = set(keys)
+    for u in units:
+        if u.gpus < 1:
+            raise InvalidRequestError(f"unit {u.step}[{u.member}] asks for {u.gpus} GPUs")
+        for dep in u.depends_on:
+            if tuple(dep) not in known:
+                raise InvalidRequestError(
+                    f"unit {u.step_index}-{u.member} depends on {dep[0]}-{dep[1]}, "
+                    "which the request does not have"
+                )
+    # Kahn's algorithm: every unit must be reachable without a cycle.
+    pending = {(u.step_index, u.member): {tuple(d) for d in u.depends_on} for u in units}
+    while pending:
+        ready = [k for k, deps in pending.items() if not deps & pending.keys()]
+        if not ready:
+            cycle = ", ".join(f"{s}-{m}" for s, m in sorted(pending))
+            raise InvalidRequestError(f"dependencies form a cycle among units {cycle}")
+        for k in ready:
+            del pending[k]
+
+
+# --------------------------------------------------------------------------- engine
+
+
+def _make_engine(url: str, busy_timeout_s: float) -> Engine:
+    try:
+        parsed = sa.engine.make_url(url)
+    except sa_exc.ArgumentError as exc:
+        raise StoreError(f"invalid store URL {url!r}: {exc}") from None
+    backend = parsed.get_backend_name()
+    try:
+        if backend == "sqlite":
+            db = parsed.database
+            if db and db != ":memory:" and not db.startswith("file:"):
+                parent = Path(db).expanduser().resolve().parent
+                if not parent.is_dir():
+                    raise StoreError(
+                        f"store directory {parent} does not exist; create it or set store.url"
+                    )
+            engine = sa.create_engine(parsed, connect_args={"timeout": busy_timeout_s})
+            _configure_sqlite(engine, busy_timeout_s)
+        else:
+            engine = sa.create_engine(parsed, pool_pre_ping=True)
+    except (ImportError, sa_exc.NoSuchModuleError) as exc:
+        raise StoreError(
+            f"cannot load the database driver for {parsed.drivername}: {exc}; install it "
+            "(for PostgreSQL: pip install 'psycopg[binary]' and use postgresql+psycopg://...)"
+        ) from None
+    return engine
+
+
+def _configure_sqlite(engine: Engine, busy_timeout_s: float) -> None:
+    """Real transactions on pysqlite: the driver's own BEGIN handling is off (it would commit
+    DDL implicitly and start transactions late); we BEGIN ourselves, IMMEDIATE for writes so a
+    read-then-write transaction never fails half-way on a lock upgrade."""
+
+    @sa.event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.isolation_level = None
+        cursor = dbapi_conn.cursor()
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.close()
+
+    @sa.event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        write = conn.get_execution_options().get("idlegpu_write", False)
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+
+
+# --------------------------------------------------------------------------- the store
+
+
+class JobStore:
+    """Job requests, units, attempts and events in a SQL database (see the module doc).
+
+    ``JobStore("sqlite:///idlegpu.db")`` creates or upgrades the schema at open; use it as a
+    context manager or call ``close()``. Every method is one transaction.
+    """
+
+    def __init__(self, url: str, *, busy_timeout_s: float = 30.0) -> None:
+        self.url = url
+        try:
+            self._where = sa.engine.make_url(url).render_as_string(hide_password=True)
+        except sa_exc.ArgumentError:
+            self._where = url
+        self._engine = _make_engine(url, busy_timeout_s)
+        try:
+            self._migrate()
+        except BaseException:
+            self._engine.dispose()
+            raise
+
+    # -- lifecycle
+
+    def close(self) -> None:
+        self._engine.dispose()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"JobStore({self._where!r})"
+
+    @contextmanager
+    def _tx(self, *, write: bool) -> Iterator[Connection]:
+        try:
+            with self._engine.connect() as conn:
+                if write:
+                    conn.execution_options(idlegpu_write=True)
+                with conn.begin():
+                    yield conn
+        except sa_exc.IntegrityError:
+            raise
+        except sa_exc.OperationalError as exc:
+            raise StoreUnavailableError(
+                f"job store {self._where} unavailable: {_short(exc)}", delay=5.0
+            ) from exc
+        except sa_exc.DBAPIError as exc:
+            raise StoreError(f"job store {self._where}: {_short(exc)}") from exc
+
+    def _migrate(self) -> None:
+        with self._tx(write=True) as conn:
+            if conn.dialect.name == "postgresql":
+                conn.execute(sa.select(sa.func.pg_advisory_xact_lock(_PG_MIGRATION_LOCK)))
+            SCHEMA_VERSION_TABLE.create(conn, checkfirst=True)
+            current = conn.execute(
+                sa.select(sa.func.max(SCHEMA_VERSION_TABLE.c.version))
+            ).scalar() or 0
+            known = len(MIGRATIONS)
+            if current > known:
+                raise SchemaVersionError(
+                    f"job store {self._where} has schema version {current}, newer than this "
+                    f"idlegpu knows ({known}); upgrade idlegpu"
+                )
+            for version in range(current + 1, known + 1):
+                name, migrate = MIGRATIONS[version - 1]
+                try:
+                    migrate(conn)
+                except sa_exc.OperationalError as exc:
+                    if "lock" in str(exc).lower() or "busy" in str(exc).lower():
+                        raise
+                    raise StoreError(
+                        f"cannot migrate job store {self._where} to schema version {version} "
+                        f"({name}): {_short(exc)}"
+                    ) from exc
+                except sa_exc.DBAPIError as exc:
+                    raise StoreError(
+                        f"cannot migrate job store {self._where} to schema version {version} "
+                        f"({name}): {_short(exc)}"
+                    ) from exc
+                conn.execute(
+                    sa.insert(SCHEMA_VERSION_TABLE).values(version=version, name=name)
+                )
+
+    def schema_version(self) -> int:
+        with self._tx(write=False) as conn:
+            return conn.execute(
+                sa.select(sa.func.max(SCHEMA_VERSION_TABLE.c.version))
+            ).scalar() or 0
+
+    # -- submission
+
+    def submit(
+        self,
+        request_name: str,
+        team: str,
+        kind: str,
+        raw: Mapping[str, Any],
+        units: Sequence[UnitSpec],
+        now: datetime,
+        *,
+        idempotency_key: str | None = None,
+        request_id: str | None = None,
+    ) -> str:
+        """Store a request and its units (QUEUED) with one SUBMITTED event per unit; return the
+        request id. With ``idempotency_key``, a second submission with the same key returns the
+        first one's id and stores nothing. ``request_id`` fixes the id (default: a slug of the
+        name plus 8 random hex digits)."""
+        _aware(now)
+        if not request_name.strip():
+            raise InvalidRequestError("a request needs a name")
+        if not team.strip():
+            raise InvalidRequestError("a request needs a team")
+        _check_units(units)
+        raw_json = _jsonable(raw)
+        for attempt in range(5):
+            rid = request_id or f"{_slug(request_name)}-{uuid.uuid4().hex[:8]}"
+            try:
+                with self._tx(write=True) as conn:
+                    if idempotency_key is not None:
+                        existing = self._request_for_key(conn, idempotency_key)
+                        if existing is not None:
+                            return existing
+                    self._insert_request(
+                        conn, rid, request_name, team, kind, raw_json, units, now,
+                        idempotency_key,
+                    )
+                return rid
+            except sa_exc.IntegrityError as exc:
+                if idempotency_key is not None:
+                    with self._tx(write=False) as conn:
+                        existing = self._request_for_key(conn, idempotency_key)
+                    if existing is not None:
+                        return existing
+                if request_id is not None:
+                    raise InvalidRequestError(
+                        f"request id {request_id} is already taken"
+                    ) from exc
+                if attempt == 4:
+                    raise StoreError(f"cannot store request {request_name}: {_short(exc)}") from exc
+        raise AssertionError("unreachable")
+
+    @staticmethod
+    def _request_for_key(conn: Connection, key: str) -> str | None:
+        return conn.execute(
+            sa.select(REQUESTS.c.id).where(REQUESTS.c.idempotency_key == key)
+        ).scalar()
+
+    def _insert_request(
+        self, conn: Connection, rid: str, name: str, team: str, kind: str, raw: Any,
+        units: Sequence[UnitSpec], now: datetime, key: str | None,
+    ) -> None:
+        conn.execute(sa.insert(REQUESTS).values(
+            id=rid, name=name, team=team, kind=kind, submitted_at=now, idempotency_key=key,
+            raw=raw,
+        ))
+        ordered = sorted(units, key=lambda u: (u.step_index, u.member))
+        conn.execute(sa.insert(UNITS), [
+            {
+                "id": unit_id_for(rid, u.step_index, u.member), "request_id": rid, "step": u.step,
+                "step_index": u.step_index, "member": u.member, "team": team, "kind": u.kind, "gpus": u.gpus,
+                "priority": u.priority, "checkpointable": u.checkpointable, "spec": spec_to_json(u),
+                "state": JobState.QUEUED.value, "version": 0, "attempts": 0, "preemptions": 0,
+                "work_done_s": 0.0, "last_checkpoint_at": None, "current_attempt": None, "stop_by": None,
+                "cancel_requested_at": None, "reason": None, "submitted_at": now, "updated_at": now,
+            }
+            for u in ordered
+        ])
+        edges = [
+            {"unit_id": unit_id_for(rid, u.step_index, u.member),
+                 "depends_on": unit_id_for(rid, int(s), int(m))}
+            for u in ordered for s, m in sorted(set(u.depends_on))
+        ]
+        if edges:
+            conn.execute(sa.insert(UNIT_DEPS), edges)
+        conn.execute(sa.insert(EVENTS), [
+            {"at": now, "kind": EventKind.SUBMITTED.value,
+                 "unit_id": unit_id_for(rid, u.step_index, u.member), "request_id": rid, "team": team,
+                 "gpus": u.gpus, "gpu_seconds": None, "detail": {"request": name, "kind": kind}}
+            for u in ordered
+        ])
+
+    # -- reading
+
+    def _unit_query(self, where: Iterable[Any] = ()) -> sa.Select:
+        return (
+            sa.select(
+                UNITS, REQUESTS.c.name.label("request_name"),
+                ATTEMPTS.c.admitted_at.label("att_admitted_at"),
+                ATTEMPTS.c.started_at.label("att_started_at"),
+            )
+            .join(REQUESTS, REQUESTS.c.id == UNITS.c.request_id)
+            .outerjoin(ATTEMPTS, ATTEMPTS.c.id == UNITS.c.current_attempt)
+            .where(*where)
+            .order_by(UNITS.c.submitted_at, UNITS.c.request_id, UNITS.c.step_index,
+                      UNITS.c.member)
+        )
+
+    def _units(self, conn: Connection, where: Sequence[Any] = ()) -> list[UnitRow]:
+        rows = conn.execute(self._unit_query(where)).all()
+        deps: dict[str, list[str]] = {}
+        dep_rows = conn.execute(
+            sa.select(UNIT_DEPS.c.unit_id, UNIT_DEPS.c.depends_on)
+            .join(UNITS, UNITS.c.id == UNIT_DEPS.c.unit_id)
+            .where(*where)
+            .order_by(UNIT_DEPS.c.unit_id, UNIT_DEPS.c.depends_on)
+        )
+        for unit_id, dep in dep_rows:
+            deps.setdefault(unit_id, []).append(dep)
+        return [self._to_row(r, tuple(deps.get(r.id, ()))) for r in rows]
+
+    @staticmethod
+    def _to_row(r: Any, depends_on: tuple[str, ...]) -> UnitRow:
+        return UnitRow(
+            id=r.id, request_id=r.request_id, request_name=r.request_name, team=r.team,
+            kind=r.kind, step=r.step, step_index=r.step_index, member=r.member, gpus=r.gpus,
+            priority=r.priority, checkpointable=bool(r.checkpointable), state=JobState(r.state),
+            attempts=r.attempts, preemptions=r.preemptions, work_done_s=float(r.work_done_s),
+            last_checkpoint_at=r.last_checkpoint_at, submitted_at=r.submitted_at,
+            updated_at=r.updated_at, current_attempt=r.current_attempt,
+            admitted_at=r.att_admitted_at, started_at=r.att_started_at, stop_by=r.stop_by,
+            cancel_requested_at=r.cancel_requested_at, reason=r.reason, depends_on=depends_on,
+            spec=spec_from_json(r.spec),
+        )
+
+    def queue(self, include_terminal: bool = False) -> list[UnitRow]:
+        """Units in submission order (request, step, member); only live ones by default."""
+        where = [] if include_terminal else [UNITS.c.state.not_in(_TERMINAL)]
+        with self._tx(write=False) as conn:
+            return self._units(conn, where)
+
+    def unit(self, unit_id: str) -> UnitRow:
+        with self._tx(write=False) as conn:
+            found = self._units(conn, [UNITS.c.id == unit_id])
+        if not found:
+            raise UnknownJobError(f"no job unit {unit_id!r}; `idlegpu queue` lists them")
+        return found[0]
+
+    def request(self, request_id: str) -> RequestRow:
+        with self._tx(write=False) as conn:
+            r = conn.execute(
+                sa.select(REQUESTS).where(REQUESTS.c.id == request_id)
+            ).one_or_none()
+        if r is None:
+            raise UnknownJobError(f"no job request {request_id!r}; `idlegpu queue` lists them")
+        return RequestRow(id=r.id, name=r.name, team=r.team, kind=r.kind,
+                          submitted_at=r.submitted_at, idempotency_key=r.idempotency_key,
+                          raw=dict(r.raw))
+
+    def request_units(self, request_id: str) -> list[UnitRow]:
+        with self._tx(write=False) as conn:
+            found = self._units(conn, [UNITS.c.request_id == request_id])
+        if not found:
+            raise UnknownJobError(f"no job request {request_id!r}; `idlegpu queue` lists them")
+        return found
+
+    def attempts(self, unit_id: str) -> list[AttemptRow]:
+        with self._tx(write=False) as conn:
+            rows = conn.execute(
+                sa.select(ATTEMPTS).where(ATTEMPTS.c.unit_id == unit_id)
+                .order_by(ATTEMPTS.c.number)
+            ).all()
+        return [
+            AttemptRow(
+                id=r.id, unit_id=r.unit_id, number=r.number, admitted_at=r.admitted_at,
+                started_at=r.started_at, ended_at=r.ended_at,
+                outcome=AttemptOutcome(r.outcome) if r.outcome else None, gpus=r.gpus,
+                gpu_seconds=r.gpu_seconds, lost_gpu_seconds=r.lost_gpu_seconds,
+                window_label=r.window_label, stop_by=r.stop_by,
+                work_done_at_start_s=r.work_done_at_start_s,
+            )
+            for r in rows
+        ]
+
+    def waiting(self, now: datetime, estimate: Callable[[UnitRow], float]) -> list[WaitingJob]:
+        """QUEUED units submitted by ``now`` whose dependencies all SUCCEEDED, for the policy.
+
+        ``runtime_s`` is ``estimate(row)`` less the checkpointed progress of a checkpointable
+        unit (never below 0)."""
+        _aware(now)
+        dep = UNITS.alias("dep")
+        blocked = (
+            sa.select(UNIT_DEPS.c.unit_id)
+            .join(dep, dep.c.id == UNIT_DEPS.c.depends_on)
+            .where(UNIT_DEPS.c.unit_id == UNITS.c.id, dep.c.state != JobState.SUCCEEDED.value)
+            .exists()
+        )
+        where = [UNITS.c.state == JobState.QUEUED.value, UNITS.c.submitted_at <= now, ~blocked]
+        with self._tx(write=False) as conn:
+            rows = self._units(conn, where)
+        jobs = []
+        for row in rows:
+            total = float(estimate(row))
+            runtime = max(0.0, total - row.work_done_s) if row.checkpointable else total
+            jobs.append(WaitingJob(
+                id=row.id, team=row.team, gpus=row.gpus, runtime_s=runtime,
+                checkpointable=row.checkpointable, priority=row.priority,
+                submitted_at=row.submitted_at, deadline=row.spec.deadline,
+                preemptions=row.preemptions, max_preemptions=row.spec.max_preemptions,
+                kind=row.kind,
+            ))
+        return jobs
+
+    def running(self, now: datetime, estimate: Callable[[UnitRow], float]) -> list[RunningJob]:
+        """Units holding GPUs (ADMITTED or RUNNING), including those marked for a cancel.
+
+        ``started_at`` is the attempt's start (its admission until it started);
+        ``remaining_s = estimate(row) - work_done_s - (now - since)`` where ``since`` is the
+        attempt's last checkpoint, else its start (never below 0)."""
+        _aware(now)
+        with self._tx(write=False) as conn:
+            rows = self._units(conn, [UNITS.c.state.in_([s.value for s in _HOLDING])])
+        jobs = []
+        for row in rows:
+            began = row.started_at or row.admitted_at or row.updated_at
+            checkpoint = row.last_checkpoint_at
+            if checkpoint is not None and checkpoint < began:
+                checkpoint = None  # from an earlier attempt: already in work_done_s
+            if row.state is JobState.ADMITTED:
+                elapsed = 0.0
+            else:
+                elapsed = max(0.0, (now - (checkpoint or began)).total_seconds())
+            remaining = max(0.0, float(estimate(row)) - row.work_done_s - elapsed)
+            jobs.append(RunningJob(
+                id=row.id, team=row.team, gpus=row.gpus, priority=row.priority,
+                started_at=began, checkpointable=row.checkpointable, remaining_s=remaining,
+                last_checkpoint_at=checkpoint, stop_by=row.stop_by, kind=row.kind,
+            ))
+        return jobs
+
+    def to_stop(self) -> list[UnitRow]:
+        """Units holding GPUs whose cancel was requested: stop them, then call ``preempted``."""
+        with self._tx(write=False) as conn:
+            return self._units(conn, [
+                UNITS.c.state.in_([s.value for s in _HOLDING]),
+                UNITS.c.cancel_requested_at.is_not(None),
+            ])
+
+    def events(
+        self, since: datetime | None = None, until: datetime | None = None, *,
+        unit_id: str | None = None,
+    ) -> list[EventRow]:
+        """The accounting log in commit order, ``since <= at < until``."""
+        where = []
+        if since is not None:
+            where.append(EVENTS.c.at >= _aware(since, "since"))
+        if until is not None:
+            where.append(EVENTS.c.at < _aware(until, "until"))
+        if unit_id is not None:
+            where.append(EVENTS.c.unit_id == unit_id)
+        with self._tx(write=False) as conn:
+            rows = conn.execute(sa.select(EVENTS).where(*where).order_by(EVENTS.c.id)).all()
+        return [
+            EventRow(id=r.id, at=r.at, kind=EventKind(r.kind), unit_id=r.unit_id,
+                     request_id=r.request_id, team=r.team, gpus=r.gpus,
+                     gpu_seconds=r.gpu_seconds, detail=dict(r.detail or {}))
+            for r in rows
+        ]
+
+    def team_gpu_hours(self, now: datetime, window_s: float) -> dict[str, float]:
+        """GPU-hours each team's attempts held within ``[now - window_s, now]`` (attempts
+        overlapping the window, clipped to it; open attempts count up to ``now``)."""
+        _aware(now)
+        start = now - timedelta(seconds=window_s)
+        with self._tx(write=False) as conn:
+            rows = conn.execute(
+                sa.select(UNITS.c.team, ATTEMPTS.c.gpus, ATTEMPTS.c.admitted_at,
+                          ATTEMPTS.c.ended_at)
+                .join(UNITS, UNITS.c.id == ATTEMPTS.c.unit_id)
+                .where(ATTEMPTS.c.admitted_at < now,
+                       sa.or_(ATTEMPTS.c.ended_at.is_(None), ATTEMPTS.c.ended_at > start))
+            ).all()
+        hours: dict[str, float] = {}
+        for team, gpus, admitted, ended in rows:
+            lo = max(admitted, start)
+            hi = min(ended or now, now)
+            held = max(0.0, (hi - lo).total_seconds()) * gpus / 3600.0
+            hours[team] = hours.get(team, 0.0) + held
+        return dict(sorted(hours.items()))
+
+    # -- transitions
+
+    @staticmethod
+    def _load(conn: Connection, unit_id: str) -> Any:
+        row = conn.execute(sa.select(UNITS).where(UNITS.c.id == unit_id)).one_or_none()
+        if row is None:
+            raise UnknownJobError(f"no job unit {unit_id!r}; `idlegpu queue` lists them")
+        return row
+
+    @staticmethod
+    def _expect(row: Any, action: str, allowed: Sequence[JobState]) -> None:
+        state = JobState(row.state)
+        if state not in allowed:
+            raise StaleStateError(row.id, action, allowed, state)
+
+    @staticmethod
+    def _cas(
+        conn: Connection, row: Any, action: str, allowed: Sequence[JobState], **values: Any
+    ) -> None:
+        """``UPDATE units SET ... WHERE id = ? AND state = ? AND version = ?``."""
+        JobStore._expect(row, action, allowed)
+        result = conn.execute(
+            sa.update(UNITS)
+            .where(UNITS.c.id == row.id, UNITS.c.state == row.state,
+                   UNITS.c.version == row.version)
+            .values(version=UNITS.c.version + 1, **values)
+        )
+        if result.rowcount != 1:
+            actual = conn.execute(
+                sa.select(UNITS.c.state).where(UNITS.c.id == row.id)
+            ).scalar()
+            raise StaleStateError(row.id, action, allowed, JobState(actual) if actual else None)
+
+    @staticmethod
+    def _event(
+        conn: Connection, at: datetime, kind: EventKind, row: Any, *,
+        gpus: int | None = None, gpu_seconds: float | None = None,
+        detail: Mapping[str, Any] | None = None,
+    ) -> None:
+        conn.execute(sa.insert(EVENTS).values(
+            at=at, kind=kind.value, unit_id=row.id, request_id=row.request_id, team=row.team,
+            gpus=gpus, gpu_seconds=gpu_seconds, detail=_jsonable(dict(detail or {})),
+        ))
+
+    @staticmethod
+    def _close_attempt(
+        conn: Connection, row: Any, now: datetime, outcome: AttemptOutcome,
+        lost_gpu_seconds: float | None = None, *, default_lost: bool = False,
+    ) -> tuple[int, float, float | None]:
+        """End the unit's open attempt; ``(number, gpu_seconds, lost_gpu_seconds)``."""
+        att = conn.execute(
+            sa.select(ATTEMPTS).where(ATTEMPTS.c.id == row.current_attempt)
+        ).one_or_none()
+        if att is None or att.ended_at is not None:
+            raise StoreError(f"unit {row.id} holds GPUs but has no open attempt (corrupt store)")
+        end = max(now, att.admitted_at)
+        gpu_s = att.gpus * (end - att.admitted_at).total_seconds()
+        if lost_gpu_seconds is None and default_lost:
+            since = att.admitted_at
+            if (row.checkpointable and row.last_checkpoint_at is not None
+                    and row.last_checkpoint_at >= att.admitted_at):
+                since = min(row.last_checkpoint_at, end)
+            lost_gpu_seconds = att.gpus * (end - since).total_seconds()
+        result = conn.execute(
+            sa.update(ATTEMPTS)
+            .where(ATTEMPTS.c.id == att.id, ATTEMPTS.c.ended_at.is_(None))
+            .values(ended_at=end, outcome=outcome.value, gpu_seconds=gpu_s,
+                    lost_gpu_seconds=lost_gpu_seconds)
+        )
+        if result.rowcount != 1:
+            raise StoreError(f"attempt {att.id} was closed concurrently")
+        return att.number, gpu_s, lost_gpu_seconds
+
+    def admit(
+        self, unit_id: str, now: datetime, stop_by: datetime | None = None,
+        attempt_label: str | None = None,
+    ) -> int:
+        """QUEUED -> ADMITTED: open attempt ``attempts + 1`` (returned) and log ADMITTED.
+
+        ``stop_by``: when the job must have checkpointed and stopped (end of its window);
+        ``attempt_label``: the window it was admitted into, for reports."""
+        _aware(now)
+        _aware_opt(stop_by, "stop_by")
+        with self._tx(write=True) as conn:
+            row = self._load(conn, unit_id)
+            self._expect(row, "admit", (JobState.QUEUED,))
+            dep = UNITS.alias("dep")
+            unmet = conn.execute(
+                sa.select(dep.c.id, dep.c.state)
+                .join(UNIT_DEPS, UNIT_DEPS.c.depends_on == dep.c.id)
+                .where(UNIT_DEPS.c.unit_id == unit_id, dep.c.state != JobState.SUCCEEDED.value)
+                .order_by(dep.c.id)
+            ).all()
+            if unmet:
+                waits = ", ".join(f"{d} ({s})" for d, s in unmet)
+                raise TransitionRefusedError(f"cannot admit unit {unit_id}: it waits for {waits}")
+            number = row.attempts + 1
+            attempt_id = f"{unit_id}/{number}"
+            self._cas(
+                conn, row, "admit", (JobState.QUEUED,), state=JobState.ADMITTED.value,
+                attempts=number, current_attempt=attempt_id, stop_by=stop_by, updated_at=now,
+            )
+            conn.execute(sa.insert(ATTEMPTS).values(
+                id=attempt_id, unit_id=unit_id, number=number, admitted_at=now, gpus=row.gpus,
+                window_label=attempt_label, stop_by=stop_by,
+                work_done_at_start_s=row.work_done_s,
+            ))
+            self._event(conn, now, EventKind.ADMITTED, row, gpus=row.gpus, detail={
+                "attempt": number, "stop_by": _iso(stop_by), "window": attempt_label,
+            })
+        return number
+
+    def started(self, unit_id: str, now: datetime) -> None:
+        """ADMITTED -> RUNNING (the job's pod is running)."""
+        _aware(now)
+        with self._tx(write=True) as conn:
+            row = self._load(conn, unit_id)
+            self._cas(conn, row, "start", (JobState.ADMITTED,), state=JobState.RUNNING.value,
+                      updated_at=now)
+            conn.execute(
+                sa.update(ATTEMPTS)
+                .where(ATTEMPTS.c.id == row.current_attempt, ATTEMPTS.c.started_at.is_(None))
+                .values(started_at=now)
+            )
+            self._event(conn, now, EventKind.STARTED, row, gpus=row.gpus,
+                        detail={"attempt": row.attempts})
+
+    def checkpointed(self, unit_id: str, now: datetime, work_done_s: float) -> None:
+        """A RUNNING checkpointable unit saved its progress: ``work_done_s`` seconds of work in
+        total (over all attempts); progress never goes back."""
+        _aware(now)
+        with self._tx(write=True) as conn:
+            row = self._load(conn, unit_id)
+            self._expect(row, "checkpoint", (JobState.RUNNING,))
+            if not row.checkpointable:
+                raise TransitionRefusedError(f"unit {unit_id} is not checkpointable")
+            if not work_done_s >= row.work_done_s:
+                raise TransitionRefusedError(
+                    f"unit {unit_id}: checkpointed progress {work_done_s:.0f} s is below the "
+                    f"{row.work_done_s:.0f} s already saved"
+                )
+            self._cas(conn, row, "checkpoint", (JobState.RUNNING,),
+                      work_done_s=float(work_done_s), last_checkpoint_at=now, updated_at=now)
+            self._event(conn, now, EventKind.CHECKPOINTED, row, gpus=row.gpus, detail={
+                "attempt": row.attempts, "work_done_s": float(work_done_s),
+            })
+
+    def _release(
+        self, unit_id: str, now: datetime, *, action: str, allowed: Sequence[JobState],
+        outcome: AttemptOutcome, lost_gpu_seconds: float | None, reason: str | None,
+        count_preemption: bool,
+    ) -> JobState:
+        """Return a unit holding GPUs to the queue, or cancel it if a cancel was requested."""
+        with self._tx(write=True) as conn:
+            row = self._load(conn, unit_id)
+            self._expect(row, action, allowed)
+            cancel = row.cancel_requested_at is not None
+            new_state = JobState.CANCELLED if cancel else JobState.QUEUED
+            self._cas(
+                conn, row, action, allowed, state=new_state.value, current_attempt=None,
+                stop_by=None,
+                preemptions=row.preemptions + (1 if count_preemption and not cancel else 0),
+                work_done_s=row.work_done_s if row.checkpointable else 0.0,
+                reason=(row.reason or "cancelled") if cancel else reason,
+                updated_at=now,
+            )
+            number, gpu_s, lost = self._close_attempt(
+                conn, row, now,
+                AttemptOutcome.CANCELLED if cancel else outcome, lost_gpu_seconds,
+                default_lost=True,
+            )
+            detail = {"attempt": number, "lost_gpu_seconds": lost, "reason": reason}
+            if cancel:
+                detail["cancel_requested_at"] = _iso(row.cancel_requested_at)
+                self._event(conn, now, EventKind.CANCELLED, row, gpus=row.gpus,
+                            gpu_seconds=gpu_s, detail=detail)
+            else:
+                if outcome is AttemptOutcome.REQUEUED:
+                    detail["requeued"] = True
+                self._event(conn, now, EventKind.PREEMPTED, row, gpus=row.gpus,
+                            gpu_seconds=gpu_s, detail=detail)
+            return new_state
+
+    def preempted(
+        self, unit_id: str, now: datetime, lost_gpu_seconds: float | None = None,
+        reason: str | None = None,
+    ) -> JobState:
+        """ADMITTED/RUNNING -> QUEUED (``preemptions + 1``), or -> CANCELLED when a cancel was
+        requested; returns the new state. The attempt's GPU-seconds go to the PREEMPTED (or
+        CANCELLED) event; ``lost_gpu_seconds`` defaults to the GPU-time since the attempt's
+        last checkpoint (since its admission without one). A unit that cannot checkpoint
+        starts over (``work_done_s = 0``)."""
+        _aware(now)
+        return self._release(
+            unit_id, now, action="preempt", allowed=_HOLDING, outcome=AttemptOutcome.PREEMPTED,
+            lost_gpu_seconds=lost_gpu_seconds, reason=reason, count_preemption=True,
+        )
+
+    def requeue_admitted(
+        self, unit_id: str, now: datetime, reason: str = "admitted but never started"
+    ) -> JobState:
+        """For a reconciler after a crash: an ADMITTED unit whose job never ran goes back to
+        QUEUED (not counted as a preemption), or to CANCELLED if a cancel was requested."""
+        _aware(now)
+        return self._release(
+            unit_id, now, action="requeue", allowed=(JobState.ADMITTED,),
+            outcome=AttemptOutcome.REQUEUED, lost_gpu_seconds=None, reason=reason,
+            count_preemption=False,
+        )
+
+    def finished(self, unit_id: str, now: datetime) -> float:
+        """ADMITTED/RUNNING -> SUCCEEDED; returns the attempt's GPU-seconds (also logged)."""
+        _aware(now)
+        with self._tx(write=True) as conn:
+            row = self._load(conn, unit_id)
+            self._expect(row, "finish", _HOLDING)
+            self._cas(conn, row, "finish", _HOLDING, state=JobState.SUCCEEDED.value,
+                      current_attempt=None, stop_by=None, updated_at=now)
+            number, gpu_s, _ = self._close_attempt(conn, row, now, AttemptOutcome.SUCCEEDED)
+            self._event(conn, now, EventKind.FINISHED, row, gpus=row.gpus, gpu_seconds=gpu_s,
+                        detail={"attempt": number})
+        return gpu_s
+
+    def failed(self, unit_id: str, now: datetime, reason: str) -> tuple[str, ...]:
+        """QUEUED/ADMITTED/RUNNING -> FAILED; every unit depending on it (transitively) is
+        CANCELLED. Returns the ids of the units cancelled that way (any of them still holding
+        GPUs is only marked: see ``to_stop``)."""
+        _aware(now)
+        allowed = (JobState.QUEUED, *_HOLDING)
+        with self._tx(write=True) as conn:
+            row = self._load(conn, unit_id)
+            self._expect(row, "fail", allowed)
+            self._cas(conn, row, "fail", allowed, state=JobState.FAILED.value,
+                      current_attempt=None, stop_by=None, reason=reason, updated_at=now)
+            gpu_s = None
+            detail: dict[str, Any] = {"reason": reason}
+            if row.current_attempt is not None:
+                number, gpu_s, _ = self._close_attempt(conn, row, now, AttemptOutcome.FAILED)
+                detail["attempt"] = number
+            self._event(conn, now, EventKind.FAILED, row, gpus=row.gpus, gpu_seconds=gpu_s,
+                        detail=detail)
+            result = self._cancel_units(
+                conn, self._dependants(conn, [unit_id]), now,
+                f"dependency {unit_id} failed: {reason}",
+            )
+        return result.cancelled + result.to_stop
+
+    def cancel(
+        self, id_or_request_id: str, now: datetime, reason: str = "cancelled by user"
+    ) -> CancelResult:
+        """Cancel a unit (and every unit depending on it) or a whole request.
+
+        Queued units become CANCELLED at once; units holding GPUs are marked
+        (``cancel_requested_at``) and listed in ``to_stop``: the caller stops their jobs and
+        reports it with ``preempted``, which then cancels them. Ended units are left alone."""
+        _aware(now)
+        with self._tx(write=True) as conn:
+            is_unit = conn.execute(
+                sa.select(UNITS.c.id).where(UNITS.c.id == id_or_request_id)
+            ).scalar()
+            if is_unit is not None:
+                targets = [id_or_request_id, *self._dependants(conn, [id_or_request_id])]
+            else:
+                targets = list(conn.execute(
+                    sa.select(UNITS.c.id).where(UNITS.c.request_id == id_or_request_id)
+                    .order_by(UNITS.c.step_index, UNITS.c.member)
+                ).scalars())
+                if not targets:
+                    raise UnknownJobError(
+                        f"no job request or unit {id_or_request_id!r}; `idlegpu queue` lists them"
+                    )
+            return self._cancel_units(conn, targets, now, reason)
+
+    @staticmethod
+    def _dependants(conn: Connection, unit_ids: Sequence[str]) -> list[str]:
+        """Units depending on ``unit_ids``, transitively, in breadth-first order."""
+        seen: dict[str, None] = {}
+        frontier = list(unit_ids)
+        while frontier:
+            nxt = conn.execute(
+                sa.select(UNIT_DEPS.c.unit_id).where(UNIT_DEPS.c.depends_on.in_(frontier))
+                .order_by(UNIT_DEPS.c.unit_id)
+            ).scalars().all()
+            frontier = [u for u in dict.fromkeys(nxt) if u not in seen and u not in unit_ids]
+            seen.update(dict.fromkeys(frontier))
+        return list(seen)
+
+    def _cancel_units(
+        self, conn: Connection, unit_ids: Sequence[str], now: datetime, reason: str
+    ) -> CancelResult:
+        cancelled, to_stop, unchanged = [], [], []
+        for unit_id in unit_ids:
+            row = self._load(conn, unit_id)
+            state = JobState(row.state)
+            if state.is_terminal():
+                unchanged.append(unit_id)
+            elif state is JobState.QUEUED:
+                self._cas(conn, row, "cancel", (JobState.QUEUED,),
+                          state=JobState.CANCELLED.value, reason=reason, updated_at=now)
+                self._event(conn, now, EventKind.CANCELLED, row, gpus=row.gpus,
+                            detail={"reason": reason})
+                cancelled.append(unit_id)
+            else:
+                if row.cancel_requested_at is None:
+                    self._cas(conn, row, "cancel", _HOLDING, cancel_requested_at=now,
+                              reason=reason, updated_at=now)
+                to_stop.append(unit_id)
+        return CancelResult(tuple(cancelled), tuple(to_stop), tuple(unchanged))

@@ -1,0 +1,1217 @@
+"""Job request files: what a researcher submits, validated, and expanded into runnable units.
+
+A request names a Docker image, its command and arguments, parameters (hyper-parameters, data
+and model paths, the output location), the GPUs it needs as one gang, and optionally a pipeline
+of ``steps`` run one after another, each of which may fan out over a parameter ``sweep``
+(one parallel member per grid point). Everything is parameterised: ``args``, ``env`` values,
+``checkpoint.resume_args`` and ``output`` take ``{placeholder}`` fields filled from the
+parameters, the sweep values and the built-ins ``{name}``, ``{team}``, ``{step}``,
+``{member}``, ``{gpus}`` (and ``{output}`` outside ``output`` itself); every parameter is also
+passed as the environment variable ``IDLEGPU_PARAM_<NAME>``.
+
+Job-level fields are defaults for every step; a step overrides them (``parameters`` and ``env``
+are merged key by key, everything else is replaced). ``cpu`` and ``memory`` are totals for one
+unit; left out they are 8 CPUs and 64Gi per GPU.
+
+Requests run on a GPU pool shared with production inference, so settings that reach outside
+the container are refused: ``privileged``, ``host_network``, ``host_pid``, ``host_ipc``,
+``allow_privilege_escalation``, ``capabilities.add`` and ``host_path`` volumes. Images must
+come from an allowed registry (``admission.allowed_registries``) and carry a version tag or a
+digest so a rerun runs the same code.
+
+Validation takes the admission limits through pydantic's validation context::
+
+    JobRequest.model_validate(data, context={"allowed_registries": [...], "max_gpus_per_job": 64})
+
+and falls back to the defaults of :class:`forecast.config.AdmissionConfig` without it.
+Files are read with :func:`load_request`, :func:`load_requests` and :func:`load_trace`; every
+problem is a :class:`SpecError` whose message reads ``<file>: <field.path>: <problem>; <fix>``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import itertools
+import math
+import re
+import string
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from forecast.config import AdmissionConfig
+from forecast.errors import PermanentError
+from scheduler.types import UnitSpec
+
+__all__ = [
+    "BUILTIN_PLACEHOLDERS",
+    "DEFAULT_CPU_PER_GPU",
+    "DEFAULT_MEMORY_GI_PER_GPU",
+    "Capabilities",
+    "Checkpoint",
+    "EmptyDir",
+    "JobKind",
+    "JobRequest",
+    "SpecError",
+    "StepSpec",
+    "TraceEntry",
+    "Volume",
+    "admission_context",
+    "check_image",
+    "expand_units",
+    "format_duration",
+    "load_request",
+    "load_requests",
+    "load_trace",
+    "parse_duration",
+    "parse_memory",
+    "render",
+    "scalar_text",
+    "validate_request",
+]
+
+
+class SpecError(PermanentError):
+    """A job request (or trace) file is invalid; the message names the file, field and fix."""
+
+
+JobKind = Literal["training", "sft", "rl", "eval", "datagen", "other"]
+KINDS: tuple[str, ...] = typing.get_args(JobKind)
+
+BUILTIN_PLACEHOLDERS: tuple[str, ...] = ("name", "team", "step", "member", "gpus", "output")
+"""Placeholders every template may use besides the parameters (``output`` not in ``output``)."""
+PARAM_ENV_PREFIX = "IDLEGPU_PARAM_"
+RESERVED_ENV_PREFIX = "IDLEGPU_"
+DEFAULT_CPU_PER_GPU = 8.0
+DEFAULT_MEMORY_GI_PER_GPU = 64
+MAX_SWEEP_MEMBERS = 256
+MAX_UNITS = 1024
+MAIN_STEP = "main"
+
+_DEFAULT_ADMISSION = AdmissionConfig()
+_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)([wdhms])")
+_DURATION_UNITS = {"w": 604800.0, "d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
+_MEMORY = re.compile(r"^(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|K|M|G|T|P|E)?$")
+_MEMORY_FACTORS = {
+    None: 1, "k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15,
+    "E": 10**18, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
+}
+_IMAGE_REPO = re.compile(
+    r"^[a-z0-9]+(?:[._-][a-z0-9]+)*(?::[0-9]+)?(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)+$"
+)
+_IMAGE_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+_IMAGE_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+_STORAGE_URI = re.compile(r"^[a-z][a-z0-9+.-]*://\S+$")
+_EXAMPLES = "see examples/jobs/ for valid requests"
+
+
+# --------------------------------------------------------------------------------------------
+# Scalar field types
+
+
+def parse_duration(value: Any) -> float:
+    """Seconds in ``value``: a number of seconds, or ``"90m"``, ``"36h"``, ``"2d"``, ``"1h30m"``.
+
+    Units: ``w`` weeks, ``d`` days, ``h`` hours, ``m`` minutes, ``s`` seconds. Raises
+    ``ValueError`` (with the fix in its message) for anything else or a duration <= 0.
+    """
+    fix = "use a duration such as 90m, 36h, 2d, 1h30m or a number of seconds"
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is not a duration; {fix}")  # noqa: TRY004 (pydantic)
+    if isinstance(value, int | float):
+        seconds = float(value)
+    elif isinstance(value, str):
+        text = value.strip().replace(" ", "")
+        if not text or _DURATION_PART.sub("", text) != "":
+            try:
+                seconds = float(text)
+            except ValueError:
+                raise ValueError(f"{value!r} is not a duration; {fix}") from None
+        else:
+            seconds = sum(
+                float(n) * _DURATION_UNITS[u] for n, u in _DURATION_PART.findall(text)
+            )
+    else:
+        raise ValueError(f"{value!r} is not a duration; {fix}")  # noqa: TRY004 (pydantic)
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError(f"{value!r} is not a positive duration; {fix}")
+    return seconds
+
+
+def format_duration(seconds: float) -> str:
+    """The shortest ``parse_duration`` text for ``seconds``, whole minutes when above an hour:
+    ``3600 -> "1h"``, ``5400 -> "1h30m"``, ``129600 -> "36h"``, ``90 -> "1m30s"``."""
+    total = round(seconds)
+    if total >= 3600:
+        total = round(seconds / 60) * 60
+    hours, rest = divmod(total, 3600)
+    minutes, secs = divmod(rest, 60)
+    parts = [(hours, "h"), (minutes, "m"), (secs, "s")]
+    return "".join(f"{n}{unit}" for n, unit in parts if n) or "0s"
+
+
+def parse_memory(value: Any) -> str:
+    """A Kubernetes memory quantity (``"64Gi"``, ``"512Mi"``, ``"1.5Ti"``, bytes as a number),
+    returned as text; ``ValueError`` with the fix for anything else."""
+    fix = "use a Kubernetes quantity such as 64Gi, 512Mi or 1Ti"
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    if not isinstance(value, str) or not _MEMORY.match(value.strip()):
+        raise ValueError(f"{value!r} is not a memory quantity; {fix}")
+    text = value.strip()
+    number, suffix = _MEMORY.match(text).groups()  # type: ignore[union-attr]
+    if float(number) * _MEMORY_FACTORS[suffix] < 2**20:
+        raise ValueError(f"{value!r} is less than 1Mi of memory; {fix}")
+    return text
+
+
+def _parse_cpu(value: Any) -> Any:
+    if isinstance(value, str) and re.fullmatch(r"\d+m", value.strip()):
+        return int(value.strip()[:-1]) / 1000
+    return value
+
+
+def _scalar(value: Any) -> str | int | float | bool:
+    if isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"{value!r} is not a finite number; use a plain number")
+        return value
+    what = "a list" if isinstance(value, list | tuple) else (
+        "a mapping" if isinstance(value, Mapping) else type(value).__name__
+    )
+    raise ValueError(
+        f"got {what} ({value!r}); use a string, a number or true/false (quote dates and paths)"
+    )
+
+
+def _env_value(value: Any) -> Any:
+    if isinstance(value, bool | int | float) and not isinstance(value, str):
+        return scalar_text(value)
+    return value
+
+
+def scalar_text(value: str | float | bool) -> str:
+    """How a parameter value is written into args and env: ``true``/``false``, ``3``,
+    ``0.0003``, strings as they are."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
+
+
+Scalar = Annotated[str | int | float | bool, PlainValidator(_scalar)]
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+"""Seconds; written in files as ``"36h"``, ``"90m"``, ``"2d"`` or a number of seconds."""
+Memory = Annotated[str, BeforeValidator(parse_memory)]
+Cpu = Annotated[float, BeforeValidator(_parse_cpu), Field(gt=0, allow_inf_nan=False)]
+EnvMap = dict[str, Annotated[str, BeforeValidator(_env_value)]]
+
+
+def _to_utc(value: datetime | None) -> datetime | None:
+    return None if value is None else value.astimezone(UTC)
+
+
+# --------------------------------------------------------------------------------------------
+# Sub-models
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Checkpoint(_Strict):
+    """How a job saves and resumes its work; only a checkpointing job can be preempted and
+    resumed later without losing everything since its start."""
+
+    enabled: bool = True
+    interval: Duration | None = None
+    """Seconds between checkpoints (``"30m"``); required when enabled."""
+    resume_args: list[str] = Field(default_factory=list)
+    """Arguments added when the job restarts after a preemption, templated like ``args``
+    (e.g. ``["--resume", "{output}/ckpt"]``)."""
+
+    @model_validator(mode="after")
+    def _interval_when_enabled(self) -> Checkpoint:
+        if self.enabled and self.interval is None:
+            raise PydanticCustomError(
+                "idlegpu_spec",
+                "{idlegpu_msg}",
+                {
+                    "idlegpu_msg": "required when checkpointing is enabled; set how often the "
+                    "job saves its state, e.g. interval: 30m",
+                    "idlegpu_field": "interval",
+                },
+            )
+        return self
+
+
+class Capabilities(_Strict):
+    """Linux capabilities of the container: dropping is fine, adding is refused."""
+
+    add: list[str] = Field(default_factory=list)
+    drop: list[str] = Field(default_factory=list)
+
+    @field_validator("add")
+    @classmethod
+    def _no_added_capabilities(cls, value: list[str]) -> list[str]:
+        if value:
+            raise ValueError(
+                f"adding Linux capabilities ({', '.join(map(str, value))}) is not allowed on the "
+                "shared inference pool; remove capabilities.add (capabilities.drop is fine)"
+            )
+        return value
+
+
+class EmptyDir(_Strict):
+    medium: Literal["", "Memory"] = ""
+    size_limit: Memory | None = None
+
+
+class Volume(_Strict):
+    """A volume mounted into the job's container: exactly one of ``persistent_volume_claim``
+    (claim name), ``config_map`` (name), ``secret`` (name) or ``empty_dir``."""
+
+    name: str = Field(max_length=63, pattern=_LABEL.pattern)
+    mount_path: str = Field(pattern=r"^/")
+    read_only: bool = False
+    persistent_volume_claim: str | None = None
+    config_map: str | None = None
+    secret: str | None = None
+    empty_dir: EmptyDir | None = None
+    host_path: Any = None
+    """Refused: a hostPath exposes the node's filesystem to the job."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bare_empty_dir(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and "empty_dir" in data and data["empty_dir"] is None:
+            return {**data, "empty_dir": {}}
+        return data
+
+    @field_validator("host_path")
+    @classmethod
+    def _no_host_path(cls, value: Any) -> Any:
+        if value is not None:
+            raise ValueError(
+                "hostPath volumes are not allowed (they expose the node's filesystem, shared with "
+                "production inference); use a persistent_volume_claim, or read and write "
+                "cloud storage"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Volume:
+        sources = [
+            s for s in ("persistent_volume_claim", "config_map", "secret", "empty_dir")
+            if getattr(self, s) is not None
+        ]
+        if len(sources) != 1:
+            got = ", ".join(sources) or "none"
+            raise ValueError(
+                f"a volume needs exactly one source (got {got}); set one of "
+                "persistent_volume_claim, config_map, secret or empty_dir"
+            )
+        return self
+
+
+# --------------------------------------------------------------------------------------------
+# Validators shared by jobs and steps
+
+
+def _admission(info: ValidationInfo) -> tuple[list[str], int]:
+    context = info.context if isinstance(info.context, Mapping) else {}
+    registries = context.get("allowed_registries", _DEFAULT_ADMISSION.allowed_registries)
+    max_gpus = context.get("max_gpus_per_job", _DEFAULT_ADMISSION.max_gpus_per_job)
+    return list(registries), int(max_gpus)
+
+
+def _registry_prefix(prefix: str) -> str:
+    # A bare host ("registry.example.com") must not also admit "registry.example.com.evil.io/".
+    return prefix if "/" in prefix else prefix + "/"
+
+
+def check_image(image: str, allowed_registries: Sequence[str]) -> str:
+    """``image`` if it is a registry-qualified reference from an allowed registry with a tag
+    (not ``latest``) or a digest; ``ValueError`` naming the fix otherwise."""
+    image = image.strip()
+    name, _, digest = image.partition("@")
+    slash, colon = name.rfind("/"), name.rfind(":")
+    repo, tag = (name[:colon], name[colon + 1:]) if colon > slash else (name, None)
+    if not _IMAGE_REPO.match(repo) or (tag is not None and not _IMAGE_TAG.match(tag)) or (
+        digest and not _IMAGE_DIGEST.match(digest)
+    ):
+        raise ValueError(
+            f"{image!r} is not a valid image reference; write registry/repository:tag, e.g. "
+            "registry.example.com/research/trainer:1.4.2 (lowercase, no spaces)"
+        )
+    prefixes = [_registry_prefix(p) for p in allowed_registries]
+    if not any(image.startswith(p) for p in prefixes):
+        allowed = ", ".join(prefixes) or "(none configured)"
+        raise ValueError(
+            f"image {image!r} is not from an allowed registry; push it to one of: {allowed} "
+            "(admission.allowed_registries)"
+        )
+    if not digest and tag is None:
+        raise ValueError(
+            f"image {image!r} has no tag; pin a version tag or digest (e.g. {repo}:1.0.0 or "
+            f"{repo}@sha256:...) so reruns use the same code"
+        )
+    if not digest and tag == "latest":
+        raise ValueError(
+            f"image {image!r} uses the moving tag 'latest'; pin a version tag or digest so "
+            "reruns use the same code"
+        )
+    return image
+
+
+def _check_gpus(value: int, info: ValidationInfo) -> int:
+    _, max_gpus = _admission(info)
+    if value < 1:
+        raise ValueError(
+            f"a job needs at least 1 GPU (got {value}); ask for 1 to {max_gpus} GPUs (CPU-only "
+            "work does not belong on the GPU pool)"
+        )
+    if value > max_gpus:
+        raise ValueError(
+            f"{value} GPUs is above this pool's limit of {max_gpus} per job; ask for at most "
+            f"{max_gpus} (split the work into steps or a sweep)"
+        )
+    return value
+
+
+def _check_parameter_names(names: Sequence[str], what: str) -> None:
+    for key in names:
+        if not _IDENT.match(key):
+            raise ValueError(
+                f"{what} name {key!r} is not usable as a placeholder; use letters, digits and "
+                "'_' (starting with a letter), e.g. learning_rate"
+            )
+        if key in BUILTIN_PLACEHOLDERS:
+            raise ValueError(
+                f"{what} name {key!r} is a built-in placeholder "
+                f"({', '.join(BUILTIN_PLACEHOLDERS)}); rename it"
+            )
+
+
+def _check_env(value: dict[str, str]) -> dict[str, str]:
+    for key in value:
+        if not _IDENT.match(key):
+            raise ValueError(
+                f"environment variable name {key!r} is invalid; use letters, digits and '_' "
+                "(not starting with a digit)"
+            )
+        if key.upper().startswith(RESERVED_ENV_PREFIX):
+            raise ValueError(
+                f"environment variable {key!r} uses the reserved prefix {RESERVED_ENV_PREFIX}; "
+                "rename it (parameters already arrive as IDLEGPU_PARAM_<NAME>)"
+            )
+    return value
+
+
+def _check_sweep(value: dict[str, list[Any]] | None) -> dict[str, list[Any]] | None:
+    if value is None:
+        return value
+    if not value:
+        raise ValueError("a sweep needs at least one parameter; list values, e.g. lr: [1e-5, 3e-5]")
+    _check_parameter_names(list(value), "sweep parameter")
+    points = 1
+    for key, values in value.items():
+        if not values:
+            raise ValueError(f"sweep parameter {key!r} has no values; list at least one")
+        texts = [scalar_text(v) for v in values]
+        dupes = sorted({t for t in texts if texts.count(t) > 1})
+        if dupes:
+            raise ValueError(
+                f"sweep parameter {key!r} repeats {', '.join(dupes)}; list each value once"
+            )
+        points *= len(values)
+    if points > MAX_SWEEP_MEMBERS:
+        raise ValueError(
+            f"the sweep has {points} grid points, above the limit of {MAX_SWEEP_MEMBERS}; "
+            "sweep fewer values or split the request"
+        )
+    return value
+
+
+def _check_output(value: str | None) -> str | None:
+    if value is not None and not _STORAGE_URI.match(value):
+        raise ValueError(
+            f"{value!r} is not a storage location; use a cloud storage URI such as "
+            "s3://bucket/{team}/{name}/{step}/{member}"
+        )
+    return value
+
+
+def _no_true(field: str, why: str) -> Any:
+    def check(cls: type, value: bool) -> bool:
+        if value:
+            raise ValueError(
+                f"true is not allowed on the shared inference pool ({why}); remove it or set "
+                "it to false"
+            )
+        return value
+
+    return field_validator(field)(classmethod(check))
+
+
+class _PodSettings(_Strict):
+    """Pod settings a job may not turn on; present so a request that asks gets a clear no."""
+
+    privileged: bool = False
+    host_network: bool = False
+    host_pid: bool = False
+    host_ipc: bool = False
+    allow_privilege_escalation: bool = False
+    capabilities: Capabilities | None = None
+
+    _privileged = _no_true("privileged", "a privileged container controls the node")
+    _host_network = _no_true(
+        "host_network", "the job would share the node's network with the inference servers"
+    )
+    _host_pid = _no_true("host_pid", "the job would see and signal the node's processes")
+    _host_ipc = _no_true("host_ipc", "the job would share the node's IPC namespace")
+    _escalation = _no_true(
+        "allow_privilege_escalation", "a process could gain more privileges than its parent"
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Steps and requests
+
+
+class StepSpec(_PodSettings):
+    """One step of a pipeline: runs after every member of the step before it has succeeded.
+
+    Every field but ``name`` and ``sweep`` overrides the job-level value of the same name;
+    ``parameters`` and ``env`` are merged into the job's, key by key.
+    """
+
+    name: str = Field(max_length=30, pattern=_LABEL.pattern)
+    """Lowercase letters, digits and ``-`` (part of the Kubernetes Job names)."""
+    kind: JobKind | None = None
+    image: str | None = None
+    command: list[str] | None = None
+    args: list[str] | None = None
+    parameters: dict[str, Scalar] = Field(default_factory=dict)
+    env: EnvMap = Field(default_factory=dict)
+    gpus: int | None = None
+    cpu: Cpu | None = None
+    memory: Memory | None = None
+    runtime_estimate: Duration | None = None
+    checkpoint: Checkpoint | None = None
+    priority: int | None = None
+    deadline: AwareDatetime | None = None
+    max_preemptions: int | None = Field(default=None, ge=0)
+    output: str | None = None
+    volumes: list[Volume] | None = None
+    sweep: dict[str, list[Scalar]] | None = None
+    """Fan the step out: one parallel member per point of the cartesian product of these
+    values (first key slowest, last key fastest)."""
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, value: str | None, info: ValidationInfo) -> str | None:
+        return None if value is None else check_image(value, _admission(info)[0])
+
+    @field_validator("gpus")
+    @classmethod
+    def _gpus(cls, value: int | None, info: ValidationInfo) -> int | None:
+        return None if value is None else _check_gpus(value, info)
+
+    @field_validator("parameters")
+    @classmethod
+    def _parameters(cls, value: dict[str, Any]) -> dict[str, Any]:
+        _check_parameter_names(list(value), "parameter")
+        return value
+
+    _env = field_validator("env")(classmethod(lambda cls, v: _check_env(v)))
+    _sweep = field_validator("sweep")(classmethod(lambda cls, v: _check_sweep(v)))
+    _output = field_validator("output")(classmethod(lambda cls, v: _check_output(v)))
+    _deadline = field_validator("deadline")(classmethod(lambda cls, v: _to_utc(v)))
+
+
+class JobRequest(_PodSettings):
+    """A job request file: one container image run as one step, or a pipeline of ``steps``."""
+
+    name: str = Field(max_length=50, pattern=_LABEL.pattern)
+    """Unique job name: lowercase letters, digits and ``-``, at most 50 characters."""
+    team: str = Field(max_length=63, pattern=_LABEL.pattern)
+    """The team whose fair share the job uses."""
+    kind: JobKind
+    """``training``, ``sft``, ``rl``, ``eval``, ``datagen`` or ``other`` (accounting)."""
+    description: str = ""
+    image: str | None = None
+    """``registry/repository:tag`` or ``@sha256:...`` from an allowed registry; required here
+    unless every step names its own."""
+    command: list[str] = Field(default_factory=list)
+    """Entry point; empty keeps the image's own."""
+    args: list[str] = Field(default_factory=list)
+    """Arguments, templated with ``{placeholders}``."""
+    parameters: dict[str, Scalar] = Field(default_factory=dict)
+    """Hyper-parameters, data and model paths: strings, numbers or booleans. Each one is
+    a placeholder and the environment variable ``IDLEGPU_PARAM_<NAME>``."""
+    env: EnvMap = Field(default_factory=dict)
+    """Extra environment variables; values are templated."""
+    gpus: int | None = None
+    """GPUs per unit, allocated together (gang); required here unless every step sets it."""
+    cpu: Cpu | None = None
+    """CPU cores per unit (``"500m"`` works too); default 8 per GPU."""
+    memory: Memory | None = None
+    """Memory per unit as a Kubernetes quantity (``"256Gi"``); default 64Gi per GPU."""
+    runtime_estimate: Duration | None = None
+    """Expected run time of each unit, in seconds (``"36h"``, ``"90m"``, ``"2d"``)."""
+    checkpoint: Checkpoint | None = None
+    """How the job checkpoints; without it the job must fit into one idle window whole."""
+    priority: int = 0
+    """Higher runs first."""
+    deadline: AwareDatetime | None = None
+    """Finish-by time, with its offset (``2025-11-03T09:00:00+09:00``); stored in UTC."""
+    max_preemptions: int | None = Field(default=None, ge=0)
+    """Stop preempting the job after this many preemptions (None: no limit)."""
+    output: str | None = None
+    """Storage location of the results, templated: ``s3://bucket/{team}/{name}/{step}/{member}``."""
+    volumes: list[Volume] = Field(default_factory=list)
+    sweep: dict[str, list[Scalar]] | None = None
+    """A sweep of the single step of a request without ``steps``."""
+    steps: list[StepSpec] | None = Field(default=None, min_length=1)
+    """Pipeline steps run in order; without them the request is one step named ``main``."""
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, value: str | None, info: ValidationInfo) -> str | None:
+        return None if value is None else check_image(value, _admission(info)[0])
+
+    @field_validator("gpus")
+    @classmethod
+    def _gpus(cls, value: int | None, info: ValidationInfo) -> int | None:
+        return None if value is None else _check_gpus(value, info)
+
+    @field_validator("parameters")
+    @classmethod
+    def _parameters(cls, value: dict[str, Any]) -> dict[str, Any]:
+        _check_parameter_names(list(value), "parameter")
+        return value
+
+    _env = field_validator("env")(classmethod(lambda cls, v: _check_env(v)))
+    _sweep = field_validator("sweep")(classmethod(lambda cls, v: _check_sweep(v)))
+    _output = field_validator("output")(classmethod(lambda cls, v: _check_output(v)))
+    _deadline = field_validator("deadline")(classmethod(lambda cls, v: _to_utc(v)))
+
+    @model_validator(mode="after")
+    def _request_is_consistent(self) -> JobRequest:
+        try:
+            _build_units(self)
+        except _RuleError as exc:
+            raise PydanticCustomError(
+                "idlegpu_spec",
+                "{idlegpu_msg}",
+                {"idlegpu_msg": exc.message, "idlegpu_field": exc.field},
+            ) from None
+        return self
+
+    @property
+    def step_names(self) -> list[str]:
+        return [s.name for s in self.steps] if self.steps else [MAIN_STEP]
+
+    def member_counts(self) -> dict[str, int]:
+        """Parallel members of each step (1 for a step without a sweep)."""
+        return {s.name: len(_grid(s.sweep)) for s in _resolve(self)}
+
+
+# --------------------------------------------------------------------------------------------
+# Expansion
+
+
+class _RuleError(Exception):
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+@dataclass(frozen=True)
+class _Step:
+    """One step with the job-level defaults applied; ``where`` maps a field to its path."""
+
+    index: int
+    name: str
+    kind: str
+    image: str | None
+    command: list[str]
+    args: list[str]
+    parameters: dict[str, Any]
+    env: dict[str, str]
+    gpus: int | None
+    cpu: float | None
+    memory: str | None
+    runtime: float | None
+    checkpoint: Checkpoint | None
+    priority: int
+    deadline: datetime | None
+    max_preemptions: int | None
+    output: str | None
+    sweep: dict[str, list[Any]] | None
+    where: dict[str, str]
+    env_where: dict[str, str]
+
+
+def _resolve(req: JobRequest) -> list[_Step]:
+    fields = (
+        "kind", "image", "command", "args", "gpus", "cpu", "memory", "runtime_estimate",
+        "checkpoint", "priority", "deadline", "max_preemptions", "output",
+    )
+    if not req.steps:
+        where = {f: f for f in (*fields, "parameters", "sweep")}
+        where["resume_args"] = "checkpoint.resume_args"
+        return [_Step(
+            0, MAIN_STEP, req.kind, req.image, list(req.command), list(req.args),
+            dict(req.parameters), dict(req.env), req.gpus, req.cpu, req.memory,
+            req.runtime_estimate, req.checkpoint, req.priority, req.deadline, req.max_preemptions,
+            req.output, req.sweep, where, {k: f"env.{k}" for k in req.env},
+        )]
+    steps = []
+    for i, step in enumerate(req.steps):
+        here = f"steps.{i}"
+        value: dict[str, Any] = {}
+        where: dict[str, str] = {}
+        for f in fields:
+            own = getattr(step, f)
+            value[f] = own if own is not None else getattr(req, f)
+            where[f] = f"{here}.{f}" if own is not None else f
+        where["resume_args"] = f"{where['checkpoint']}.resume_args"
+        where["parameters"] = f"{here}.parameters"
+        where["sweep"] = f"{here}.sweep"
+        steps.append(_Step(
+            i, step.name, value["kind"], value["image"], list(value["command"]),
+            list(value["args"]), {**req.parameters, **step.parameters}, {**req.env, **step.env},
+            value["gpus"], value["cpu"], value["memory"], value["runtime_estimate"],
+            value["checkpoint"], value["priority"], value["deadline"], value["max_preemptions"],
+            value["output"], step.sweep, where,
+            {k: f"{here}.env.{k}" if k in step.env else f"env.{k}"
+             for k in {**req.env, **step.env}},
+        ))
+    return steps
+
+
+def _grid(sweep: dict[str, list[Any]] | None) -> list[dict[str, Any]]:
+    if not sweep:
+        return [{}]
+    keys = list(sweep)
+    return [dict(zip(keys, point, strict=True)) for point in itertools.product(*sweep.values())]
+
+
+_FORMATTER = string.Formatter()
+
+
+def render(template: str, values: Mapping[str, str]) -> str:
+    """``template`` with its ``{placeholders}`` filled from ``values`` (``{{``/``}}`` are
+    literal braces); ``ValueError`` naming an unknown placeholder and the known ones."""
+    known = ", ".join(sorted(values))
+    try:
+        pieces = list(_FORMATTER.parse(template))
+    except ValueError as exc:
+        raise ValueError(
+            f"{template!r} has unbalanced braces ({exc}); write {{{{ and }}}} for literal braces"
+        ) from None
+    out = []
+    for literal, field, spec, conversion in pieces:
+        out.append(literal)
+        if field is None:
+            continue
+        if spec or conversion or not _IDENT.match(field):
+            raise ValueError(
+                f"placeholder {{{field}{'!' + conversion if conversion else ''}"
+                f"{':' + spec if spec else ''}}} is not supported; write a bare name such as "
+                f"{{lr}} (known: {known})"
+            )
+        if field not in values:
+            raise ValueError(
+                f"unknown placeholder {{{field}}}; use one of: {known} (add it to parameters "
+                "or the sweep, or write {{ and }} for literal braces)"
+            )
+        out.append(values[field])
+    return "".join(out)
+
+
+def _render_one(template: str, values: Mapping[str, str], where: str, step: _Step,
+                req: JobRequest) -> str:
+    try:
+        return render(template, values)
+    except ValueError as exc:
+        raise _RuleError(where, _in_step(exc, where, step, req)) from None
+
+
+def _render_all(templates: Sequence[str], values: Mapping[str, str], where: str, step: _Step,
+                req: JobRequest) -> tuple[str, ...]:
+    return tuple(
+        _render_one(t, values, f"{where}.{i}", step, req) for i, t in enumerate(templates)
+    )
+
+
+def _in_step(exc: ValueError, where: str, step: _Step, req: JobRequest) -> str:
+    inherited = req.steps and not where.startswith("steps.")
+    return f"in step {step.name!r}: {exc}" if inherited else str(exc)
+
+
+def _build_units(req: JobRequest) -> list[UnitSpec]:
+    steps = _resolve(req)
+    names = [s.name for s in steps]
+    for i, name in enumerate(names):
+        if names.index(name) != i:
+            raise _RuleError(f"steps.{i}.name", f"step name {name!r} is used twice; rename one")
+    if req.steps and req.sweep is not None:
+        raise _RuleError(
+            "sweep", "a request with steps sweeps inside a step; move it to steps[i].sweep"
+        )
+    for step in steps:
+        for f, label in (("image", "an image"), ("gpus", "a GPU count")):
+            if getattr(step, f) is None:
+                example = "registry.example.com/team/app:1.0" if f == "image" else "8"
+                fix = (
+                    f"set {f} at the job level or in step {step.name!r}" if req.steps
+                    else f"set {f} (e.g. {example})"
+                )
+                raise _RuleError(f, f"required field is missing: every unit needs {label}; {fix}")
+
+    units: list[UnitSpec] = []
+    outputs: dict[str, tuple[str, int]] = {}
+    previous: tuple[tuple[int, int], ...] = ()
+    for step in steps:
+        members = _grid(step.sweep)
+        swept = step.sweep or {}
+        base = {k: v for k, v in step.parameters.items() if k not in swept}
+        upper: dict[str, str] = {}
+        for key in (*base, *swept):
+            other = upper.setdefault(key.upper(), key)
+            if other != key:
+                raise _RuleError(
+                    step.where["parameters"],
+                    f"parameters {other!r} and {key!r} both become {PARAM_ENV_PREFIX}"
+                    f"{key.upper()}; rename one",
+                )
+        gpus = int(step.gpus)  # type: ignore[arg-type]
+        checkpointable = step.checkpoint is not None and step.checkpoint.enabled
+        this_step: list[tuple[int, int]] = []
+        for member, point in enumerate(members):
+            params = {**base, **point}
+            values = {k: scalar_text(v) for k, v in params.items()}
+            values.update(
+                name=req.name, team=req.team, step=step.name, member=str(member), gpus=str(gpus)
+            )
+            output = None
+            if step.output is not None:
+                output = _render_one(step.output, values, step.where["output"], step, req)
+                if output in outputs:
+                    first_step, first_member = outputs[output]
+                    raise _RuleError(
+                        step.where["output"],
+                        f"units {first_step}/{first_member} and {step.name}/{member} would both "
+                        f"write to {output}; put {{step}} and {{member}} (or the swept "
+                        "parameters) into the output path",
+                    )
+                outputs[output] = (step.name, member)
+                values["output"] = output
+            args = _render_all(step.args, values, step.where["args"], step, req)
+            env_user = {
+                key: _render_one(text, values, step.env_where[key], step, req)
+                for key, text in step.env.items()
+            }
+            resume: tuple[str, ...] = ()
+            if checkpointable:
+                resume = _render_all(
+                    step.checkpoint.resume_args, values, step.where["resume_args"], step, req  # type: ignore[union-attr]
+                )
+            env = list(env_user.items())
+            env += [
+                ("IDLEGPU_JOB", req.name), ("IDLEGPU_TEAM", req.team),
+                ("IDLEGPU_STEP", step.name), ("IDLEGPU_MEMBER", str(member)),
+                ("IDLEGPU_GPUS", str(gpus)),
+            ]
+            if output is not None:
+                env.append(("IDLEGPU_OUTPUT", output))
+            env += [(PARAM_ENV_PREFIX + k.upper(), scalar_text(params[k])) for k in sorted(params)]
+            units.append(UnitSpec(
+                step=step.name,
+                step_index=step.index,
+                member=member,
+                image=step.image,  # type: ignore[arg-type]
+                command=tuple(step.command),
+                args=args,
+                env=tuple(env),
+                parameters=tuple((k, scalar_text(params[k])) for k in sorted(params)),
+                gpus=gpus,
+                cpu=float(step.cpu) if step.cpu is not None else DEFAULT_CPU_PER_GPU * gpus,
+                memory=step.memory or f"{DEFAULT_MEMORY_GI_PER_GPU * gpus}Gi",
+                runtime_estimate_s=step.runtime,
+                checkpointable=checkpointable,
+                checkpoint_interval_s=step.checkpoint.interval if checkpointable else None,  # type: ignore[union-attr]
+                resume_args=resume,
+                priority=step.priority,
+                deadline=step.deadline,
+                max_preemptions=step.max_preemptions,
+                output=output,
+                depends_on=previous,
+                kind=step.kind,
+            ))
+            this_step.append((step.index, member))
+            if len(units) > MAX_UNITS:
+                raise _RuleError(
+                    "steps" if req.steps else "sweep",
+                    f"the request expands to more than {MAX_UNITS} units; sweep fewer values "
+                    "or split it into several requests",
+                )
+        previous = tuple(this_step)
+    return units
+
+
+def expand_units(request: JobRequest) -> list[UnitSpec]:
+    """The runnable units of ``request``: one per step and sweep member, in pipeline order.
+
+    Members of a step are numbered along the sweep grid (first key slowest); each unit of step
+    ``i > 0`` depends on every member of step ``i - 1``. Templates are filled, parameters are
+    added to the environment as ``IDLEGPU_PARAM_<NAME>`` (next to ``IDLEGPU_JOB``,
+    ``IDLEGPU_TEAM``, ``IDLEGPU_STEP``, ``IDLEGPU_MEMBER``, ``IDLEGPU_GPUS`` and
+    ``IDLEGPU_OUTPUT``), durations are seconds and times UTC.
+    """
+    try:
+        return _build_units(request)
+    except _RuleError as exc:  # only reachable for a request built without validation
+        raise SpecError(f"{request.name}: {exc.field}: {exc.message}") from None
+
+
+# --------------------------------------------------------------------------------------------
+# Trace entries (simulation input)
+
+
+def _parse_actual_runtime(value: Any) -> float | dict[str, float | list[float]]:
+    if not isinstance(value, Mapping):
+        return parse_duration(value)
+    parsed: dict[str, float | list[float]] = {}
+    for step, item in value.items():
+        try:
+            parsed[str(step)] = (
+                [parse_duration(v) for v in item] if isinstance(item, list)
+                else parse_duration(item)
+            )
+        except ValueError as exc:
+            raise ValueError(f"step {step}: {exc}") from None
+    return parsed
+
+
+class TraceEntry(_Strict):
+    """One submission of a simulated job trace: when it arrives, the work it really needs, and
+    the request itself. In a trace file the request's fields sit next to ``submit_at`` and
+    ``actual_runtime`` in one mapping."""
+
+    submit_at: AwareDatetime
+    """When the request is submitted (stored in UTC)."""
+    actual_runtime: Annotated[
+        float | dict[str, float | list[float]], PlainValidator(_parse_actual_runtime)
+    ]
+    """Seconds of work each unit really needs (unknown to the scheduler): one duration for
+    every unit, or one per step name, or per step a list with one duration per sweep member."""
+    request: JobRequest
+
+    _submit = field_validator("submit_at")(classmethod(lambda cls, v: _to_utc(v)))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flat_file_layout(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and "request" not in data:
+            rest = {k: v for k, v in data.items() if k not in ("submit_at", "actual_runtime")}
+            data = {k: data[k] for k in ("submit_at", "actual_runtime") if k in data}
+            data["request"] = rest
+        return data
+
+    @model_validator(mode="after")
+    def _runtimes_cover_the_units(self) -> TraceEntry:
+        if isinstance(self.actual_runtime, dict):
+            counts = self.request.member_counts()
+            missing = [s for s in counts if s not in self.actual_runtime]
+            unknown = [s for s in self.actual_runtime if s not in counts]
+            if missing or unknown:
+                raise _custom(
+                    "actual_runtime",
+                    f"steps {', '.join(counts)} need a runtime each (missing: "
+                    f"{', '.join(missing) or 'none'}; unknown: {', '.join(unknown) or 'none'}); "
+                    "give one duration per step name",
+                )
+            for step, value in self.actual_runtime.items():
+                if isinstance(value, list) and len(value) != counts[step]:
+                    raise _custom(
+                        f"actual_runtime.{step}",
+                        f"{len(value)} durations for {counts[step]} sweep members; give one per "
+                        "member, or a single duration for all",
+                    )
+        return self
+
+    def actual_runtime_s(self, step: str, member: int = 0) -> float:
+        """Seconds of work the unit ``(step, member)`` really needs."""
+        value = self.actual_runtime
+        if isinstance(value, dict):
+            value = value[step]
+        if isinstance(value, list):
+            value = value[member]
+        return float(value)
+
+    def units(self) -> list[UnitSpec]:
+        return expand_units(self.request)
+
+    @property
+    def gpu_hours(self) -> float:
+        """GPU-hours of work of the whole request (GPUs x actual runtime over all units)."""
+        return sum(u.gpus * self.actual_runtime_s(u.step, u.member) for u in self.units()) / 3600
+
+
+def _custom(field: str, message: str) -> PydanticCustomError:
+    return PydanticCustomError(
+        "idlegpu_spec", "{idlegpu_msg}", {"idlegpu_msg": message, "idlegpu_field": field}
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Loading and error messages
+
+
+def admission_context(admission: AdmissionConfig | None = None) -> dict[str, Any]:
+    """The validation context carrying ``admission``'s limits (defaults when None)."""
+    admission = admission or _DEFAULT_ADMISSION
+    return {
+        "allowed_registries": list(admission.allowed_registries),
+        "max_gpus_per_job": admission.max_gpus_per_job,
+    }
+
+
+_HINTS = {
+    "gpus": "use a whole number of GPUs from 1 to {max_gpus}",
+    "cpu": "use a number of CPU cores such as 8, 0.5 or 500m",
+    "memory": "use a Kubernetes quantity such as 64Gi",
+    "runtime_estimate": "use a duration such as 90m, 36h or 2d",
+    "interval": "use a duration such as 30m",
+    "actual_runtime": "use a duration such as 90m, 36h or 2d, or one per step",
+    "deadline": "write an ISO 8601 time with its offset, e.g. 2025-11-03T09:00:00+09:00",
+    "submit_at": "write an ISO 8601 time with its offset, e.g. 2025-11-03T09:00:00+09:00",
+    "name": "use lowercase letters, digits and '-' (start and end with a letter or digit)",
+    "team": "use lowercase letters, digits and '-', e.g. alignment",
+    "kind": "use one of " + ", ".join(KINDS),
+    "priority": "use a whole number (higher runs first)",
+    "max_preemptions": "use a whole number >= 0, or leave it out",
+    "command": "use a list of strings, e.g. [python, train.py]",
+    "args": "use a list of strings, e.g. [--lr, '{lr}']",
+    "resume_args": "use a list of strings, e.g. [--resume, '{output}/ckpt']",
+    "parameters": "use a mapping of names to strings, numbers or true/false",
+    "sweep": "use a mapping of parameter names to lists of values",
+    "env": "use a mapping of variable names to strings",
+    "steps": "use a list of steps, each with a name",
+    "volumes": "use a list of volumes, each with name, mount_path and one source",
+    "mount_path": "use an absolute path such as /data",
+}
+_BOOLEANS = {
+    "enabled", "read_only", "privileged", "host_network", "host_pid", "host_ipc",
+    "allow_privilege_escalation",
+}
+
+
+def _fields_at(root: type[BaseModel], loc: Sequence[Any]) -> list[str]:
+    """Field names of the model reached by following ``loc`` from ``root`` (best effort)."""
+    current: type[BaseModel] | None = root
+    for part in loc:
+        if current is None:
+            return []
+        if isinstance(part, int) or part not in current.model_fields:
+            continue
+        current = _model_in(current.model_fields[part].annotation)
+    return list(current.model_fields) if current is not None else []
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is not None:
+        for arg in typing.get_args(annotation):
+            found = _model_in(arg)
+            if found is not None:
+                return found
+    return None
+
+
+def _describe(err: Mapping[str, Any], root: type[BaseModel], prefix: Sequence[Any],
+              max_gpus: int) -> str:
+    loc = list(err["loc"])
+    ctx = err.get("ctx") or {}
+    if err["type"] == "idlegpu_spec":
+        loc += ctx["idlegpu_field"].split(".") if ctx.get("idlegpu_field") else []
+        problem = ctx["idlegpu_msg"]
+    elif err["type"] == "extra_forbidden":
+        known = _fields_at(root, loc[:-1])
+        close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.6)
+        fix = f"did you mean {close[0]!r}?" if close else (
+            f"remove it or use one of: {', '.join(known)}" if known else "remove it"
+        )
+        problem = f"unknown field; {fix}"
+    elif err["type"] == "missing":
+        problem = f"required field is missing; add it ({_EXAMPLES})"
+    else:
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "value_error":
+            problem = msg
+        else:
+            got = err.get("input")
+            shown = "" if isinstance(got, Mapping | list) else f" (got {got!r})"
+            names = [p for p in loc if isinstance(p, str) and (p in _HINTS or p in _BOOLEANS)]
+            last = names[-1] if names else None
+            hint = (
+                "use true or false" if last in _BOOLEANS
+                else _HINTS.get(last, _EXAMPLES).format(max_gpus=max_gpus) if last else _EXAMPLES
+            )
+            if err["type"] == "timezone_aware":
+                msg = "the time has no time zone"
+                hint = "add its offset, e.g. 2025-11-03T09:00:00+09:00 (or Z for UTC)"
+            problem = f"{msg}{shown}; {hint}"
+    where = ".".join(str(p) for p in (*prefix, *loc)) or "(top level)"
+    return f"{where}: {problem}"
+
+
+def _format(exc: ValidationError, root: type[BaseModel], prefix: Sequence[Any] = (),
+            context: Mapping[str, Any] | None = None, limit: int = 5) -> str:
+    """Every problem of ``exc`` on one line: ``field.path: problem; fix | ...``."""
+    max_gpus = int((context or {}).get("max_gpus_per_job", _DEFAULT_ADMISSION.max_gpus_per_job))
+    errors = exc.errors()
+    parts = []
+    for err in errors[:limit]:
+        loc, model = tuple(err["loc"]), root
+        if root is TraceEntry and loc[:1] == ("request",):
+            # In a trace file the request's fields sit next to submit_at: no "request" level.
+            loc, model = loc[1:], JobRequest
+        parts.append(_describe({**err, "loc": loc}, model, prefix, max_gpus))
+    if len(errors) > limit:
+        parts.append(f"and {len(errors) - limit} more problem(s)")
+    return " | ".join(parts).replace("\n", " ")
+
+
+def validate_request(data: Any, admission: AdmissionConfig | None = None, *,
+                     source: str = "request") -> JobRequest:
+    """``data`` (a mapping, e.g. parsed YAML or an API body) as a validated ``JobRequest``;
+    ``SpecError("<source>: <field>: <problem>; <fix>")`` when it is not one."""
+    return _validate(JobRequest, data, admission, source, ())
+
+
+def _validate(model: type[BaseModel], data: Any, admission: AdmissionConfig | None, source: str,
+              prefix: Sequence[Any]) -> Any:
+    context = admission_context(admission)
+    where = ".".join(str(p) for p in prefix)
+    if not isinstance(data, Mapping):
+        at = f"{where}: " if where else ""
+        raise SpecError(
+            f"{source}: {at}expected a mapping of request fields, got {type(data).__name__}; "
+            f"{_EXAMPLES}"
+        )
+    try:
+        return model.model_validate(dict(data), context=context)
+    except ValidationError as exc:
+        raise SpecError(f"{source}: {_format(exc, model, prefix, context)}") from None
+
+
+def _read_yaml(path: str | Path) -> Any:
+    file = Path(path)
+    if not file.is_file():
+        raise SpecError(f"{file}: file not found; check the path (examples in examples/jobs/)")
+    try:
+        text = file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(f"{file}: cannot read the file ({exc}); save it as UTF-8 text") from exc
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise SpecError(
+            f"{file}: invalid YAML{at}: {problem}; check the indentation and quoting there "
+            "(quote values containing ': ' or starting with '{')".replace("\n", " ")
+        ) from exc
+
+
+def load_request(path: str | Path, admission: AdmissionConfig | None = None) -> JobRequest:
+    """The one job request in the YAML file ``path``, validated against ``admission``."""
+    data = _read_yaml(path)
+    if isinstance(data, Mapping) and set(data) == {"jobs"}:
+        raise SpecError(
+            f"{path}: jobs: the file holds a list of requests; submit one request per file "
+            "or load the list with load_requests"
+        )
+    return _validate(JobRequest, data, admission, str(path), ())
+
+
+def load_requests(path: str | Path, admission: AdmissionConfig | None = None) -> list[JobRequest]:
+    """The requests in ``path``: one request, or a list of them under ``jobs:``; job names must
+    be unique."""
+    data = _read_yaml(path)
+    if not (isinstance(data, Mapping) and "jobs" in data):
+        return [_validate(JobRequest, data, admission, str(path), ())]
+    jobs = data["jobs"]
+    extra = sorted(set(data) - {"jobs"})
+    if extra:
+        raise SpecError(
+            f"{path}: {extra[0]}: unknown top-level field next to jobs; move it into a job or "
+            "remove it"
+        )
+    if not isinstance(jobs, list) or not jobs:
+        raise SpecError(f"{path}: jobs: expected a non-empty list of requests; {_EXAMPLES}")
+    requests = [
+        _validate(JobRequest, job, admission, str(path), ("jobs", i)) for i, job in enumerate(jobs)
+    ]
+    _unique_names([r.name for r in requests], path)
+    return requests
+
+
+def load_trace(path: str | Path, admission: AdmissionConfig | None = None) -> list[TraceEntry]:
+    """A simulation trace: ``jobs:``, each a request plus ``submit_at`` and ``actual_runtime``;
+    returned in submission order (ties keep the file's order)."""
+    data = _read_yaml(path)
+    if not isinstance(data, Mapping) or not isinstance(data.get("jobs"), list):
+        raise SpecError(
+            f"{path}: jobs: a trace file needs a top-level 'jobs:' list of entries; see "
+            "data/sample/jobs.yaml"
+        )
+    entries = [
+        _validate(TraceEntry, job, admission, str(path), ("jobs", i))
+        for i, job in enumerate(data["jobs"])
+    ]
+    _unique_names([e.request.name for e in entries], path)
+    return sorted(entries, key=lambda e: e.submit_at)
+
+
+def _unique_names(names: list[str], path: str | Path) -> None:
+    seen: dict[str, int] = {}
+    for i, name in enumerate(names):
+        if name in seen:
+            raise SpecError(
+                f"{path}: jobs.{i}.name: {name!r} is already the name of jobs.{seen[name]}; "
+                "give every job a unique name"
+            )
+        seen[name] = i
