@@ -460,6 +460,8 @@ def simulate(
     history: HistoryOption,
     jobs: Annotated[Path, typer.Option(help="Job trace (YAML), e.g. data/sample/jobs.yaml.")],
     config: ConfigOption = DEFAULT_CONFIG,
+    runs: Annotated[Optional[Path], typer.Option(
+        help="Past runs for runtime estimates, e.g. data/sample/runs.csv.")] = None,
     policies: Annotated[str, typer.Option(help="Comma-separated policies.")] = (
         "night,reactive,forecast,oracle"
     ),
@@ -495,7 +497,7 @@ def simulate(
     settings = load_config(config)
     frame = read_history(history)
     entries = load_trace(jobs, settings.admission)
-    sim_jobs = trace_jobs(entries, _planning_estimate(settings))
+    sim_jobs = trace_jobs(entries, _planning_estimate(settings, runs))
     first, last = frame["ds"].min(), frame["ds"].max()
     start = max(first + pd.Timedelta(days=warmup_days), min(j.submit_at for j in sim_jobs))
     start = pd.Timestamp(start).ceil("h")
@@ -531,7 +533,7 @@ def simulate(
     table = pd.DataFrame(rows).T
     table.index.name = "policy"
     table.to_csv(out / "policies.csv", float_format="%.4g")
-    curves = pd.concat(cumulative, axis=1).sort_index().ffill().fillna(0)
+    curves = pd.concat(cumulative, axis=1, sort=True).ffill().fillna(0)
     chart = plots.policy_chart(
         table, curves, out / "policies.png",
         title=f"{settings.pool.name}: {len(sim_jobs)} job units, "
@@ -548,17 +550,153 @@ def simulate(
     console.print(f"tables: {out / 'policies.csv'}, runs_<policy>.csv; chart: {chart}")
 
 
-def _planning_estimate(settings):
-    """Seconds the admitter plans a unit with: the runtime model when it has history, else the
-    user's estimate times the safety factor, else a 4-hour guess."""
-    factor = settings.admission.runtime_safety_factor
+def _planning_estimate(settings, runs: Path | None = None):
+    """Seconds the admitter plans a unit with: the runtime estimator (past runs of the same
+    family at the configured quantile, a model on parameters, the user's estimate times the
+    safety factor, else a 4-hour guess)."""
+    from scheduler.runtime import RuntimeEstimator, load_runs
 
-    def estimate(unit) -> float:
-        if unit.runtime_estimate_s:
-            return unit.runtime_estimate_s * factor
-        return 4 * 3600.0
+    estimator = RuntimeEstimator.from_config(load_runs(runs) if runs else None, settings.admission)
+    return lambda unit: estimator.estimate(unit).seconds
 
-    return estimate
+
+StoreOption = Annotated[
+    Optional[str],
+    typer.Option("--store", help="Job store URL (default: store.url of the config, else "
+                 "sqlite:///idlegpu.db; IDLEGPU_STORE__URL overrides).")
+]
+OptionalConfig = Annotated[
+    Optional[Path],
+    typer.Option("--config", "-c", help="Pool configuration (default: ./idlegpu.yaml if present).",
+                 envvar="IDLEGPU_CONFIG"),
+]
+
+
+def _store_url(settings, store: str | None) -> str:
+    from forecast.config import StoreConfig
+
+    return store or (settings.store.url if settings is not None else StoreConfig().url)
+
+
+def _now(now: str | None) -> datetime:
+    return parse_time(now, name="--now") if now else datetime.now(timezone.utc)
+
+
+@app.command(short_help="Queue a job request file.")
+def submit(
+    file: Annotated[Path, typer.Argument(help="Job request, YAML (see examples/jobs/).")],
+    config: OptionalConfig = None,
+    store: StoreOption = None,
+    idempotency_key: Annotated[Optional[str], typer.Option(
+        "--idempotency-key", help="Submitting again with the same key returns the first "
+        "submission.")] = None,
+    now: NowOption = None,
+) -> None:
+    """Validate a job request, expand it into units (pipeline steps x sweep members) and queue
+    them in the job store."""
+    from scheduler.adapters.store import JobStore
+    from scheduler.specs import expand_units, load_request
+
+    settings = _optional_config(config)
+    request = load_request(file, settings.admission if settings is not None else None)
+    units = expand_units(request)
+    when = _now(now)
+    with JobStore(_store_url(settings, store)) as job_store:
+        earlier = job_store.request_for_key(idempotency_key) if idempotency_key else None
+        request_id = job_store.submit(
+            request.name, request.team, request.kind, request.model_dump(mode="json"), units,
+            when, idempotency_key=idempotency_key,
+        )
+    if earlier is not None:
+        console.print(f"{request.name} was already submitted as {request_id} "
+                      "(same --idempotency-key); nothing queued")
+        return
+    steps = len({u.step_index for u in units})
+    console.print(
+        f"queued {request.name} ({request.team}, {request.kind}) as {request_id}: "
+        f"{len(units)} unit(s) in {steps} step(s), up to {max(u.gpus for u in units)} GPUs each; "
+        f"`idlegpu queue` shows them, `idlegpu cancel {request_id}` withdraws them"
+    )
+
+
+@app.command(short_help="The job queue: units, states and runtime estimates.")
+def queue(
+    config: OptionalConfig = None,
+    store: StoreOption = None,
+    all_units: Annotated[bool, typer.Option(
+        "--all", help="Also show succeeded, failed and cancelled units.")] = False,
+    runs: Annotated[Optional[Path], typer.Option(
+        "--runs", help="Past runs for runtime estimates (e.g. data/sample/runs.csv).")] = None,
+) -> None:
+    """List the job units in the store, oldest first, with the runtime admission plans with."""
+    from rich.table import Table
+
+    from forecast.config import AdmissionConfig
+    from scheduler.adapters.store import JobStore
+    from scheduler.runtime import RuntimeEstimator, load_runs
+    from scheduler.specs import format_duration
+
+    settings = _optional_config(config)
+    admission = settings.admission if settings is not None else AdmissionConfig()
+    tz = settings.pool.tz if settings is not None else timezone.utc
+    estimator = RuntimeEstimator.from_config(load_runs(runs) if runs else None, admission)
+    with JobStore(_store_url(settings, store)) as job_store:
+        rows = job_store.queue(include_terminal=all_units)
+    if not rows:
+        console.print("the queue is empty" + ("" if all_units else " (--all shows ended units)"))
+        return
+    table = Table(title=f"job queue ({len(rows)} unit(s))", title_justify="left")
+    for column, justify in (("unit", "left"), ("team", "left"), ("step", "left"),
+                            ("GPUs", "right"), ("state", "left"), ("tries", "right"),
+                            ("done", "right"), ("estimate", "right"), ("submitted", "left")):
+        table.add_column(column, justify=justify)
+    for row in rows:
+        estimate = estimator.estimate(row.spec)
+        state = row.state.value
+        if row.cancel_requested_at is not None and row.state.holds_gpus():
+            state += " (stopping)"
+        elif row.state.is_terminal() and row.reason:
+            state += f": {row.reason}"
+        table.add_row(
+            row.id, row.team, f"{row.step}[{row.member}]" if row.member else row.step,
+            str(row.gpus), state, f"{row.attempts}/{row.preemptions}",
+            format_duration(row.work_done_s) if row.work_done_s else "",
+            f"{format_duration(estimate.seconds)} ({estimate.source})",
+            row.submitted_at.astimezone(tz).strftime("%Y-%m-%d %H:%M"),
+        )
+    console.print(table)
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[row.state.value] = counts.get(row.state.value, 0) + 1
+    console.print(", ".join(f"{n} {s}" for s, n in counts.items())
+                  + "; tries = admissions/preemptions; estimate source: history, model, user, "
+                    "default (a guess)")
+
+
+@app.command(short_help="Cancel a job request or a unit.")
+def cancel(
+    job_id: Annotated[str, typer.Argument(
+        help="Request id, or unit id (units depending on it go too).")],
+    config: OptionalConfig = None,
+    store: StoreOption = None,
+    reason: Annotated[str, typer.Option(help="Recorded with the cancel.")] = "cancelled by user",
+    now: NowOption = None,
+) -> None:
+    """Cancel queued units at once; running units are marked and stopped by the admission
+    daemon at its next pass (they checkpoint if they can)."""
+    from scheduler.adapters.store import JobStore
+
+    settings = _optional_config(config)
+    with JobStore(_store_url(settings, store)) as job_store:
+        result = job_store.cancel(job_id, _now(now), reason=reason)
+    if result.cancelled:
+        console.print(f"cancelled {len(result.cancelled)} queued unit(s): "
+                      + ", ".join(result.cancelled))
+    if result.to_stop:
+        console.print(f"{len(result.to_stop)} unit(s) hold GPUs and will be stopped by the "
+                      "admission daemon: " + ", ".join(result.to_stop))
+    if not result.cancelled and not result.to_stop:
+        console.print(f"nothing to cancel: every unit of {job_id} has already ended")
 
 
 @app.command(short_help="Pull the pool's history from Prometheus.")

@@ -120,7 +120,6 @@ class _PoolTimeline:
         self.service_gpus = usage.loc[self.index, IN_USE].to_numpy()
         self.free_all = usage[FREE].to_numpy()  # for the oracle: the actual future
         self.offset = int(usage.index.get_loc(self.index[0]))
-        metric = history[UNIQUE_ID].str.rpartition("/")[2]
         wide = history.pivot(index=DS, columns=UNIQUE_ID, values=Y).reindex(usage.index).ffill()
         kv_cols = [c for c in wide.columns if c.endswith("/" + KV_CACHE_USAGE)]
         self.kv = wide[kv_cols].max(axis=1).loc[self.index].fillna(0).to_numpy() if kv_cols else \
@@ -134,7 +133,6 @@ class _PoolTimeline:
             self.waiting = self.waiting.to_numpy()
         else:
             self.waiting = np.zeros(len(self.index))
-        del metric
         self.step_s = int(self.step.total_seconds())
         self.free_gpu_hours = float(usage.loc[self.index, FREE].sum() * self.step_s / 3600)
 
@@ -174,49 +172,62 @@ def simulate(
         forecast_profiles = forecast_profiles_for(history, settings, pool.index, refresh_hour,
                                                   horizon)
 
+    arrivals = iter(pending)
+    upcoming = next(arrivals, None)
+    live: list[_Job] = []  # arrived and not finished
+    step = timedelta(seconds=step_s)
     for k, now in enumerate(pool.index):
         now = now.to_pydatetime()
-        step = timedelta(seconds=step_s)
+        while upcoming is not None and upcoming.spec.submit_at <= now:
+            live.append(upcoming)
+            upcoming = next(arrivals, None)
         # 1. progress, checkpoints, completions, releases
-        for job in state.values():
-            if job.running and job.releasing_until is None:
+        finished = False
+        for job in live:
+            if not job.running:
+                continue
+            if job.releasing_until is None:
                 job.progress_s += step_s
                 if job.saved_s + job.progress_s >= job.spec.work_s:
                     job.saved_s, job.progress_s = job.spec.work_s, 0.0
                     job.running, job.finished_at = False, now
+                    finished = True
                     runs.close(job, now, "finished", 0.0)
-                    usage_log.append((now, job.spec.team, job.spec.gpus * (now - job.started_at).total_seconds() / 3600))
+                    usage_log.append((now, job.spec.team, job.spec.gpus
+                                      * (now - job.started_at).total_seconds() / 3600))
                 elif job.spec.checkpointable and job.last_checkpoint_at is not None and (
                     now - job.last_checkpoint_at
                 ).total_seconds() >= job.spec.checkpoint_interval_s:
                     job.saved_s += job.progress_s
                     job.progress_s = 0.0
                     job.last_checkpoint_at = now
-            elif job.running and job.releasing_until is not None and now >= job.releasing_until:
+            elif now >= job.releasing_until:
                 job.running, job.releasing_until = False, None
+        if finished:
+            live = [j for j in live if j.finished_at is None]
         # 2. the service takes what it needs; evictions if jobs are in the way
-        held = sum(j.spec.gpus for j in state.values() if j.running)
-        releasing = sum(j.spec.gpus for j in state.values()
-                        if j.running and j.releasing_until is not None)
+        held = releasing = 0
+        for job in live:
+            if job.running:
+                held += job.spec.gpus
+                if job.releasing_until is not None:
+                    releasing += job.spec.gpus
         service = pool.service_gpus[k]
         short = max(0.0, service + held - total)
         if short > 0:
             delay_gpu_min += short * step_s / 60
-            need = short - releasing
-            for victim in _evict(state.values(), need):
+            for victim in _evict(live, short - releasing):
                 _stop(victim, now, grace, planned=False, runs=runs)
-        gpus_short = int(max(0.0, short - releasing))
         signals = ServingSignals(
             observed_at=now,
             requests_waiting_per_replica=float(pool.waiting[k]),
             kv_cache_usage=float(pool.kv[k]),
-            gpus_short=gpus_short,
+            gpus_short=int(max(0.0, short - releasing)),
             idle_gpus=int(max(0.0, total - service - held)),
         )
         # 3. what the policy sees
-        queue = _waiting(state, now, step_s)
-        running = [_running(j, now, step_s) for j in state.values()
-                   if j.running and j.releasing_until is None]
+        queue = _waiting(live, state, step_s)
+        running = [_running(j, step_s) for j in live if j.running and j.releasing_until is None]
         if not queue and not running:
             if on_step:
                 on_step(k, len(pool.index))
@@ -239,10 +250,11 @@ def simulate(
         if profile is None:
             continue
         window_start = now - timedelta(days=settings.admission.fair_share_days)
+        while usage_log and usage_log[0][0] < window_start:
+            usage_log.pop(0)
         team_usage: dict[str, float] = {}
-        for when, team, hours in usage_log:
-            if when >= window_start:
-                team_usage[team] = team_usage.get(team, 0.0) + hours
+        for _, team, hours in usage_log:
+            team_usage[team] = team_usage.get(team, 0.0) + hours
         plan = decide(now, profile, running, queue, signals, team_usage, config)
         for d in plan.decisions:
             job = state[d.job_id]
@@ -256,7 +268,6 @@ def simulate(
                 job.first_start = job.first_start or now
         if on_step:
             on_step(k, len(pool.index))
-        del step
 
     end_time = pool.index[-1].to_pydatetime()
     for job in state.values():
@@ -318,11 +329,11 @@ def _evict(jobs, need: float) -> list[_Job]:
     return chosen
 
 
-def _waiting(state: dict[str, _Job], now: datetime, step_s: int) -> list[WaitingJob]:
+def _waiting(live: list[_Job], state: dict[str, _Job], step_s: int) -> list[WaitingJob]:
     out = []
-    for job in state.values():
+    for job in live:
         spec = job.spec
-        if job.running or job.finished_at is not None or spec.submit_at > now:
+        if job.running:
             continue
         if any(state[d].finished_at is None for d in spec.depends_on if d in state):
             continue
@@ -338,7 +349,7 @@ def _waiting(state: dict[str, _Job], now: datetime, step_s: int) -> list[Waiting
     return out
 
 
-def _running(job: _Job, now: datetime, step_s: int) -> RunningJob:
+def _running(job: _Job, step_s: int) -> RunningJob:
     spec = job.spec
     return RunningJob(
         id=spec.id, team=spec.team, gpus=spec.gpus, priority=spec.priority,
@@ -386,9 +397,11 @@ def forecast_profiles_for(
     refresh = sorted(set(refresh))
     confidence = settings.admission.confidence
     profiles = {}
+    cache: dict = {}  # the refits see growing prefixes of one history: reuse their work
+    options = {"cache": cache} if model == "auto" else {}
     for n, at in enumerate(refresh):
         past = replicas[replicas[DS] < at]
-        forecast = model_for(model, settings).fit(past).predict(
+        forecast = model_for(model, settings, **options).fit(past).predict(
             pd.Timedelta(horizon), sorted({0.5, confidence})
         )
         free = forecast_pool_usage(forecast, settings, confidence)[FREE]

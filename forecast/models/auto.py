@@ -105,6 +105,7 @@ class _Fitted:
     day_kind: np.ndarray  # day type per day
     phi: float
     errors: _Errors
+    key: tuple = ()  # identifies the series and its calendar, for the cache
 
 
 class AutoForecaster(SeriesForecaster):
@@ -119,11 +120,17 @@ class AutoForecaster(SeriesForecaster):
         half_life_days: float = 14.0,
         calibration_days: int = 21,
         recent_steps: int = 3,
+        cache: dict | None = None,
     ) -> None:
+        """``cache``: a dict shared by fits on growing prefixes of one history (the simulator's
+        nightly refits): day curves and replays whose future is complete are reused rather than
+        recomputed (a reused replay keeps the decay rate of the fit that made it). Never share
+        one between different histories."""
         super().__init__(timezone=timezone, holiday_country=holiday_country, bounds=bounds)
         self.half_life_days = half_life_days
         self.calibration_days = calibration_days
         self.recent_steps = recent_steps
+        self.cache = cache
 
     # ---------------------------------------------------------------- fit
     def _fit_one(self, series: Series) -> _Fitted:
@@ -144,13 +151,21 @@ class AutoForecaster(SeriesForecaster):
         day_kind = np.full(n_days, WORKING_DAY)
         day_kind[day_of] = kinds
         fitted = _Fitted(series, slots, kinds, day_of, matrix, day_kind, 0.0, _Errors(
-            np.zeros(0, dtype=np.int64), np.zeros(0)))
+            np.zeros(0, dtype=np.int64), np.zeros(0)), key=(series.uid, first_day, span >= WEEK))
         fitted.phi = self._residual_decay(fitted)
         fitted.errors = self._calibration_errors(fitted)
         return fitted
 
     def _profile(self, f: _Fitted, before_day: int) -> np.ndarray:
         """Day-type x slot curve from the complete days before ``before_day``."""
+        if self.cache is None:
+            return self._compute_profile(f, before_day)
+        key = ("profile", f.key, before_day)
+        if key not in self.cache:
+            self.cache[key] = self._compute_profile(f, before_day)
+        return self.cache[key]
+
+    def _compute_profile(self, f: _Fitted, before_day: int) -> np.ndarray:
         first = max(0, before_day - int(LOOKBACK_HALF_LIVES * self.half_life_days))
         past = f.matrix[first:before_day]
         kinds = f.day_kind[first:before_day]
@@ -207,8 +222,15 @@ class AutoForecaster(SeriesForecaster):
         keys_out: list[np.ndarray] = []
         errors_out: list[np.ndarray] = []
         for day in range(first, last_day + 1):
-            profile = self._profile(f, day)
             lo, hi = day_starts[day], day_starts[day + 1]
+            complete = hi + max_lead <= n  # every replay of this day sees its whole future
+            cached = self.cache.get(("replays", f.key, day)) if self.cache is not None else None
+            if complete and cached is not None:
+                keys_out.append(cached[0])
+                errors_out.append(cached[1])
+                continue
+            done = len(keys_out)
+            profile = self._profile(f, day)
             reach = min(n, hi + max_lead)
             # the profile's forecast of every step a cutoff of this day can reach
             curve = profile[f.kinds[lo:reach], f.slots[lo:reach]]
@@ -227,6 +249,13 @@ class AutoForecaster(SeriesForecaster):
                 ok = np.isfinite(err)
                 keys_out.append(target_key[cutoff + 1 : stop][ok] + lead_key[:m][ok])
                 errors_out.append(err[ok])
+            if complete and self.cache is not None and len(keys_out) > done:
+                self.cache[("replays", f.key, day)] = (
+                    np.concatenate(keys_out[done:]), np.concatenate(errors_out[done:])
+                )
+                del keys_out[done:], errors_out[done:]
+                keys_out.append(self.cache[("replays", f.key, day)][0])
+                errors_out.append(self.cache[("replays", f.key, day)][1])
         if not errors_out:
             return _Errors(np.zeros(0, dtype=np.int64), np.zeros(0))
         return _Errors(np.concatenate(keys_out), np.concatenate(errors_out))

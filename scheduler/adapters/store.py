@@ -769,6 +769,11 @@ class JobStore:
             raise UnknownJobError(f"no job unit {unit_id!r}; `idlegpu queue` lists them")
         return found[0]
 
+    def request_for_key(self, key: str) -> str | None:
+        """The id of the request submitted with idempotency ``key``, if any."""
+        with self._tx(write=False) as conn:
+            return self._request_for_key(conn, key)
+
     def request(self, request_id: str) -> RequestRow:
         with self._tx(write=False) as conn:
             r = conn.execute(
