@@ -105,19 +105,26 @@ def decide(
                 )
 
     # --- 2. preemption -------------------------------------------------------------------
-    victims: dict[str, str] = {}
+    victims: dict[str, tuple[str, bool]] = {}  # id -> (reason, planned)
     if give_up and running:
         what = "never read" if age is None else f"missing for {age / 60:.0f} min"
         for job in sorted(running, key=lambda j: j.id):
-            victims[job.id] = f"live signals {what}: stopping every job to keep the service safe"
+            victims[job.id] = (
+                f"live signals {what}: stopping every job to keep the service safe", False
+            )
     else:
         for job in sorted(running, key=lambda j: j.id):
             if job.stop_by is not None and job.stop_by <= now + timedelta(seconds=settings.grace_s):
-                victims[job.id] = "its window closes: checkpoint and stop as planned"
+                victims[job.id] = ("its window closes: checkpoint and stop as planned", True)
         window = slice(i0, min(n_steps, i0 + grace_steps + 1))
         deficit = 0.0
         if window.stop > window.start:
-            deficit = float(np.max(used[window] - free[window], initial=0.0))
+            # within the grace period nobody is trusted to finish on time: a job may overrun
+            # its estimate, and stopping it later would make the service wait
+            held = np.full(window.stop - window.start, float(sum(j.gpus for j in running)))
+            for job_id in victims:
+                held -= next(j.gpus for j in running if j.id == job_id)
+            deficit = float(np.max(held - free[window], initial=0.0))
         need = max(live_need, math.ceil(deficit))
         if need > 0:
             reason = live_reason or (
@@ -126,12 +133,14 @@ def decide(
             )
             freed = sum(j.gpus for j in running if j.id in victims)
             for job in _victims(running, need - freed, now, exclude=victims):
-                victims[job.id] = reason
+                victims[job.id] = (reason, live_need == 0)
     for job in sorted(running, key=lambda j: j.id):
         if job.id in victims:
-            decisions.append(Decision(Action.PREEMPT, job.id, job.gpus, victims[job.id]))
-            # its GPUs come back only once the grace period has passed
-            release = min(n_steps, i0 + grace_steps)
+            reason, planned = victims[job.id]
+            decisions.append(Decision(Action.PREEMPT, job.id, job.gpus, reason, planned=planned))
+            # a checkpointing job gives its GPUs back once the grace period has passed; one
+            # that cannot checkpoint has nothing to save and is stopped at once
+            release = min(n_steps, i0 + (grace_steps if job.checkpointable else 1))
             used[release : ends[job.id]] -= job.gpus
 
     # --- 3. admission gates --------------------------------------------------------------
@@ -156,7 +165,12 @@ def decide(
         return Plan(tuple(decisions))
 
     # --- 4. admission with one reservation (EASY backfilling) ----------------------------
-    avail = _Availability(free[:n_steps] - used[:n_steps], i0)
+    values = free[:n_steps] - used[:n_steps]
+    if signals.idle_gpus is not None:
+        idle_now = max(0.0, signals.idle_gpus - settings.headroom_gpus)
+        cap_end = min(n_steps, i0 + _steps(settings.live_cap_s, step))
+        values[i0:cap_end] = np.minimum(values[i0:cap_end], idle_now)
+    avail = _Availability(values, i0)
     reserved = False
     attempts = 0  # reservation attempts; bounded so a long queue stays cheap
     for job in ordered:
@@ -299,9 +313,11 @@ def _earliest_fit(avail: np.ndarray, start: int, gpus: int, steps: int) -> int |
     return int(full[0]) + start if full.size else None
 
 
-def policy_settings(admission) -> PolicySettings:
-    """PolicySettings from the ``admission`` section of idlegpu.yaml (an AdmissionConfig)."""
+def policy_settings(admission, headroom_gpus: int = 0) -> PolicySettings:
+    """PolicySettings from the ``admission`` section of idlegpu.yaml (an AdmissionConfig) and
+    the pool's headroom."""
     return PolicySettings(
+        headroom_gpus=headroom_gpus,
         grace_s=float(admission.grace_seconds),
         min_segment_s=float(admission.min_segment_seconds),
         kv_cache_pressure=admission.kv_cache_pressure,

@@ -5,7 +5,8 @@ of the history) and the service always wins: when it needs GPUs that jobs hold, 
 evicted and get their grace period, and the service waits for it (counted as service delay).
 Jobs progress while they run; a checkpointable job saves its progress every checkpoint
 interval and when it is stopped as planned at the end of its window; an unplanned preemption
-loses what was not saved, and a job that cannot checkpoint loses everything.
+loses what was not saved, and a job that cannot checkpoint loses everything (it has nothing to
+save, so it gets no grace period: its GPUs come back at once).
 
 Policies, all driven by the same ``decide()``:
 
@@ -88,6 +89,8 @@ class SimResult:
     metrics: dict[str, float]
     runs: pd.DataFrame  # one row per attempt
     free_gpu_hours: float
+    waits: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """When the service waited for GPUs held by jobs: ``at``, ``gpus``."""
 
 
 @dataclass
@@ -121,18 +124,27 @@ class _PoolTimeline:
         self.free_all = usage[FREE].to_numpy()  # for the oracle: the actual future
         self.offset = int(usage.index.get_loc(self.index[0]))
         wide = history.pivot(index=DS, columns=UNIQUE_ID, values=Y).reindex(usage.index).ffill()
-        kv_cols = [c for c in wide.columns if c.endswith("/" + KV_CACHE_USAGE)]
-        self.kv = wide[kv_cols].max(axis=1).loc[self.index].fillna(0).to_numpy() if kv_cols else \
-            np.zeros(len(self.index))
-        waiting = [c for c in wide.columns if c.endswith("/" + REQUESTS_WAITING)]
-        if waiting:
-            per_replica = [
-                wide[c] / wide[c.rpartition("/")[0] + "/" + REPLICAS].clip(lower=1) for c in waiting
-            ]
-            self.waiting = pd.concat(per_replica, axis=1).max(axis=1).loc[self.index].fillna(0)
-            self.waiting = self.waiting.to_numpy()
-        else:
-            self.waiting = np.zeros(len(self.index))
+        # pressure counts only for services that can still scale up (below max replicas):
+        # more GPUs do nothing for a service at its maximum
+        kv, waiting = [], []
+        for service in settings.services:
+            replicas = wide.get(f"{service.name}/{REPLICAS}")
+            if replicas is None:
+                continue
+            can_grow = replicas < service.max_replicas
+            if f"{service.name}/{KV_CACHE_USAGE}" in wide:
+                kv.append(wide[f"{service.name}/{KV_CACHE_USAGE}"].where(can_grow, 0.0))
+            if f"{service.name}/{REQUESTS_WAITING}" in wide:
+                per_replica = wide[f"{service.name}/{REQUESTS_WAITING}"] / replicas.clip(lower=1)
+                waiting.append(per_replica.where(can_grow, 0.0))
+
+        def worst(parts: list[pd.Series]) -> np.ndarray:
+            if not parts:
+                return np.zeros(len(self.index))
+            return pd.concat(parts, axis=1).max(axis=1).loc[self.index].fillna(0).to_numpy()
+
+        self.kv = worst(kv)
+        self.waiting = worst(waiting)
         self.step_s = int(self.step.total_seconds())
         self.free_gpu_hours = float(usage.loc[self.index, FREE].sum() * self.step_s / 3600)
 
@@ -154,7 +166,7 @@ def simulate(
     """Run one policy over ``[start, end)``; see the module docstring."""
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
-    config = policy_config or policy_settings(settings.admission)
+    config = policy_config or policy_settings(settings.admission, settings.pool.headroom_gpus)
     pool = _PoolTimeline(history, settings, start, end)
     step_s, total = pool.step_s, settings.pool.total_gpus
     capacity = total - settings.pool.headroom_gpus
@@ -165,6 +177,7 @@ def simulate(
     runs = _Run()
     usage_log: list[tuple[datetime, str, float]] = []
     delay_gpu_min = 0.0
+    service_waits: list[tuple[datetime, float]] = []
     profile: FreeProfile | None = None
     planned_stops = 0
     grace = timedelta(seconds=config.grace_s)
@@ -216,6 +229,7 @@ def simulate(
         short = max(0.0, service + held - total)
         if short > 0:
             delay_gpu_min += short * step_s / 60
+            service_waits.append((now, short))
             for victim in _evict(live, short - releasing):
                 _stop(victim, now, grace, planned=False, runs=runs)
         signals = ServingSignals(
@@ -259,9 +273,8 @@ def simulate(
         for d in plan.decisions:
             job = state[d.job_id]
             if d.action is Action.PREEMPT:
-                planned = job.stop_by is not None and job.stop_by <= now + grace
-                planned_stops += planned
-                _stop(job, now, grace, planned=planned, runs=runs)
+                planned_stops += d.planned
+                _stop(job, now, grace, planned=d.planned, runs=runs)
             elif d.action is Action.ADMIT:
                 job.running, job.started_at, job.last_checkpoint_at = True, now, now
                 job.stop_by, job.progress_s = d.stop_by, 0.0
@@ -292,7 +305,8 @@ def simulate(
         "idle_gpu_hours": pool.free_gpu_hours,
         "idle_share_used": useful / pool.free_gpu_hours if pool.free_gpu_hours else float("nan"),
     }
-    return SimResult(policy, metrics, frame, pool.free_gpu_hours)
+    return SimResult(policy, metrics, frame, pool.free_gpu_hours,
+                     pd.DataFrame(service_waits, columns=["at", "gpus"]))
 
 
 def _stop(job: _Job, now: datetime, grace: timedelta, *, planned: bool, runs: _Run) -> None:
@@ -307,9 +321,10 @@ def _stop(job: _Job, now: datetime, grace: timedelta, *, planned: bool, runs: _R
         job.preemptions += not planned
     job.lost_s += lost
     job.progress_s = 0.0
-    job.releasing_until = now + grace
+    # only a checkpointing job uses the grace period; the others are stopped at once
+    job.releasing_until = now + (grace if job.spec.checkpointable else timedelta(0))
     job.stop_by = None
-    runs.close(job, now + grace, "stopped" if planned else "preempted", lost)
+    runs.close(job, job.releasing_until, "stopped" if planned else "preempted", lost)
 
 
 def _evict(jobs, need: float) -> list[_Job]:

@@ -153,6 +153,12 @@ class PolicySettings:
     max_forecast_age_s: float = 26 * 3600.0
     pressure_gpus: int = 4
     """GPUs to free on queue/KV pressure when the autoscaler names no figure (one replica)."""
+    headroom_gpus: int = 0
+    """GPUs always left to the service (the pool's headroom)."""
+    live_cap_s: float = 3600.0
+    """For this long, new jobs get no more than the GPUs idle right now (minus headroom), even
+    where the forecast promises more: a service above its forecast (an unplanned spike) tends
+    to stay there a while, and starting jobs into it would only have them evicted."""
 
 
 @dataclass(frozen=True)
@@ -166,6 +172,10 @@ class Decision:
     would finish."""
     start_at: datetime | None = None
     """For deferrals with a reservation: when the job is expected to start."""
+    planned: bool = False
+    """For preemptions: a proactive stop with the full lead time (its window closes, or the
+    forecast ramp comes within the grace period), so the job checkpoints and stops cleanly;
+    False when a live need or missing signals force it."""
 
 
 @dataclass(frozen=True)

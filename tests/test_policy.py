@@ -267,3 +267,12 @@ def test_pressure_is_served_by_idle_gpus_before_any_job_goes():
     signals = ServingSignals(observed_at=T0, kv_cache_usage=0.97, idle_gpus=6)
     result = plan(flat(32, 6), [job("j", gpus=4)], running=[run("r", gpus=4)], signals=signals)
     assert actions(result) == {"j": Action.ADMIT}
+
+
+def test_new_jobs_get_no_more_than_what_is_idle_now():
+    # the forecast promises 32, but the service spiked: only 12 GPUs are idle (4 headroom)
+    signals = ServingSignals(observed_at=T0, idle_gpus=12)
+    capped = PolicySettings(headroom_gpus=4, live_cap_s=3600)
+    result = plan(flat(32, 6), [job("big", gpus=16, hours=2), job("small", gpus=8, hours=2)],
+                  signals=signals, settings=capped)
+    assert actions(result) == {"big": Action.DEFER, "small": Action.ADMIT}

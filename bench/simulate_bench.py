@@ -1,0 +1,86 @@
+"""Benchmark: the four admission policies on the sample pool and job trace, one run.
+
+    OMP_NUM_THREADS=1 python bench/simulate_bench.py [--days 90]
+
+Simulates ``--days`` days from 2025-10-15 (two weeks of history before it feed the first
+forecast) with data/sample/jobs.yaml and runtime estimates from data/sample/runs.csv. Prints
+each policy's metrics, the ratios the admission goals are stated in (forecast against oracle,
+reactive and night, all measured in this run), and the wall time of the forecast policy's
+whole simulation including its nightly forecasts.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import pandas as pd
+
+from forecast.config import load_config
+from forecast.sources import read_history
+from scheduler.runtime import RuntimeEstimator, load_runs
+from scheduler.simulate import POLICIES, forecast_profiles_for, simulate, trace_jobs
+from scheduler.specs import load_trace
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--days", type=int, default=90)
+    parser.add_argument("--start", default="2025-10-15T00:00:00+09:00")
+    args = parser.parse_args()
+    settings = load_config(REPO / "idlegpu.yaml")
+    history = read_history(REPO / "data" / "sample" / "history.parquet")
+    estimator = RuntimeEstimator.from_config(load_runs(REPO / "data" / "sample" / "runs.csv"),
+                                             settings.admission)
+    entries = load_trace(REPO / "data" / "sample" / "jobs.yaml", settings.admission)
+    jobs = trace_jobs(entries, lambda unit: estimator.estimate(unit).seconds)
+    start = pd.Timestamp(args.start).tz_convert("UTC")
+    end = start + pd.Timedelta(days=args.days)
+    index = pd.date_range(start, end, freq="5min", inclusive="left")
+    rows, seconds = {}, {}
+    for policy in POLICIES:
+        began = time.perf_counter()
+        profiles = None
+        if policy == "forecast":
+            profiles = forecast_profiles_for(history, settings, index, 17, pd.Timedelta(hours=48))
+            seconds["forecasts"] = time.perf_counter() - began
+        result = simulate(history, settings, jobs, policy, start=start.to_pydatetime(),
+                          end=end.to_pydatetime(), forecast_profiles=profiles)
+        seconds[policy] = time.perf_counter() - began
+        rows[policy] = result.metrics
+        print(f"  {policy}: {seconds[policy]:.1f} s", file=sys.stderr)
+    table = pd.DataFrame(rows)
+    print(f"\n### {args.days} days from {args.start}, {len(entries)} requests ({len(jobs)} units)\n")
+    print("| metric | " + " | ".join(table.columns) + " |")
+    print("|---" * (len(table.columns) + 1) + "|")
+    for metric, row in table.iterrows():
+        print(f"| {metric} | " + " | ".join(f"{v:,.1f}" if abs(v) >= 10 else f"{v:.3f}"
+                                            for v in row) + " |")
+    f, o, r, n = (rows[p] for p in ("forecast", "oracle", "reactive", "night"))
+    useful = f["useful_gpu_hours"]
+    delay_ratio = (f["service_delay_gpu_minutes"] / r["service_delay_gpu_minutes"]
+                   if r["service_delay_gpu_minutes"] else float("nan"))
+    print("\n| goal | measured | target |\n|---|---|---|")
+    print(f"| forecast useful / oracle useful | {useful / o['useful_gpu_hours']:.3f} | >= 0.95 |")
+    print(f"| forecast lost / useful | {f['lost_gpu_hours'] / useful:.4f} | <= 0.02 |")
+    print(f"| forecast service delay / reactive's | {delay_ratio:.3f} | <= 0.1 |")
+    print(f"| forecast useful / night useful | {useful / n['useful_gpu_hours']:.3f} | >= 1.6 |")
+    print(f"| oracle useful / night useful (the bound) | "
+          f"{o['useful_gpu_hours'] / n['useful_gpu_hours']:.3f} | |")
+    print(f"| wall time of the forecast policy, {args.days} days, with its "
+          f"{len(index) // 288} nightly forecasts | {seconds['forecast']:.1f} s "
+          f"(forecasts {seconds['forecasts']:.1f} s; night policy alone "
+          f"{seconds['night']:.1f} s) | <= 10 s |")
+
+
+if __name__ == "__main__":
+    main()
