@@ -560,6 +560,127 @@ def _planning_estimate(settings, runs: Path | None = None):
     return lambda unit: estimator.estimate(unit).seconds
 
 
+@app.command(short_help="Tonight's plan: windows, which jobs start when, and why others wait.")
+def plan(
+    history: HistoryOption,
+    config: ConfigOption = DEFAULT_CONFIG,
+    jobs: Annotated[Optional[Path], typer.Option(
+        help="Take the queue from a job trace: requests submitted in the --queue-days before "
+        "now (demos on the sample).")] = None,
+    store: Annotated[Optional[str], typer.Option(
+        "--store", help="Take the queue from this job store (default when --jobs is not given: "
+        "store.url of the config).")] = None,
+    runs: Annotated[Optional[Path], typer.Option(
+        help="Past runs for runtime estimates, e.g. data/sample/runs.csv.")] = None,
+    now: NowOption = None,
+    horizon: Annotated[str, typer.Option(help="How far ahead to plan.")] = "24h",
+    queue_days: Annotated[float, typer.Option(help="With --jobs: days of submissions.")] = 7.0,
+    out: Annotated[Path, typer.Option(help="Directory for plan.csv, windows.csv and the chart.")] = Path(
+        "out/plan"
+    ),
+) -> None:
+    """Forecast the night, then dry-run the admission policy over it: the idle windows, which
+    queued jobs start when on how many GPUs, when each finishes or checkpoints and stops, and
+    why the rest wait."""
+    import pandas as pd
+    from rich.table import Table
+
+    from forecast import plots
+    from forecast.capacity import FREE, forecast_pool_usage, idle_windows, pool_usage, windows_frame
+    from forecast.config import load_config
+    from forecast.errors import HistoryError
+    from forecast.models import model_for
+    from scheduler.plan import plan_ahead
+    from scheduler.policy import policy_settings
+    from scheduler.types import FreeProfile, WaitingJob
+
+    settings = load_config(config)
+    tz = settings.pool.timezone
+    span = _parse_horizon(horizon)
+    frame = _history_until(history, now, ["replicas"])
+    moment = frame["ds"].max() + (frame["ds"].max() - frame["ds"].sort_values().iloc[-2])
+    if now is not None:
+        moment = pd.Timestamp(parse_time(now, name="--now"))
+    past = frame[frame["ds"] < moment]
+    if past.empty:
+        raise HistoryError(f"{history}: no history before {moment}")
+    confidence = settings.admission.confidence
+    with console.status("forecasting the pool..."):
+        forecast = model_for("auto", settings).fit(past).predict(span, sorted({0.5, confidence}))
+    free = forecast_pool_usage(forecast, settings, confidence)[FREE]
+    profile = FreeProfile(free.index[0].to_pydatetime(), int((free.index[1] - free.index[0])
+                          .total_seconds()), free.to_numpy(dtype=float), confidence,
+                          moment.to_pydatetime())
+    estimate = _planning_estimate(settings, runs)
+    start = profile.start
+    if jobs is not None:
+        from scheduler.simulate import trace_jobs
+        from scheduler.specs import load_trace
+
+        entries = [e for e in load_trace(jobs, settings.admission)
+                   if start - pd.Timedelta(days=queue_days) <= e.submit_at <= start]
+        units = trace_jobs(entries, estimate)
+        queue = [
+            WaitingJob(u.id, u.team, u.gpus, u.estimate_s, u.checkpointable, u.priority,
+                       u.submit_at, u.deadline, 0, u.max_preemptions, u.kind)
+            for u in units if not u.depends_on
+        ]
+        blocked = [u for u in units if u.depends_on]
+        source = f"{jobs} ({len(entries)} requests submitted in the {queue_days:g} days before)"
+    else:
+        from scheduler.adapters.store import JobStore
+
+        with JobStore(_store_url(settings, store)) as job_store:
+            queue = job_store.waiting(start, lambda row: estimate(row.spec))
+        blocked = []
+        source = _store_url(settings, store)
+    result = plan_ahead(start, profile, queue, policy_settings(settings.admission,
+                        settings.pool.headroom_gpus), horizon=span)
+
+    found = idle_windows(free, confidence=confidence, granularity=4, min_hours=1.0)
+    table = windows_frame(found, tz)
+    out.mkdir(parents=True, exist_ok=True)
+    table.to_csv(out / "windows.csv", index=False, float_format="%.3f")
+    rows = pd.DataFrame([r.__dict__ for r in result.runs])
+    rows.to_csv(out / "plan.csv", index=False)
+    local = pd.Timestamp(start).tz_convert(tz)
+    console.print(f"[bold]Plan from {local:%a %Y-%m-%d %H:%M} ({tz})[/], free GPUs promised "
+                  f"with {confidence:.0%} confidence; queue: {source}")
+    if not table.empty:
+        best = table.loc[(table["hours"] * table["gpus"]).idxmax()]
+        console.print(f"largest idle window: {best['gpus']} GPUs from {best['start']:%a %H:%M} "
+                      f"to {best['end']:%a %H:%M} ({best['hours']:.1f} h)")
+    view = Table(title="Jobs that start", title_justify="left")
+    for col in ("job", "team", "kind", "GPUs", "from", "until", "then"):
+        view.add_column(col, justify="right" if col == "GPUs" else "left")
+    for r in result.runs:
+        view.add_row(r.job_id, r.team, r.kind, str(r.gpus),
+                     f"{pd.Timestamp(r.start).tz_convert(tz):%a %H:%M}",
+                     f"{pd.Timestamp(r.end).tz_convert(tz):%a %H:%M}", r.outcome)
+    console.print(view)
+    if result.waiting or blocked:
+        waits = Table(title="Jobs that wait, and why", title_justify="left")
+        waits.add_column("job")
+        waits.add_column("GPUs", justify="right")
+        waits.add_column("why")
+        for job, reason in result.waiting:
+            waits.add_row(job.id, str(job.gpus), reason)
+        for unit in blocked:
+            waits.add_row(unit.id, str(unit.gpus), "waits for its previous pipeline step")
+        console.print(waits)
+    harvest = sum(r.gpus * (r.end - r.start).total_seconds() / 3600 for r in result.runs)
+    console.print(f"[bold green]{len(result.runs)} job(s) start, {harvest:,.0f} GPU-hours "
+                  f"planned;[/] {len(result.waiting) + len(blocked)} wait. "
+                  f"Files: {out / 'plan.csv'}, {out / 'windows.csv'}, {out / 'free_gpus.png'}")
+    actual = pool_usage(frame[frame["ds"] < moment], settings)[FREE]
+    plots.free_gpu_chart(
+        actual[actual.index > actual.index.max() - 2 * span],
+        {f"free with {confidence:.0%} confidence": free}, table, out / "free_gpus.png", tz=tz,
+        capacity=settings.pool.total_gpus - settings.pool.headroom_gpus,
+        title=f"{settings.pool.name}: free GPUs and tonight's windows",
+    )
+
+
 StoreOption = Annotated[
     Optional[str],
     typer.Option("--store", help="Job store URL (default: store.url of the config, else "
