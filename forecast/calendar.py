@@ -33,13 +33,14 @@ def day_types(index, tz: str, country: str | None):
     import numpy as np
 
     local = index.tz_convert(tz)
-    weekday = np.asarray(local.day_of_week)
+    # local calendar days as datetime64[D]: cheaper than Python date objects
+    days = local.tz_localize(None).to_numpy().astype("datetime64[D]")
+    weekday = (days.astype(np.int64) + 3) % 7  # 1970-01-01 was a Thursday (3)
     kinds = np.where(weekday == 5, SATURDAY, np.where(weekday == 6, SUNDAY_OR_HOLIDAY, WORKING_DAY))
-    if country:
-        import pandas as pd
-
-        days = pd.Index(local.normalize().date)
-        holidays = holiday_names(country, days.unique())
+    if country and len(days):
+        unique = np.unique(days)
+        holidays = holiday_names(country, unique.astype(object))
         if holidays:
-            kinds = np.where(days.isin(list(holidays)), SUNDAY_OR_HOLIDAY, kinds)
+            marked = np.array(sorted(holidays), dtype="datetime64[D]")
+            kinds = np.where(np.isin(days, marked), SUNDAY_OR_HOLIDAY, kinds)
     return kinds

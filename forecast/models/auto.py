@@ -72,27 +72,22 @@ class _Errors:
         self, qs: tuple[float, ...], lead: np.ndarray, hour: np.ndarray, off: np.ndarray
     ) -> np.ndarray:
         """Empirical error quantiles for each future step, from its finest well-filled bucket."""
-        out = np.zeros((len(lead), len(qs)))
         if self.count == 0:
-            return out
-        fine = _bucket_key(lead, hour, off)
-        candidates = (fine, (fine // 48) * 2 + fine % 2, fine // 48)
-        cache: dict[tuple[int, int], np.ndarray] = {}
-        overall = np.quantile(self.all, qs)
-        for row, keys in enumerate(zip(*candidates)):
-            for level, key in enumerate(keys):
-                key = int(key)
-                if (level, key) in cache:
-                    out[row] = cache[(level, key)]
-                    break
-                sample = self.level(level).get(key)
+            return np.zeros((len(lead), len(qs)))
+        fine, inverse = np.unique(_bucket_key(lead, hour, off), return_inverse=True)
+        table = np.empty((len(fine), len(qs)))
+        overall = None
+        for i, key in enumerate(fine.tolist()):
+            for level, coarse in enumerate((key, (key // 48) * 2 + key % 2, key // 48)):
+                sample = self.level(level).get(coarse)
                 if sample is not None and len(sample) >= MIN_BUCKET:
-                    cache[(level, key)] = np.quantile(sample, qs)
-                    out[row] = cache[(level, key)]
+                    table[i] = np.quantile(sample, qs)
                     break
             else:
-                out[row] = overall
-        return out
+                if overall is None:
+                    overall = np.quantile(self.all, qs)
+                table[i] = overall
+        return table[inverse.reshape(-1)]
 
 
 @dataclass
