@@ -484,9 +484,8 @@ def simulate(
     from forecast import plots
     from forecast.config import load_config
     from forecast.sources import read_history
-    from scheduler.simulate import POLICIES, forecast_profiles_for
+    from scheduler.simulate import POLICIES, forecast_profiles_for, trace_jobs
     from scheduler.simulate import simulate as run_policy
-    from scheduler.simulate import trace_jobs
     from scheduler.specs import load_trace
 
     names = [p.strip() for p in policies.split(",") if p.strip()]

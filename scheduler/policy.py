@@ -39,7 +39,6 @@ from scheduler.types import (
     WaitingJob,
 )
 
-
 MAX_RESERVATION_ATTEMPTS = 8
 
 

@@ -21,7 +21,6 @@ Policies, all driven by the same ``decide()``:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -188,7 +187,6 @@ def simulate(
     arrivals = iter(pending)
     upcoming = next(arrivals, None)
     live: list[_Job] = []  # arrived and not finished
-    step = timedelta(seconds=step_s)
     for k, now in enumerate(pool.index):
         now = now.to_pydatetime()
         while upcoming is not None and upcoming.spec.submit_at <= now:

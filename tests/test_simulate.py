@@ -1,6 +1,5 @@
 """The simulator on a small pool whose every step is known."""
 
-from datetime import datetime, timedelta
 
 import numpy as np
 import pandas as pd
