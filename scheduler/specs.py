@@ -499,11 +499,51 @@ class _PodSettings(_Strict):
     )
 
 
+class _Runnable(_PodSettings):
+    """Checks shared by a request and its steps, which declare the fields themselves."""
+
+    @field_validator("image", check_fields=False)
+    @classmethod
+    def _image(cls, value: str | None, info: ValidationInfo) -> str | None:
+        return None if value is None else check_image(value, _admission(info)[0])
+
+    @field_validator("gpus", check_fields=False)
+    @classmethod
+    def _gpus(cls, value: int | None, info: ValidationInfo) -> int | None:
+        return None if value is None else _check_gpus(value, info)
+
+    @field_validator("parameters", check_fields=False)
+    @classmethod
+    def _parameters(cls, value: dict[str, Any]) -> dict[str, Any]:
+        _check_parameter_names(list(value), "parameter")
+        return value
+
+    @field_validator("env", check_fields=False)
+    @classmethod
+    def _env(cls, value: dict[str, str]) -> dict[str, str]:
+        return _check_env(value)
+
+    @field_validator("sweep", check_fields=False)
+    @classmethod
+    def _sweep(cls, value: dict[str, list[Any]] | None) -> dict[str, list[Any]] | None:
+        return _check_sweep(value)
+
+    @field_validator("output", check_fields=False)
+    @classmethod
+    def _output(cls, value: str | None) -> str | None:
+        return _check_output(value)
+
+    @field_validator("deadline", check_fields=False)
+    @classmethod
+    def _deadline(cls, value: datetime | None) -> datetime | None:
+        return _to_utc(value)
+
+
 # --------------------------------------------------------------------------------------------
 # Steps and requests
 
 
-class StepSpec(_PodSettings):
+class StepSpec(_Runnable):
     """One step of a pipeline: runs after every member of the step before it has succeeded.
 
     Every field but ``name`` and ``sweep`` overrides the job-level value of the same name;
@@ -532,29 +572,8 @@ class StepSpec(_PodSettings):
     """Fan the step out: one parallel member per point of the cartesian product of these
     values (first key slowest, last key fastest)."""
 
-    @field_validator("image")
-    @classmethod
-    def _image(cls, value: str | None, info: ValidationInfo) -> str | None:
-        return None if value is None else check_image(value, _admission(info)[0])
 
-    @field_validator("gpus")
-    @classmethod
-    def _gpus(cls, value: int | None, info: ValidationInfo) -> int | None:
-        return None if value is None else _check_gpus(value, info)
-
-    @field_validator("parameters")
-    @classmethod
-    def _parameters(cls, value: dict[str, Any]) -> dict[str, Any]:
-        _check_parameter_names(list(value), "parameter")
-        return value
-
-    _env = field_validator("env")(classmethod(lambda cls, v: _check_env(v)))
-    _sweep = field_validator("sweep")(classmethod(lambda cls, v: _check_sweep(v)))
-    _output = field_validator("output")(classmethod(lambda cls, v: _check_output(v)))
-    _deadline = field_validator("deadline")(classmethod(lambda cls, v: _to_utc(v)))
-
-
-class JobRequest(_PodSettings):
+class JobRequest(_Runnable):
     """A job request file: one container image run as one step, or a pipeline of ``steps``."""
 
     name: str = Field(max_length=50, pattern=_LABEL.pattern)
@@ -599,27 +618,6 @@ class JobRequest(_PodSettings):
     """A sweep of the single step of a request without ``steps``."""
     steps: list[StepSpec] | None = Field(default=None, min_length=1)
     """Pipeline steps run in order; without them the request is one step named ``main``."""
-
-    @field_validator("image")
-    @classmethod
-    def _image(cls, value: str | None, info: ValidationInfo) -> str | None:
-        return None if value is None else check_image(value, _admission(info)[0])
-
-    @field_validator("gpus")
-    @classmethod
-    def _gpus(cls, value: int | None, info: ValidationInfo) -> int | None:
-        return None if value is None else _check_gpus(value, info)
-
-    @field_validator("parameters")
-    @classmethod
-    def _parameters(cls, value: dict[str, Any]) -> dict[str, Any]:
-        _check_parameter_names(list(value), "parameter")
-        return value
-
-    _env = field_validator("env")(classmethod(lambda cls, v: _check_env(v)))
-    _sweep = field_validator("sweep")(classmethod(lambda cls, v: _check_sweep(v)))
-    _output = field_validator("output")(classmethod(lambda cls, v: _check_output(v)))
-    _deadline = field_validator("deadline")(classmethod(lambda cls, v: _to_utc(v)))
 
     @model_validator(mode="after")
     def _request_is_consistent(self) -> JobRequest:
