@@ -59,8 +59,8 @@ class _Errors:
         since the coarser ones are rarely needed."""
         if n not in self._levels:
             keys = self._keys
-            coarse = (keys, (keys // 48) * 2 + keys % 2, keys // 48)[n]
-            order = np.argsort(coarse, kind="stable")
+            coarse = (keys, (keys // 48) * 2 + keys % 2, keys // 48)[n].astype(np.int16)
+            order = np.argsort(coarse, kind="stable")  # radix sort on small integers
             sorted_keys, sorted_errors = coarse[order], self.all[order]
             uniq, starts, counts = np.unique(sorted_keys, return_index=True, return_counts=True)
             self._levels[n] = {
@@ -227,20 +227,18 @@ class AutoForecaster(SeriesForecaster):
             done = len(keys_out)
             profile = self._profile(f, day)
             reach = min(n, hi + max_lead)
-            # the profile's forecast of every step a cutoff of this day can reach
-            curve = profile[f.kinds[lo:reach], f.slots[lo:reach]]
-            resid = values[lo:reach] - curve
+            # the profile's residual at every step a cutoff of this day sees or forecasts,
+            # from the recent steps before the day's first cutoff on
+            back = max(0, lo - self.recent_steps + 1)
+            resid = values[back:reach] - profile[f.kinds[back:reach], f.slots[back:reach]]
+            levels = _trailing_nanmean(resid, self.recent_steps)
             for i, cutoff in enumerate(range(lo, hi, steps_per_hour)):
                 stop = min(n, cutoff + 1 + (max_lead if i % 6 == 0 else steps_per_day))
                 m = stop - cutoff - 1
                 if m <= 0:
                     continue
-                recent = values[max(0, cutoff - self.recent_steps + 1) : cutoff + 1] - profile[
-                    f.kinds[max(0, cutoff - self.recent_steps + 1) : cutoff + 1],
-                    f.slots[max(0, cutoff - self.recent_steps + 1) : cutoff + 1],
-                ]
-                level = float(np.nanmean(recent)) if np.isfinite(recent).any() else 0.0
-                err = resid[cutoff + 1 - lo : stop - lo] - level * decay[:m]
+                level = levels[cutoff - back]
+                err = resid[cutoff + 1 - back : stop - back] - level * decay[:m]
                 ok = np.isfinite(err)
                 keys_out.append(target_key[cutoff + 1 : stop][ok] + lead_key[:m][ok])
                 errors_out.append(err[ok])
@@ -274,6 +272,18 @@ class AutoForecaster(SeriesForecaster):
         arr = point[:, None] + offsets
         arr = finish_quantiles(arr, f.series, qs, integer=True)
         return to_frame(f.series.uid, index, self.name, arr, qs)
+
+
+def _trailing_nanmean(values: np.ndarray, window: int) -> np.ndarray:
+    """Mean of the finite values among the last ``window`` up to each position (0 if none):
+    the level correction of a cutoff there."""
+    finite = np.isfinite(values)
+    sums = np.concatenate([[0.0], np.cumsum(np.where(finite, values, 0.0))])
+    counts = np.concatenate([[0], np.cumsum(finite)])
+    end = np.arange(1, len(values) + 1)
+    start = np.maximum(0, end - window)
+    n = counts[end] - counts[start]
+    return np.where(n > 0, (sums[end] - sums[start]) / np.maximum(n, 1), 0.0)
 
 
 def _weighted_median(rows: np.ndarray, weights: np.ndarray) -> np.ndarray:
