@@ -6,6 +6,7 @@ e.g. ``IDLEGPU_PROMETHEUS__URL=http://prom:9090`` or ``IDLEGPU_POOL__HEADROOM_GP
 
 from __future__ import annotations
 
+import re
 import string
 from collections.abc import Mapping
 from pathlib import Path
@@ -179,6 +180,23 @@ class StoreConfig(_Strict):
     """SQLAlchemy URL of the job store: a SQLite file by default, or postgresql://..."""
 
 
+class ReportConfig(_Strict):
+    """Monthly usage reports (``idlegpu report``)."""
+
+    price_per_gpu_hour: float = Field(default=3000.0, ge=0)
+    """What one GPU-hour would cost elsewhere, in ``currency`` (e.g. a 3-year public-cloud
+    commitment): useful GPU-hours times this price are the report's cost savings."""
+    currency: str = "KRW"
+    """ISO 4217 code of the price (three uppercase letters: KRW, USD, EUR, ...)."""
+
+    @field_validator("currency")
+    @classmethod
+    def _iso_4217(cls, value: str) -> str:
+        if not re.fullmatch(r"[A-Z]{3}", value):
+            raise ValueError("currency must be an ISO 4217 code of 3 uppercase letters, e.g. KRW")
+        return value
+
+
 class Settings(BaseSettings):
     """Everything ``idlegpu.yaml`` holds."""
 
@@ -193,6 +211,7 @@ class Settings(BaseSettings):
     services: list[ServiceConfig] = Field(min_length=1)
     admission: AdmissionConfig = AdmissionConfig()
     store: StoreConfig = StoreConfig()
+    report: ReportConfig = ReportConfig()
 
     @classmethod
     def settings_customise_sources(

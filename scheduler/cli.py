@@ -857,6 +857,73 @@ def fetch(
     )
 
 
+@app.command(short_help="Monthly report: useful GPU-hours, GPU equivalents, savings.")
+def report(
+    month: Annotated[str, typer.Option(help="Month of the report, YYYY-MM (local time).")],
+    months: Annotated[
+        int, typer.Option(help="Months shown, ending with --month (trend, cumulative savings).")
+    ] = 1,
+    out: Annotated[Path, typer.Option(help="Directory for the report files.")] = Path("reports"),
+    runs: Annotated[Optional[Path], typer.Option(
+        help="Run table (one row per attempt), e.g. runs_forecast.csv of `idlegpu simulate`.")
+    ] = None,
+    store: Annotated[Optional[str], typer.Option(
+        help="Job store URL to read attempts from (default: store.url of the config).")
+    ] = None,
+    history: Annotated[Optional[Path], typer.Option(
+        "--history", "-H", help="Pool history, for the idle GPU-hours available.")] = None,
+    config: OptionalConfig = None,
+    price: Annotated[Optional[float], typer.Option(
+        help="Price per GPU-hour (default: report.price_per_gpu_hour of the config).")] = None,
+    currency: Annotated[Optional[str], typer.Option(
+        help="ISO 4217 code of the price (default: report.currency of the config).")] = None,
+) -> None:
+    """Monthly report of the harvested GPUs: Markdown, HTML, summary.csv and charts in --out,
+    from a run table (--runs) or the job store's attempts (--store)."""
+    from forecast.config import ReportConfig
+    from scheduler.reports import build_report, idle_by_day, read_runs, runs_from_store
+    from scheduler.reports import write_report
+
+    if runs is not None and store is not None:
+        raise typer.BadParameter("give --runs or --store, not both", param_hint="--runs")
+    settings = _optional_config(config)
+    defaults = settings.report if settings is not None else ReportConfig()
+    tz = settings.pool.timezone if settings is not None else "UTC"
+    if runs is not None:
+        table = read_runs(runs)
+    else:
+        from scheduler.adapters.store import JobStore
+
+        with JobStore(_store_url(settings, store)) as job_store:
+            table = runs_from_store(job_store, datetime.now(timezone.utc))
+    idle = None
+    if history is not None:
+        if settings is None:
+            raise typer.BadParameter("--history needs the pool configuration (--config)",
+                                     param_hint="--history")
+        from forecast.sources import read_history
+
+        idle = idle_by_day(read_history(history), settings)
+    result = build_report(
+        table, month, months=months, tz=tz,
+        price=defaults.price_per_gpu_hour if price is None else price,
+        currency=(defaults.currency if currency is None else currency),
+        idle_daily=idle, pool=settings.pool.name if settings is not None else "GPU pool",
+    )
+    files = write_report(result, out)
+    from scheduler.reports import format_gpus, format_hours, format_money
+
+    row = result.row
+    console.print(
+        f"{row.month}: {format_hours(row.useful_gpu_hours)} useful GPU-hours = "
+        f"{format_gpus(row.gpus_12h)} GPUs (12 h) / {format_gpus(row.gpus_24h)} GPUs (24 h); "
+        f"savings {format_money(row.savings, row.currency)} "
+        f"(cumulative {format_money(row.cumulative_savings, row.currency)})",
+        highlight=False,
+    )
+    console.print(f"wrote {', '.join(p.name for p in files)} to {out}/", highlight=False)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: user errors print one line and exit 2 (tracebacks with --debug)."""
     args = sys.argv[1:] if argv is None else argv
