@@ -881,8 +881,13 @@ def report(
     """Monthly report of the harvested GPUs: Markdown, HTML, summary.csv and charts in --out,
     from a run table (--runs) or the job store's attempts (--store)."""
     from forecast.config import ReportConfig
-    from scheduler.reports import build_report, idle_by_day, read_runs, runs_from_store
-    from scheduler.reports import write_report
+    from scheduler.reports import (
+        build_report,
+        idle_by_day,
+        read_runs,
+        runs_from_store,
+        write_report,
+    )
 
     if runs is not None and store is not None:
         raise typer.BadParameter("give --runs or --store, not both", param_hint="--runs")
@@ -896,19 +901,26 @@ def report(
 
         with JobStore(_store_url(settings, store)) as job_store:
             table = runs_from_store(job_store, datetime.now(timezone.utc))
-    idle = None
+    idle = accuracy = None
     if history is not None:
         if settings is None:
             raise typer.BadParameter("--history needs the pool configuration (--config)",
                                      param_hint="--history")
         from forecast.sources import read_history
 
-        idle = idle_by_day(read_history(history), settings)
+        frame = read_history(history)
+        idle = idle_by_day(frame, settings)
+        from scheduler.reports import Month, forecast_accuracy
+
+        with console.status(f"checking the forecasts of {month}..."):
+            accuracy = forecast_accuracy(frame, settings, Month.parse(month),
+                                         confidence=settings.admission.confidence)
     result = build_report(
         table, month, months=months, tz=tz,
         price=defaults.price_per_gpu_hour if price is None else price,
         currency=(defaults.currency if currency is None else currency),
         idle_daily=idle, pool=settings.pool.name if settings is not None else "GPU pool",
+        accuracy=accuracy,
     )
     files = write_report(result, out)
     from scheduler.reports import format_gpus, format_hours, format_money

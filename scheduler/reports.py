@@ -465,6 +465,43 @@ def idle_by_month(idle_daily: pd.Series) -> pd.Series:
 # --------------------------------------------------------------------------- the report
 
 
+def forecast_accuracy(
+    history: pd.DataFrame, settings: Any, month: str | Month, *, confidence: float = 0.9,
+    cutoff_hour: int = 18, on_step: Any = None,
+) -> dict[str, float]:
+    """How well the nightly forecasts of ``month`` did: the ``auto`` model refitted each day at
+    ``cutoff_hour`` (local) on the history before it, scored on the following 24 hours of every
+    service's replicas. Returns the MAE of the median, the pinball loss and coverage of the
+    ``confidence`` quantile, and idle-window precision and recall in GPU-hours."""
+    from forecast.backtest import backtest, score, window_quality
+    from forecast.models import model_for
+
+    m = Month.parse(month) if isinstance(month, str) else month
+    tz = settings.pool.timezone
+    replicas = history[history["unique_id"].str.endswith("/replicas")]
+    last = replicas["ds"].max() - pd.Timedelta(hours=24)
+    days = pd.date_range(m.start(tz), m.end(tz), freq="D", inclusive="left")
+    cutoffs = [d + pd.Timedelta(hours=cutoff_hour) for d in days]
+    cutoffs = [c.tz_convert("UTC") for c in cutoffs
+               if c.tz_convert("UTC") <= last and c - pd.Timedelta(days=7) > replicas["ds"].min()]
+    if not cutoffs:
+        raise ReportError(f"the history does not cover {m.label} for a forecast accuracy check")
+    qs = sorted({0.5, confidence})
+    run = backtest(replicas, {"auto": lambda: model_for("auto", settings)}, cutoffs=cutoffs,
+                   horizon=pd.Timedelta(hours=24), quantiles=qs, on_step=on_step)
+    scores = score(run.forecasts, qs).loc["auto"]
+    windows = window_quality(run.forecasts, replicas, settings, confidence).loc["auto"]
+    return {
+        "cutoffs": float(len(cutoffs)),
+        "confidence": confidence,
+        "mae": float(scores["mae"]),
+        "pinball": float(scores[f"pinball_{confidence:g}"]),
+        "coverage": float(scores[f"coverage_{confidence:g}"]),
+        "precision": float(windows["precision"]),
+        "recall": float(windows["recall"]),
+    }
+
+
 @dataclass(frozen=True)
 class Report:
     month: Month
@@ -479,6 +516,8 @@ class Report:
     daily: pd.DataFrame
     idle_daily: pd.Series | None = None
     commands: list[str] = field(default_factory=list)
+    accuracy: dict[str, float] | None = None
+    """Forecast accuracy of the report month (see ``forecast_accuracy``), when computed."""
 
     @property
     def row(self) -> pd.Series:
@@ -496,6 +535,7 @@ def build_report(
     idle_daily: pd.Series | None = None,
     pool: str = "GPU pool",
     commands: Sequence[str] = (),
+    accuracy: dict[str, float] | None = None,
 ) -> Report:
     """Compute everything a report shows for the ``months`` months ending with ``month``."""
     if price < 0 or not math.isfinite(price):
@@ -527,7 +567,7 @@ def build_report(
         teams=breakdown(runs, last, tz, "team", price=price),
         kinds=breakdown(runs, last, tz, "kind", price=price),
         daily=daily_usage(runs, span, tz),
-        idle_daily=idle_daily, commands=list(commands),
+        idle_daily=idle_daily, commands=list(commands), accuracy=accuracy,
     )
 
 
@@ -621,6 +661,21 @@ def _sections(report: Report, charts: dict[str, Path]):
     yield ("table", _summary_rows(report))
     yield ("text", _DEFINITIONS.format(tz=report.tz,
                                         price=format_money(report.price, report.currency)))
+    if report.accuracy is not None:
+        a = report.accuracy
+        yield ("h2", f"Forecast accuracy, {label}")
+        yield ("table", (
+            ["daily forecasts", "MAE (replicas)", f"pinball q{a['confidence']:g}",
+             f"coverage q{a['confidence']:g}", "windows: precision", "windows: recall"],
+            [[f"{a['cutoffs']:.0f}", f"{a['mae']:.3f}", f"{a['pinball']:.3f}",
+              format_share(a["coverage"]), format_share(a["precision"]),
+              format_share(a["recall"])]],
+        ))
+        yield ("text", (
+            f"Each day at 18:00 the forecaster was refitted on the history before it and scored "
+            f"on the next 24 hours of every service's replicas. Precision: of the GPU-hours it "
+            f"promised free with {a['confidence']:.0%} confidence, the share that really were; "
+            "recall: of the GPU-hours really free, the share it promised."))
     yield ("h2", f"By team, {label}")
     yield ("table", _breakdown_rows(report.teams, "team", report.currency))
     yield ("h2", f"By kind of job, {label}")

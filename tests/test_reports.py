@@ -367,3 +367,22 @@ def test_runs_from_store_maps_attempts():
     assert list(runs["lost_gpu_hours"]) == pytest.approx([1, 0, 0])
     row = build_report(runs, "2026-01", tz=TZ).row
     assert row.useful_gpu_hours == pytest.approx(19) and row.preemptions == 1
+
+
+def test_forecast_accuracy_of_a_month_uses_only_the_past():
+    from pathlib import Path
+
+    from forecast.config import load_config
+    from forecast.sources import read_history
+    from scheduler.reports import ReportError, forecast_accuracy
+
+    repo = Path(__file__).resolve().parents[1]
+    settings = load_config(repo / "idlegpu.yaml")
+    history = read_history(repo / "data" / "sample" / "history.parquet")
+    early = history[history["ds"] < pd.Timestamp("2025-10-12T15:00Z")]  # to Oct 13 00:00 KST
+    accuracy = forecast_accuracy(early, settings, "2025-10")
+    assert accuracy["cutoffs"] == 4  # Oct 8-11 at 18:00: a week behind, a day ahead
+    assert 0 <= accuracy["mae"] < 1 and 0 < accuracy["pinball"] < 1
+    assert 0.5 <= accuracy["coverage"] <= 1 and 0.5 <= accuracy["precision"] <= 1
+    with pytest.raises(ReportError, match="does not cover 2026-03"):
+        forecast_accuracy(early, settings, "2026-03")
