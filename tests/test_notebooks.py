@@ -53,11 +53,22 @@ EXPECTED = {
             r"suggested_night_min",
         ],
     ),
+    "04_monthly_report.ipynb": (
+        5,
+        [
+            r"2026-01: [\d,.]+ useful GPU-hours = [\d.]+ GPUs \(12 h\)",
+            r"gpus_12h\s+gpus_24h",  # the summary table
+            r"foundation",  # by team
+            r"forecast accuracy, 2026-01",
+            r"summary.csv matches the report: True",
+            r"KRW 4,500",  # the price what-if
+        ],
+    ),
 }
 
 
 def test_every_notebook_is_tested_and_has_a_readme_entry():
-    found = sorted(p.name for p in NOTEBOOKS.glob("0[1-3]_*.ipynb"))
+    found = sorted(p.name for p in NOTEBOOKS.glob("0[1-9]_*.ipynb"))
     assert found == sorted(EXPECTED)
     readme = (NOTEBOOKS / "README.md").read_text(encoding="utf-8")
     for name in EXPECTED:
