@@ -1,0 +1,193 @@
+"""One pass of the admission loop: reconcile the store with the cluster, decide, apply.
+
+``Controller.reconcile_once(now)`` is what the daemon runs every minute (and ``idlegpu run
+--once``). Order matters for safety:
+
+1. **Reconcile.** The cluster is the truth about Jobs, the store the truth about the queue.
+   An ADMITTED unit whose Job is missing (the process died between recording the admission and
+   creating the Job) gets its Job created again under the same deterministic name, so a crash
+   never loses a job and never starts it twice. Jobs that ran, finished, failed or were
+   stopped move their units on, with GPU-seconds in the event log.
+2. **Read** the live signals and the current forecast (errors are "missing", never "no load").
+3. **Decide** with the pure policy.
+4. **Apply**: a stop is sent to the cluster (the unit is released when the cluster reports the
+   Job stopped); an admission is recorded in the store first, then the Job is created. If the
+   cluster is down, the unit stays ADMITTED and the next pass creates it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from forecast.errors import IdlegpuError
+from scheduler.policy import decide
+from scheduler.ports import Cluster, ClusterJob, JobPhase, SignalSource
+from scheduler.types import (
+    Action,
+    Decision,
+    FreeProfile,
+    JobState,
+    Plan,
+    PolicySettings,
+    ServingSignals,
+)
+
+log = logging.getLogger("idlegpu.controller")
+
+
+@dataclass
+class PassReport:
+    """What one pass saw and did (for logs, metrics and tests)."""
+
+    now: datetime
+    plan: Plan = field(default_factory=Plan)
+    started: list[str] = field(default_factory=list)
+    finished: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    released: list[str] = field(default_factory=list)
+    recreated: list[str] = field(default_factory=list)
+    created: list[str] = field(default_factory=list)
+    stopped: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    signals: ServingSignals | None = None
+
+
+class Controller:
+    def __init__(
+        self,
+        store,
+        cluster: Cluster,
+        signals: SignalSource,
+        forecast: Callable[[datetime], FreeProfile | None],
+        estimate: Callable[[object], float],
+        settings: PolicySettings,
+        *,
+        fair_share_days: float = 7.0,
+    ) -> None:
+        self.store = store
+        self.cluster = cluster
+        self.signals = signals
+        self.forecast = forecast
+        self.estimate = estimate
+        self.settings = settings
+        self.fair_share_days = fair_share_days
+        self._planned_stops: set[str] = set()  # Job names stopped on purpose (checkpointed)
+
+    def reconcile_once(self, now: datetime) -> PassReport:
+        report = PassReport(now=now)
+        self._reconcile(now, report)
+        report.signals = self._read_signals(now, report)
+        profile = self._profile(now, report)
+        if profile is None:
+            profile = FreeProfile(now, 300, _empty(), 0.0, now - timedelta(days=365))
+        waiting = self.store.waiting(now, self._estimate_row)
+        running = self.store.running(now, self._estimate_row)
+        usage = self.store.team_gpu_hours(now, self.fair_share_days * 86400)
+        report.plan = decide(now, profile, running, waiting, report.signals, usage,
+                             self.settings)
+        self._apply(now, report.plan, report)
+        return report
+
+    # ------------------------------------------------------------------ steps
+    def _estimate_row(self, row) -> float:
+        return float(self.estimate(row.spec))
+
+    def _reconcile(self, now: datetime, report: PassReport) -> None:
+        jobs = {job.name: job for job in self.cluster.observe()}
+        holding = [row for row in self.store.queue() if row.state.holds_gpus()]
+        for row in holding:
+            name = self.cluster.job_name(row.id, row.attempts)
+            job = jobs.get(name)
+            try:
+                if job is None:
+                    self._missing_job(row, name, now, report)
+                else:
+                    self._follow(row, job, now, report)
+            except IdlegpuError as exc:
+                report.errors.append(f"{row.id}: {exc}")
+        for row in self.store.to_stop():  # cancelled while holding GPUs
+            name = self.cluster.job_name(row.id, row.attempts)
+            self._stop(name, "cancelled by user", report)
+
+    def _missing_job(self, row, name: str, now: datetime, report: PassReport) -> None:
+        if row.state is JobState.ADMITTED:
+            # admitted, then the process died (or the cluster refused) before the Job existed
+            self.cluster.apply(row.id, row.attempts, row.spec, team=row.team,
+                               stop_by=row.stop_by, now=now)
+            report.recreated.append(name)
+        else:  # RUNNING but the Job vanished (deleted by hand, namespace wiped)
+            self.store.preempted(row.id, now, reason="its Job disappeared from the cluster")
+            report.released.append(row.id)
+
+    def _follow(self, row, job: ClusterJob, now: datetime, report: PassReport) -> None:
+        if job.phase is JobPhase.RUNNING and row.state is JobState.ADMITTED:
+            self.store.started(row.id, job.started_at or now)
+            report.started.append(row.id)
+        elif job.phase is JobPhase.SUCCEEDED:
+            self.store.finished(row.id, job.finished_at or now)
+            report.finished.append(row.id)
+        elif job.phase is JobPhase.FAILED:
+            self.store.failed(row.id, job.finished_at or now, job.message or "the Job failed")
+            report.failed.append(row.id)
+        elif job.phase in (JobPhase.SUSPENDED, JobPhase.DISRUPTED):
+            planned = job.name in self._planned_stops and row.checkpointable
+            if planned and row.started_at is not None:
+                done = row.work_done_s + (now - row.started_at).total_seconds()
+                self.store.checkpointed(row.id, now, done)
+            self.store.preempted(row.id, now, lost_gpu_seconds=0.0 if planned else None,
+                                 reason="stopped as planned" if planned else "preempted")
+            self._planned_stops.discard(job.name)
+            report.released.append(row.id)
+
+    def _read_signals(self, now: datetime, report: PassReport) -> ServingSignals:
+        try:
+            return self.signals.read(now)
+        except IdlegpuError as exc:
+            report.errors.append(f"signals: {exc}")
+            return ServingSignals(observed_at=None)
+
+    def _profile(self, now: datetime, report: PassReport) -> FreeProfile | None:
+        try:
+            return self.forecast(now)
+        except IdlegpuError as exc:
+            report.errors.append(f"forecast: {exc}")
+            return None
+
+    def _apply(self, now: datetime, plan: Plan, report: PassReport) -> None:
+        for decision in plan.decisions:
+            if decision.action is Action.PREEMPT:
+                row = self.store.unit(decision.job_id)
+                name = self.cluster.job_name(row.id, row.attempts)
+                if decision.planned:
+                    self._planned_stops.add(name)
+                self._stop(name, decision.reason, report)
+            elif decision.action is Action.ADMIT:
+                self._admit(now, decision, report)
+
+    def _admit(self, now: datetime, decision: Decision, report: PassReport) -> None:
+        # the decision is recorded first: a crash after this line leaves an ADMITTED unit that
+        # the next pass creates under the same name; never a Job the store does not know
+        attempt = self.store.admit(decision.job_id, now, stop_by=decision.stop_by)
+        row = self.store.unit(decision.job_id)
+        try:
+            name = self.cluster.apply(row.id, attempt, row.spec, team=row.team,
+                                      stop_by=decision.stop_by, now=now)
+            report.created.append(name)
+        except IdlegpuError as exc:
+            report.errors.append(f"{row.id}: admitted, Job not created yet ({exc})")
+
+    def _stop(self, name: str, reason: str, report: PassReport) -> None:
+        try:
+            self.cluster.stop(name, reason=reason)
+            report.stopped.append(name)
+        except IdlegpuError as exc:
+            report.errors.append(f"{name}: stop failed ({exc})")
+
+
+def _empty():
+    import numpy as np
+
+    return np.zeros(1)

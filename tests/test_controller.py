@@ -1,0 +1,163 @@
+"""reconcile_once() with a real SQLite store, an in-memory cluster and scripted signals."""
+
+from datetime import UTC, datetime, timedelta
+
+import numpy as np
+import pytest
+
+from forecast.errors import TemporaryError
+from scheduler.adapters.store import JobStore
+from scheduler.controller import Controller
+from scheduler.ports import ClusterJob, JobPhase
+from scheduler.specs import expand_units, validate_request
+from scheduler.types import FreeProfile, JobState, PolicySettings, ServingSignals
+
+T0 = datetime(2026, 1, 28, 11, 0, tzinfo=UTC)  # 20:00 in Seoul
+
+
+class MemoryCluster:
+    """The Cluster port in memory: Jobs by name, with phases the test sets."""
+
+    def __init__(self):
+        self.jobs: dict[str, ClusterJob] = {}
+        self.created: list[str] = []
+        self.stops: list[tuple[str, str]] = []
+        self.fail_apply = 0
+
+    def job_name(self, unit_id, attempt):
+        return f"idlegpu-{unit_id}-a{attempt}"
+
+    def apply(self, unit_id, attempt, spec, *, team, stop_by, now):
+        if self.fail_apply:
+            self.fail_apply -= 1
+            raise TemporaryError("the API server is unavailable (503)")
+        name = self.job_name(unit_id, attempt)
+        if name not in self.jobs:  # adopt an existing one, like a 409
+            self.jobs[name] = ClusterJob(name, unit_id, attempt, JobPhase.PENDING, spec.gpus, now)
+            self.created.append(name)
+        return name
+
+    def stop(self, name, *, reason):
+        self.stops.append((name, reason))
+        if name in self.jobs:
+            job = self.jobs[name]
+            self.jobs[name] = ClusterJob(job.name, job.unit_id, job.attempt, JobPhase.SUSPENDED,
+                                         job.gpus, job.created_at, job.started_at)
+
+    def observe(self):
+        return list(self.jobs.values())
+
+    def set_phase(self, name, phase, at):
+        job = self.jobs[name]
+        self.jobs[name] = ClusterJob(job.name, job.unit_id, job.attempt, phase, job.gpus,
+                                     job.created_at, at if phase is JobPhase.RUNNING else
+                                     job.started_at, at if phase.is_over() else None)
+
+
+class Signals:
+    def __init__(self):
+        self.value = ServingSignals(observed_at=T0)
+
+    def read(self, now):
+        return self.value
+
+
+REQUEST = {
+    "name": "shards", "team": "data", "kind": "datagen",
+    "image": "registry.example.com/research/vllm-datagen:0.6.3",
+    "command": ["python", "generate.py"], "args": ["--shard", "{shard}"],
+    "sweep": {"shard": [0, 1]}, "gpus": 8, "runtime_estimate": "2h",
+    "output": "s3://runs/{team}/{name}/{shard}",
+}
+
+
+@pytest.fixture
+def setup(tmp_path):
+    store = JobStore(f"sqlite:///{tmp_path / 'jobs.db'}")
+    request = validate_request(REQUEST)
+    store.submit(request.name, request.team, request.kind, REQUEST, expand_units(request),
+                 T0 - timedelta(hours=1))
+    cluster, signals = MemoryCluster(), Signals()
+    free = {"values": np.full(288, 16.0)}
+
+    def forecast(now):
+        return FreeProfile(T0, 300, free["values"], 0.9, T0)
+
+    controller = Controller(store, cluster, signals, forecast,
+                            lambda spec: spec.runtime_estimate_s * 1.3, PolicySettings())
+    yield store, cluster, signals, controller, free
+    store.close()
+
+
+def states(store):
+    return sorted(row.state.value for row in store.queue(include_terminal=True))
+
+
+def test_admit_start_finish_with_gpu_seconds(setup):
+    store, cluster, _, controller, _ = setup
+    report = controller.reconcile_once(T0)
+    assert len(report.created) == 2 and states(store) == ["admitted", "admitted"]
+    for name in cluster.created:
+        cluster.set_phase(name, JobPhase.RUNNING, T0 + timedelta(minutes=1))
+    report = controller.reconcile_once(T0 + timedelta(minutes=1))
+    assert len(report.started) == 2 and states(store) == ["running", "running"]
+    for name in cluster.created:
+        cluster.set_phase(name, JobPhase.SUCCEEDED, T0 + timedelta(hours=2))
+    controller.reconcile_once(T0 + timedelta(hours=2, minutes=1))
+    assert states(store) == ["succeeded", "succeeded"]
+    finished = [e for e in store.events() if e.kind == "finished"]
+    assert len(finished) == 2
+    assert all(e.gpu_seconds == pytest.approx(8 * 2 * 3600, rel=0.01) for e in finished)
+    assert len(cluster.created) == 2  # never a second Job
+
+
+def test_a_crash_between_admission_and_job_creation_loses_nothing(setup):
+    store, cluster, _, controller, _ = setup
+    cluster.fail_apply = 2  # the API refuses both creations in this pass
+    report = controller.reconcile_once(T0)
+    assert states(store) == ["admitted", "admitted"] and not cluster.jobs
+    assert len(report.errors) == 2
+    report = controller.reconcile_once(T0 + timedelta(minutes=1))
+    assert len(report.recreated) == 2 and len(cluster.jobs) == 2
+    controller.reconcile_once(T0 + timedelta(minutes=2))
+    assert len(cluster.created) == 2  # created exactly once each
+    assert [row.attempts for row in store.queue()] == [1, 1]
+
+
+def test_stale_signals_admit_nothing(setup):
+    store, cluster, signals, controller, _ = setup
+    signals.value = ServingSignals(observed_at=T0 - timedelta(minutes=5))
+    report = controller.reconcile_once(T0)
+    assert not cluster.jobs and states(store) == ["queued", "queued"]
+    assert all("not admitting blind" in d.reason for d in report.plan.decisions)
+
+
+def test_live_pressure_stops_a_job_and_the_unit_returns_to_the_queue(setup):
+    store, cluster, signals, controller, _ = setup
+    controller.reconcile_once(T0)
+    for name in cluster.created:
+        cluster.set_phase(name, JobPhase.RUNNING, T0)
+    controller.reconcile_once(T0 + timedelta(minutes=1))
+    signals.value = ServingSignals(observed_at=T0 + timedelta(minutes=2), gpus_short=4)
+    report = controller.reconcile_once(T0 + timedelta(minutes=2))
+    assert len(report.stopped) == 1  # one 8-GPU job covers the need of 4
+    report = controller.reconcile_once(T0 + timedelta(minutes=3))
+    assert len(report.released) == 1
+    assert sorted(states(store)) == ["queued", "running"]
+    preempted = [row for row in store.queue() if row.state is JobState.QUEUED][0]
+    assert preempted.preemptions == 1
+
+
+def test_a_cancelled_running_unit_is_stopped(setup):
+    store, cluster, _, controller, _ = setup
+    controller.reconcile_once(T0)
+    for name in cluster.created:
+        cluster.set_phase(name, JobPhase.RUNNING, T0)
+    controller.reconcile_once(T0 + timedelta(minutes=1))
+    unit = store.queue()[0].id
+    store.cancel(unit, T0 + timedelta(minutes=2))
+    report = controller.reconcile_once(T0 + timedelta(minutes=2))
+    assert any(name.startswith(f"idlegpu-{unit}") for name, _ in cluster.stops)
+    controller.reconcile_once(T0 + timedelta(minutes=3))
+    assert store.unit(unit).state is JobState.CANCELLED
+    del report
