@@ -175,6 +175,35 @@ class AdmissionConfig(_Strict):
     max_gpus_per_job: int = Field(default=64, gt=0)
 
 
+class ClusterConfig(_Strict):
+    """Where and how research Jobs run (the inference pool's GPU nodes)."""
+
+    namespace: str = "idlegpu-jobs"
+    kubeconfig: str | None = None
+    """Path of a kubeconfig; None: the default one, or the in-cluster service account."""
+    context: str | None = None
+    in_cluster: bool = False
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    """Labels of the inference pool's GPU nodes, e.g. {pool: inference}."""
+    tolerations: list[dict[str, Any]] = Field(default_factory=list)
+    priority_class: str = "idlegpu-best-effort"
+    """A PriorityClass with a negative value and preemptionPolicy Never (deploy/)."""
+
+
+class DaemonConfig(_Strict):
+    """The admission daemon's timing and endpoints."""
+
+    mode: str = Field(default="always-on", pattern="^(always-on|night-only)$")
+    """``always-on`` admits whenever the forecast allows; ``night-only`` only 20:00-08:00."""
+    reconcile_seconds: int = Field(default=60, gt=0)
+    backstop_seconds: int = Field(default=15, gt=0)
+    forecast_refresh_hour: int = Field(default=17, ge=0, le=23)
+    """Local hour of the nightly forecast refresh (before the evening window)."""
+    metrics_port: int = Field(default=9464, ge=0, le=65535)
+    """Port of /metrics and /healthz (0: none)."""
+    reports_dir: str = "reports"
+
+
 class StoreConfig(_Strict):
     url: str = "sqlite:///idlegpu.db"
     """SQLAlchemy URL of the job store: a SQLite file by default, or postgresql://..."""
@@ -211,6 +240,8 @@ class Settings(BaseSettings):
     services: list[ServiceConfig] = Field(min_length=1)
     admission: AdmissionConfig = AdmissionConfig()
     store: StoreConfig = StoreConfig()
+    cluster: ClusterConfig = ClusterConfig()
+    daemon: DaemonConfig = DaemonConfig()
     report: ReportConfig = ReportConfig()
 
     @classmethod

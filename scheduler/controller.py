@@ -91,6 +91,19 @@ class Controller:
         self._apply(now, report.plan, report)
         return report
 
+    def backstop_once(self, now: datetime) -> PassReport:
+        """The fast safety pass (every 10-15 s): live signals and the forecast against what
+        runs; stops only, no admissions, no reconciling."""
+        report = PassReport(now=now)
+        report.signals = self._read_signals(now, report)
+        profile = self._profile(now, report)
+        if profile is None:
+            profile = FreeProfile(now, 300, _empty(), 0.0, now - timedelta(days=365))
+        running = self.store.running(now, self._estimate_row)
+        report.plan = decide(now, profile, running, [], report.signals, {}, self.settings)
+        self._apply(now, report.plan, report)
+        return report
+
     # ------------------------------------------------------------------ steps
     def _estimate_row(self, row) -> float:
         return float(self.estimate(row.spec))

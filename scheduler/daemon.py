@@ -1,0 +1,200 @@
+"""``idlegpu run``: the admission daemon under APScheduler.
+
+Jobs (fixed ids, ``max_instances=1``, ``coalesce=True``): the reconcile pass every
+``daemon.reconcile_seconds``, the live backstop every ``daemon.backstop_seconds``, the forecast
+refresh every evening at ``daemon.forecast_refresh_hour`` (local), and last month's report on
+the 1st. The daemon serves its own Prometheus metrics and a health endpoint, and stops
+gracefully on SIGTERM (the pass under way finishes; nothing is left half-applied).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from scheduler.controller import Controller, PassReport
+from scheduler.types import Action
+
+log = logging.getLogger("idlegpu.daemon")
+
+
+class DaemonMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.running_jobs = Gauge("idlegpu_running_jobs", "Job units holding GPUs", registry=r)
+        self.running_gpus = Gauge("idlegpu_running_gpus", "GPUs held by research jobs",
+                                  registry=r)
+        self.admissions = Counter("idlegpu_admissions", "Job units admitted", registry=r)
+        self.preemptions = Counter("idlegpu_preemptions", "Stops sent, by kind",
+                                   ["kind"], registry=r)
+        self.harvested = Counter("idlegpu_harvested_gpu_seconds",
+                                 "GPU-seconds of finished attempts", registry=r)
+        self.forecast_age = Gauge("idlegpu_forecast_age_seconds", "Age of the forecast in use",
+                                  registry=r)
+        self.signal_age = Gauge("idlegpu_signal_age_seconds",
+                                "Age of the live signals (-1: missing)", registry=r)
+        self.passes = Counter("idlegpu_passes", "Controller passes, by kind", ["kind"],
+                              registry=r)
+        self.errors = Counter("idlegpu_pass_errors", "Errors met during passes", registry=r)
+
+
+class Daemon:
+    def __init__(
+        self,
+        controller: Controller,
+        *,
+        reconcile_seconds: int = 60,
+        backstop_seconds: int = 15,
+        refresh_forecast: Callable[[datetime], None] | None = None,
+        refresh_hour: int = 17,
+        monthly_report: Callable[[datetime], None] | None = None,
+        timezone: str = "UTC",
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.controller = controller
+        self.reconcile_seconds = reconcile_seconds
+        self.backstop_seconds = backstop_seconds
+        self.refresh_forecast = refresh_forecast
+        self.refresh_hour = refresh_hour
+        self.monthly_report = monthly_report
+        self.timezone = timezone
+        self.clock = clock
+        self.metrics = DaemonMetrics()
+        self.last_pass: datetime | None = None
+        self.forecast_made: datetime | None = None
+        self._server = None
+
+    # ------------------------------------------------------------------ jobs
+    def reconcile(self) -> PassReport:
+        report = self.controller.reconcile_once(self.clock())
+        self._record(report, "reconcile")
+        return report
+
+    def backstop(self) -> PassReport:
+        report = self.controller.backstop_once(self.clock())
+        self._record(report, "backstop")
+        return report
+
+    def refresh(self) -> None:
+        if self.refresh_forecast is not None:
+            now = self.clock()
+            self.refresh_forecast(now)
+            self.forecast_made = now
+
+    def report(self) -> None:
+        if self.monthly_report is not None:
+            self.monthly_report(self.clock())
+
+    def _record(self, report: PassReport, kind: str) -> None:
+        m = self.metrics
+        m.passes.labels(kind).inc()
+        m.admissions.inc(len(report.created))
+        for d in report.plan.of(Action.PREEMPT):
+            m.preemptions.labels("planned" if d.planned else "live").inc()
+        m.errors.inc(len(report.errors))
+        for error in report.errors:
+            log.warning("%s pass: %s", kind, error)
+        running = self.controller.store.running(report.now, lambda row: 0.0)
+        m.running_jobs.set(len(running))
+        m.running_gpus.set(sum(j.gpus for j in running))
+        age = report.signals.age_s(report.now) if report.signals else None
+        m.signal_age.set(-1 if age is None else age)
+        if self.forecast_made is not None:
+            m.forecast_age.set((report.now - self.forecast_made).total_seconds())
+        for unit in report.finished:
+            events = self.controller.store.events(unit_id=unit)
+            m.harvested.inc(sum(e.gpu_seconds or 0 for e in events if e.kind == "finished"))
+        self.last_pass = report.now
+
+    # ------------------------------------------------------------------ scheduling
+    def scheduler(self, *, blocking: bool = True):
+        from apscheduler.schedulers.background import BackgroundScheduler
+        from apscheduler.schedulers.blocking import BlockingScheduler
+        from apscheduler.triggers.cron import CronTrigger
+        from apscheduler.triggers.interval import IntervalTrigger
+
+        sched = (BlockingScheduler if blocking else BackgroundScheduler)(timezone=self.timezone)
+        common = {"max_instances": 1, "coalesce": True, "replace_existing": True,
+                  "misfire_grace_time": 30}
+        sched.add_job(self.reconcile, IntervalTrigger(seconds=self.reconcile_seconds),
+                      id="reconcile", **common)
+        sched.add_job(self.backstop, IntervalTrigger(seconds=self.backstop_seconds),
+                      id="backstop", **common)
+        sched.add_job(self.refresh, CronTrigger(hour=self.refresh_hour, minute=0),
+                      id="forecast-refresh", **common)
+        sched.add_job(self.report, CronTrigger(day=1, hour=6, minute=0), id="monthly-report",
+                      **common)
+        return sched
+
+    # ------------------------------------------------------------------ endpoints
+    def healthy(self) -> bool:
+        """Alive when a pass ran within three reconcile periods."""
+        if self.last_pass is None:
+            return False
+        return (self.clock() - self.last_pass).total_seconds() <= 3 * self.reconcile_seconds
+
+    def wsgi(self, environ, start_response):
+        path = environ.get("PATH_INFO", "")
+        if path == "/metrics":
+            start_response("200 OK", [("Content-Type", CONTENT_TYPE_LATEST)])
+            return [generate_latest(self.metrics.registry)]
+        if path in ("/healthz", "/readyz"):
+            ok = self.healthy()
+            start_response("200 OK" if ok else "503 Service Unavailable",
+                           [("Content-Type", "text/plain")])
+            return [b"ok\n" if ok else b"no recent pass\n"]
+        start_response("404 Not Found", [("Content-Type", "text/plain")])
+        return [b"not found\n"]
+
+    def serve(self, port: int, host: str = "0.0.0.0") -> int:
+        """Serve /metrics and /healthz in a thread; returns the bound port."""
+
+        class Quiet(WSGIRequestHandler):
+            def log_message(self, *args) -> None:  # noqa: D401 - keep the log clean
+                pass
+
+        self._server = make_server(host, port, self.wsgi, handler_class=Quiet)
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        return self._server.server_port
+
+    def run(self, *, metrics_port: int = 0) -> None:
+        """Run until SIGTERM or SIGINT: a first refresh and pass at once, then on schedule."""
+        if metrics_port:
+            self.serve(metrics_port)
+        self.refresh()
+        self.reconcile()
+        sched = self.scheduler(blocking=True)
+
+        def stop(signum, frame) -> None:
+            log.info("signal %s: finishing the pass under way, then stopping", signum)
+            sched.shutdown(wait=True)
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        sched.start()
+        if self._server is not None:
+            self._server.shutdown()
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server = None
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
+    """Poll ``predicate`` until true or ``timeout`` seconds (for tests and start-up checks)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()

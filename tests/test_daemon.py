@@ -1,0 +1,49 @@
+"""The daemon: scheduled passes, its metrics and health endpoints, a graceful stop."""
+
+import urllib.error
+import urllib.request
+from datetime import UTC, datetime
+
+from scheduler.daemon import Daemon, wait_until
+from test_controller import T0, setup  # noqa: F401  (the fixture)
+
+
+def test_scheduled_passes_metrics_and_health(setup):  # noqa: F811
+    store, cluster, _, controller, _ = setup
+    clock = {"now": T0}
+    daemon = Daemon(controller, reconcile_seconds=1, backstop_seconds=1,
+                    refresh_forecast=lambda now: None, clock=lambda: clock["now"])
+    port = daemon.serve(0, host="127.0.0.1")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        with urllib.request.urlopen(f"{url}/healthz") as _:
+            raise AssertionError("healthy before any pass")
+    except urllib.error.HTTPError as exc:
+        assert exc.code == 503
+    daemon.refresh()
+    sched = daemon.scheduler(blocking=False)
+    sched.start()
+    try:
+        assert wait_until(lambda: len(cluster.created) == 2, timeout=10)
+    finally:
+        sched.shutdown(wait=True)  # the pass under way finishes first
+    with urllib.request.urlopen(f"{url}/healthz") as response:
+        assert response.status == 200
+    with urllib.request.urlopen(f"{url}/metrics") as response:
+        text = response.read().decode()
+    assert "idlegpu_admissions_total 2.0" in text
+    assert 'idlegpu_passes_total{kind="reconcile"}' in text
+    assert "idlegpu_running_gpus 16.0" in text  # two admitted 8-GPU units hold their GPUs
+    assert "idlegpu_signal_age_seconds 0.0" in text
+    daemon.close()
+    assert {job.id for job in sched.get_jobs()} == set()  # shut down
+    assert len(cluster.created) == 2  # passes after the first never duplicate a Job
+
+
+def test_jobs_are_registered_once_with_safe_options(setup):  # noqa: F811
+    _, _, _, controller, _ = setup
+    daemon = Daemon(controller, clock=lambda: datetime.now(UTC))
+    sched = daemon.scheduler(blocking=False)
+    jobs = {job.id: job for job in sched.get_jobs()}
+    assert set(jobs) == {"reconcile", "backstop", "forecast-refresh", "monthly-report"}
+    assert all(job.max_instances == 1 and job.coalesce for job in jobs.values())
