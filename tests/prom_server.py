@@ -205,3 +205,47 @@ def stop_process(proc: subprocess.Popen, timeout: float = 10) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=timeout)
+
+
+def serve_openmetrics(text: str, workdir: Path) -> PromServer:
+    """Backfill hand-written OpenMetrics ``text`` (ending in ``# EOF``) into ``workdir/data`` and
+    start a server on it; the caller stops it."""
+    _, promtool = find_binaries()
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    om = workdir / "history.om"
+    om.write_text(text, encoding="utf-8")
+    data_dir = workdir / "data"
+    proc = subprocess.run(
+        [promtool, "tsdb", "create-blocks-from", "openmetrics",
+         f"--max-block-duration={DEFAULT_MAX_BLOCK_DURATION}", str(om), str(data_dir)],
+        capture_output=True, text=True, check=False,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"promtool failed (exit {proc.returncode}):\n{proc.stdout[-2000:]}\n"
+                           f"{proc.stderr[-2000:]}")
+    server = PromServer(data_dir, workdir)
+    server.start()
+    return server
+
+
+def start_scraping(targets: list[str], workdir: Path, *, interval: str = "1s") -> PromServer:
+    """A server with an empty TSDB scraping ``targets`` (``host:port``, path ``/metrics``) every
+    ``interval``: started with no targets, then its config is rewritten and reloaded (SIGHUP).
+    The caller stops it."""
+    import signal
+
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    server = PromServer(workdir / "data", workdir)
+    server.start()
+    config = (
+        f"global:\n  scrape_interval: {interval}\n  scrape_timeout: {interval}\n"
+        f"  evaluation_interval: {interval}\n"
+        "scrape_configs:\n  - job_name: vllm\n    static_configs:\n      - targets: ["
+        + ", ".join(f'"{t}"' for t in targets) + "]\n"
+    )
+    (workdir / "prometheus.yml").write_text(config, encoding="utf-8")
+    assert server.proc is not None
+    server.proc.send_signal(signal.SIGHUP)
+    return server
