@@ -1,0 +1,654 @@
+"""The ``Cluster`` port over the Kubernetes API: one ``batch/v1`` Job per attempt of a unit.
+
+    cluster = KubernetesCluster.from_config(namespace="research", node_selector={...},
+                                            tolerations=[...])
+    name = cluster.apply(unit_id, attempt, spec, team="nlp", stop_by=..., now=...)
+    cluster.stop(name, reason="window closes")      # spec.suspend=true: SIGTERM + grace period
+    jobs = cluster.observe()                        # every Job labelled managed-by=idlegpu
+
+Jobs are named deterministically from ``(unit_id, attempt)``, so a create that is retried after
+a lost response, or repeated after a restart, adopts the Job already there (409 Conflict)
+instead of running it twice. Stopping suspends the Job (the Job controller deletes its pods with
+a ``DisruptionTarget`` condition, and ``podFailurePolicy`` ignores that), which keeps the Job and
+its history around; it is never deleted here (``ttlSecondsAfterFinished`` is left to the
+cluster's policy).
+
+Errors: HTTP 5xx, 429, timeouts and connection failures are retried with exponential backoff,
+then raise ``ClusterUnavailableError`` (a ``TemporaryError``); 403 raises
+``ClusterPermissionError`` naming the verb and resource the service account lacks; 422 and other
+4xx raise ``ClusterRejectedError`` naming the fields the API server objected to. Every message is
+one line.
+
+This is the only module allowed to import ``kubernetes`` (see the import-linter contracts).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import logging
+import os
+import re
+import time
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+import kubernetes
+import urllib3
+from kubernetes.client.exceptions import ApiException
+
+from forecast.errors import PermanentError, TemporaryError
+from scheduler.ports import ClusterJob, JobPhase
+from scheduler.types import UnitSpec
+
+log = logging.getLogger(__name__)
+
+MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGER = "idlegpu"
+SELECTOR = f"{MANAGED_BY}={MANAGER}"
+LABEL_UNIT = "idlegpu.io/unit"
+LABEL_TEAM = "idlegpu.io/team"
+LABEL_ATTEMPT = "idlegpu.io/attempt"
+ANN_UNIT_ID = "idlegpu.io/unit-id"
+ANN_TEAM = "idlegpu.io/team"
+ANN_STOP_BY = "idlegpu.io/stop-by"
+ANN_CREATED_AT = "idlegpu.io/created-at"
+ANN_STOP_REASON = "idlegpu.io/stop-reason"
+ANN_STEP = "idlegpu.io/step"
+GPU_RESOURCE = "nvidia.com/gpu"
+RESUME_ENV = "IDLEGPU_RESUME"
+ATTEMPT_ENV = "IDLEGPU_ATTEMPT"
+UNIT_ENV = "IDLEGPU_UNIT"
+OUTPUT_ENV = "IDLEGPU_OUTPUT"
+CONTAINER_NAME = "job"
+
+_MAX_NAME = 63
+_MAX_LABEL = 63
+_RETRYABLE_STATUS = {429, 500, 502, 503, 504}
+_MERGE_PATCH = "application/merge-patch+json"
+
+
+class ClusterUnavailableError(TemporaryError):
+    """The Kubernetes API could not be reached, timed out or kept answering 5xx/429."""
+
+
+class ClusterPermissionError(PermanentError):
+    """The API server answered 403: the service account lacks an RBAC permission."""
+
+
+class ClusterRejectedError(PermanentError):
+    """The API server rejected a request (422 Invalid, 400, ...); ``fields`` names the culprits."""
+
+    def __init__(self, message: str, *, status: int, fields: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.status = status
+        self.fields = fields
+
+
+class JobConflictError(PermanentError):
+    """A Job with the attempt's name exists but belongs to another unit or to someone else."""
+
+
+class UnsafeManifestError(PermanentError):
+    """A manifest breaks the pod security rules (privileged, host namespaces, hostPath...)."""
+
+
+# --- names and labels --------------------------------------------------------------------
+
+
+def _digest(text: str, n: int = 8) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:n]
+
+
+def _dns_part(text: str) -> str:
+    """Lower-case ``text`` into DNS-1123 label characters, runs of others to one ``-``."""
+    return re.sub(r"-+", "-", re.sub(r"[^a-z0-9-]", "-", text.lower())).strip("-")
+
+
+def job_name(unit_id: str, attempt: int) -> str:
+    """``idlegpu-{unit}-a{attempt}``, a DNS-1123 label of at most 63 characters.
+
+    When the unit id is not already DNS-safe (upper case, ``_``, ``/``...) or the name would be
+    too long, an 8-hex hash of the exact unit id is added, so distinct ids never share a name.
+    """
+    if attempt < 1:
+        raise ValueError(f"attempt must be >= 1, not {attempt}")
+    part = _dns_part(unit_id)
+    suffix = f"-a{attempt}"
+    name = f"idlegpu-{part}{suffix}"
+    if part == unit_id and len(name) <= _MAX_NAME:
+        return name
+    tail = f"-{_digest(unit_id)}{suffix}"
+    room = _MAX_NAME - len("idlegpu-") - len(tail)
+    part = part[:room].rstrip("-")
+    return f"idlegpu-{part}{tail}" if part else f"idlegpu{tail}"
+
+
+def label_value(text: str) -> str:
+    """``text`` as a valid label value (<= 63 chars of ``[A-Za-z0-9._-]``, alphanumeric ends);
+    lossy values get an 8-hex hash of the original so they stay distinct."""
+    clean = re.sub(r"[^A-Za-z0-9._-]", "-", text)
+    if clean == text and len(text) <= _MAX_LABEL and re.fullmatch(r"([A-Za-z0-9].*)?", text) \
+            and (not text or text[-1].isalnum()):
+        return text
+    tail = f"-{_digest(text)}"
+    head = clean[: _MAX_LABEL - len(tail)].strip("-_.")
+    return f"{head}{tail}" if head else _digest(text)
+
+
+def _quantity_cpu(cpu: float) -> str:
+    if cpu <= 0:
+        raise ValueError(f"cpu must be positive, not {cpu}")
+    if float(cpu).is_integer():
+        return str(int(cpu))
+    return f"{max(1, round(cpu * 1000))}m"
+
+
+def _iso(when: datetime) -> str:
+    return when.isoformat().replace("+00:00", "Z")
+
+
+def _parse_time(value: Any) -> datetime | None:
+    if value is None or value == "":
+        return None
+    if isinstance(value, datetime):
+        return value
+    text = str(value)
+    if text.endswith("Z"):
+        text = text[:-1] + "+00:00"
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
+        return None
+
+
+# --- pod security ------------------------------------------------------------------------
+
+
+def check_pod_security(manifest: dict[str, Any]) -> None:
+    """Raise ``UnsafeManifestError`` when a Job manifest asks for anything privileged: host
+    namespaces, hostPath volumes, privileged containers, privilege escalation, added
+    capabilities or running as root. Applied to every manifest before it is sent."""
+    name = manifest.get("metadata", {}).get("name", "?")
+    pod = manifest.get("spec", {}).get("template", {}).get("spec", {}) or {}
+    problems: list[str] = []
+    for key in ("hostNetwork", "hostPID", "hostIPC"):
+        if pod.get(key):
+            problems.append(f"spec.template.spec.{key}")
+    for i, volume in enumerate(pod.get("volumes") or []):
+        if "hostPath" in volume:
+            problems.append(f"spec.template.spec.volumes[{i}].hostPath")
+    pod_ctx = pod.get("securityContext") or {}
+    if pod_ctx.get("runAsNonRoot") is not True:
+        problems.append("spec.template.spec.securityContext.runAsNonRoot must be true")
+    if pod_ctx.get("runAsUser") == 0:
+        problems.append("spec.template.spec.securityContext.runAsUser=0")
+    for kind in ("initContainers", "containers", "ephemeralContainers"):
+        for i, container in enumerate(pod.get(kind) or []):
+            where = f"spec.template.spec.{kind}[{i}].securityContext"
+            ctx = container.get("securityContext") or {}
+            if ctx.get("privileged"):
+                problems.append(f"{where}.privileged")
+            if ctx.get("allowPrivilegeEscalation") is not False:
+                problems.append(f"{where}.allowPrivilegeEscalation must be false")
+            if ctx.get("runAsUser") == 0:
+                problems.append(f"{where}.runAsUser=0")
+            caps = ctx.get("capabilities") or {}
+            if caps.get("add"):
+                problems.append(f"{where}.capabilities.add")
+            if "ALL" not in (caps.get("drop") or []):
+                problems.append(f"{where}.capabilities.drop must include ALL")
+            for port in container.get("ports") or []:
+                if port.get("hostPort"):
+                    problems.append(f"spec.template.spec.{kind}[{i}].ports.hostPort")
+    if problems:
+        raise UnsafeManifestError(
+            f"Job {name} breaks the pod security rules: {', '.join(problems)}")
+
+
+# --- the adapter -------------------------------------------------------------------------
+
+
+class KubernetesCluster:
+    """``Cluster`` over ``batch/v1`` Jobs in one namespace (see the module docstring)."""
+
+    def __init__(
+        self,
+        api_client: kubernetes.client.ApiClient | None,
+        *,
+        namespace: str,
+        node_selector: dict[str, str] | None = None,
+        tolerations: list[dict[str, Any]] | None = None,
+        priority_class: str | None = "idlegpu-best-effort",
+        grace_seconds: int = 600,
+        non_checkpoint_grace_seconds: int = 30,
+        active_deadline_seconds: int | None = None,
+        backoff_limit: int = 0,
+        retries: int = 3,
+        dry_run: bool = False,
+        backoff_s: float = 0.5,
+        max_backoff_s: float = 30.0,
+        request_timeout_s: float = 30.0,
+        service_account: str | None = None,
+        run_as_user: int | None = None,
+        ttl_seconds_after_finished: int | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        if api_client is None and not dry_run:
+            raise ValueError("an api_client is needed unless dry_run=True")
+        if retries < 0:
+            raise ValueError("retries must be >= 0")
+        self.api_client = api_client
+        self.batch = kubernetes.client.BatchV1Api(api_client) if api_client else None
+        self.namespace = namespace
+        self.node_selector = dict(node_selector or {})
+        self.tolerations = [dict(t) for t in (tolerations or [])]
+        self.priority_class = priority_class
+        self.grace_seconds = int(grace_seconds)
+        self.non_checkpoint_grace_seconds = int(non_checkpoint_grace_seconds)
+        self.active_deadline_seconds = active_deadline_seconds
+        self.backoff_limit = int(backoff_limit)
+        self.retries = int(retries)
+        self.dry_run = dry_run
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        self.request_timeout_s = request_timeout_s
+        self.service_account = service_account
+        self.run_as_user = run_as_user
+        self.ttl_seconds_after_finished = ttl_seconds_after_finished
+        self._sleep = sleep
+        self.last_manifests: list[dict[str, Any]] = []
+        """Manifests ``apply`` built, newest last (the last 1000)."""
+        self.dry_run_stops: list[tuple[str, str]] = []
+        """``(name, reason)`` of every ``stop`` skipped in dry-run mode."""
+
+    @classmethod
+    def from_config(
+        cls,
+        kubeconfig: str | None = None,
+        context: str | None = None,
+        in_cluster: bool = False,
+        **kw: Any,
+    ) -> KubernetesCluster:
+        """Build from a kubeconfig file (default ``~/.kube/config`` or ``$KUBECONFIG``) and
+        context, or from the pod's service account when ``in_cluster`` (also when neither is
+        named, none is found and the process runs in a pod)."""
+        from kubernetes import config as kube_config
+
+        configuration = kubernetes.client.Configuration()
+        try:
+            if in_cluster:
+                kube_config.load_incluster_config(client_configuration=configuration)
+            else:
+                try:
+                    kube_config.load_kube_config(config_file=kubeconfig, context=context,
+                                                 client_configuration=configuration)
+                except (kube_config.ConfigException, OSError, TypeError):
+                    # no kubeconfig named and none found: inside a pod, its service account
+                    if kubeconfig is not None or context is not None or not os.environ.get(
+                            "KUBERNETES_SERVICE_HOST"):
+                        raise
+                    kube_config.load_incluster_config(client_configuration=configuration)
+                    in_cluster = True
+        except (kube_config.ConfigException, OSError, TypeError) as exc:
+            where = "in-cluster service account" if in_cluster else (
+                f"kubeconfig {kubeconfig or '(default)'}" + (f" context {context}" if context
+                                                             else ""))
+            msg = " ".join(str(exc).split())
+            raise PermanentError(f"cannot load Kubernetes config from {where}: {msg}") from None
+        return cls(kubernetes.client.ApiClient(configuration), **kw)
+
+    # --- Cluster protocol ----------------------------------------------------------------
+
+    def job_name(self, unit_id: str, attempt: int) -> str:
+        return job_name(unit_id, attempt)
+
+    def manifest(self, unit_id: str, attempt: int, spec: UnitSpec, team: str,
+                 stop_by: datetime | None, now: datetime) -> dict[str, Any]:
+        """The attempt's ``batch/v1`` Job (pure: same inputs, same dict), security-checked."""
+        name = self.job_name(unit_id, attempt)
+        labels = {
+            MANAGED_BY: MANAGER,
+            LABEL_UNIT: label_value(unit_id),
+            LABEL_TEAM: label_value(team),
+            LABEL_ATTEMPT: str(attempt),
+        }
+        annotations = {
+            ANN_UNIT_ID: unit_id,
+            ANN_TEAM: team,
+            ANN_STEP: spec.step,
+            ANN_CREATED_AT: _iso(now),
+        }
+        if stop_by is not None:
+            annotations[ANN_STOP_BY] = _iso(stop_by)
+
+        env = [{"name": k, "value": v} for k, v in spec.env]
+        ours = {UNIT_ENV: unit_id, ATTEMPT_ENV: str(attempt)}
+        if spec.output:
+            ours[OUTPUT_ENV] = spec.output
+        if spec.checkpointable and attempt > 1 and spec.resume_args:
+            ours[RESUME_ENV] = " ".join(spec.resume_args)
+        taken = {e["name"] for e in env}
+        env += [{"name": k, "value": v} for k, v in ours.items() if k not in taken]
+
+        resources: dict[str, str] = {"cpu": _quantity_cpu(spec.cpu), "memory": str(spec.memory)}
+        if spec.gpus > 0:
+            resources[GPU_RESOURCE] = str(int(spec.gpus))
+        container: dict[str, Any] = {
+            "name": CONTAINER_NAME,
+            "image": spec.image,
+            "resources": {"limits": dict(resources), "requests": dict(resources)},
+            "env": env,
+            "securityContext": {
+                "allowPrivilegeEscalation": False,
+                "privileged": False,
+                "runAsNonRoot": True,
+                "capabilities": {"drop": ["ALL"]},
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+        }
+        if spec.command:
+            container["command"] = list(spec.command)
+        if spec.args:
+            container["args"] = list(spec.args)
+        grace = self.grace_seconds if spec.checkpointable else self.non_checkpoint_grace_seconds
+        pod_spec: dict[str, Any] = {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": grace,
+            "automountServiceAccountToken": False,
+            "securityContext": {
+                "runAsNonRoot": True,
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+            "containers": [container],
+        }
+        if self.priority_class:
+            pod_spec["priorityClassName"] = self.priority_class
+        if self.node_selector:
+            pod_spec["nodeSelector"] = dict(self.node_selector)
+        if self.tolerations:
+            pod_spec["tolerations"] = copy.deepcopy(self.tolerations)
+        if self.service_account:
+            pod_spec["serviceAccountName"] = self.service_account
+        if self.run_as_user is not None:  # for images whose USER is root or unset
+            pod_spec["securityContext"]["runAsUser"] = int(self.run_as_user)
+        job_spec: dict[str, Any] = {
+            "backoffLimit": self.backoff_limit,
+            "completions": 1,
+            "parallelism": 1,
+            "podFailurePolicy": {"rules": [
+                # a preemption or eviction (ours via suspend, or the kube-scheduler's) is not a
+                # failure of the job
+                {"action": "Ignore",
+                 "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+                # any other failure of the container fails the Job at once, retries or not
+                {"action": "FailJob",
+                 "onExitCodes": {"containerName": CONTAINER_NAME, "operator": "NotIn",
+                                 "values": [0]}},
+            ]},
+            "template": {
+                "metadata": {"labels": dict(labels), "annotations": {ANN_UNIT_ID: unit_id}},
+                "spec": pod_spec,
+            },
+        }
+        if self.active_deadline_seconds is not None:
+            job_spec["activeDeadlineSeconds"] = int(self.active_deadline_seconds)
+        if self.ttl_seconds_after_finished is not None:
+            job_spec["ttlSecondsAfterFinished"] = int(self.ttl_seconds_after_finished)
+        manifest = {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {
+                "name": name,
+                "namespace": self.namespace,
+                "labels": labels,
+                "annotations": annotations,
+            },
+            "spec": job_spec,
+        }
+        check_pod_security(manifest)
+        return manifest
+
+    def apply(self, unit_id: str, attempt: int, spec: UnitSpec, *, team: str,
+              stop_by: datetime | None, now: datetime) -> str:
+        manifest = self.manifest(unit_id, attempt, spec, team, stop_by, now)
+        name = manifest["metadata"]["name"]
+        self.last_manifests.append(manifest)
+        del self.last_manifests[:-1000]
+        if self.dry_run:
+            log.info("dry run: would create Job %s/%s: %s", self.namespace, name,
+                     json.dumps(manifest, sort_keys=True))
+            return name
+        try:
+            self._call("create", lambda **kw: self.batch.create_namespaced_job(
+                self.namespace, manifest, _content_type="application/json", **kw))
+            log.info("created Job %s/%s for unit %s attempt %d", self.namespace, name, unit_id,
+                     attempt)
+        except _Conflict:
+            self._adopt(name, unit_id, attempt)
+        return name
+
+    def stop(self, name: str, *, reason: str) -> None:
+        if self.dry_run:
+            self.dry_run_stops.append((name, reason))
+            log.info("dry run: would suspend Job %s/%s (%s)", self.namespace, name, reason)
+            return
+        patch = {"metadata": {"annotations": {ANN_STOP_REASON: reason[:1024]}},
+                 "spec": {"suspend": True}}
+        try:
+            self._call("patch", lambda **kw: self.batch.patch_namespaced_job(
+                name, self.namespace, patch, _content_type=_MERGE_PATCH, **kw))
+        except _NotFound:
+            log.info("Job %s/%s is already gone", self.namespace, name)
+        except ClusterRejectedError:
+            # a Job that already finished may refuse suspension; it holds no GPUs either way
+            job = self._get(name)
+            if job is None or _finished_condition(job) is not None:
+                return
+            raise
+
+    def observe(self) -> list[ClusterJob]:
+        if self.batch is None:
+            return []
+        body = self._call("list", lambda **kw: self.batch.list_namespaced_job(
+            self.namespace, label_selector=SELECTOR, **kw))
+        jobs = []
+        for item in body.get("items") or []:
+            labels = item.get("metadata", {}).get("labels") or {}
+            if labels.get(MANAGED_BY) != MANAGER:  # a server that ignores labelSelector
+                continue
+            job = _to_cluster_job(item)
+            if job is not None:
+                jobs.append(job)
+        return sorted(jobs, key=lambda j: j.name)
+
+    # --- internals -----------------------------------------------------------------------
+
+    def _get(self, name: str) -> dict[str, Any] | None:
+        try:
+            return self._call("get", lambda **kw: self.batch.read_namespaced_job(
+                name, self.namespace, **kw))
+        except _NotFound:
+            return None
+
+    def _adopt(self, name: str, unit_id: str, attempt: int) -> None:
+        job = self._get(name)
+        if job is None:  # deleted between our create and get: create it next cycle
+            raise ClusterUnavailableError(
+                f"Job {self.namespace}/{name} conflicted on create but is gone now; retry",
+                delay=1.0)
+        meta = job.get("metadata") or {}
+        labels = meta.get("labels") or {}
+        owner = (meta.get("annotations") or {}).get(ANN_UNIT_ID)
+        if (labels.get(MANAGED_BY) != MANAGER or labels.get(LABEL_UNIT) != label_value(unit_id)
+                or (owner is not None and owner != unit_id)
+                or labels.get(LABEL_ATTEMPT) != str(attempt)):
+            raise JobConflictError(
+                f"Job {self.namespace}/{name} already exists and is not unit {unit_id} attempt "
+                f"{attempt} of idlegpu (labels {labels}); delete or rename it")
+        log.info("adopted existing Job %s/%s for unit %s", self.namespace, name, unit_id)
+
+    def _call(self, verb: str, fn: Callable[..., Any]) -> Any:
+        """Run one API call with retries; return its JSON body as a dict."""
+        attempts = self.retries + 1
+        last = ""
+        for i in range(attempts):
+            if i:
+                self._sleep(min(self.max_backoff_s, self.backoff_s * 2 ** (i - 1)))
+            try:
+                response = fn(_preload_content=False, _request_timeout=self.request_timeout_s)
+                data = response.data
+                return json.loads(data) if data else {}
+            except ApiException as exc:
+                if exc.status in _RETRYABLE_STATUS:
+                    last = f"HTTP {exc.status} {_status_message(exc) or exc.reason or ''}".strip()
+                    continue
+                raise self._error(verb, exc) from None
+            except (urllib3.exceptions.HTTPError, OSError) as exc:
+                last = " ".join(f"{type(exc).__name__}: {exc}".split())
+                continue
+        raise ClusterUnavailableError(
+            f"Kubernetes API unavailable: {verb} jobs.batch in namespace {self.namespace} failed "
+            f"after {attempts} attempt(s): {last[:300]}")
+
+    def _error(self, verb: str, exc: ApiException) -> Exception:
+        message = _status_message(exc)
+        if exc.status == 404:
+            return _NotFound(message)
+        if exc.status == 409 and verb == "create":
+            return _Conflict(message)
+        if exc.status == 401:
+            return ClusterPermissionError(
+                f"Kubernetes rejected the credentials for '{verb}' on jobs.batch in namespace "
+                f"{self.namespace} (HTTP 401): {message or exc.reason}; check the kubeconfig "
+                f"user or the service account token")
+        if exc.status == 403:
+            return ClusterPermissionError(
+                f"Kubernetes denied '{verb}' on jobs.batch in namespace {self.namespace} "
+                f"(HTTP {exc.status}): {message or exc.reason}; grant the idlegpu service "
+                f"account a Role with verbs get, list, create, patch on resource jobs in API "
+                f"group batch there (see deploy/)")
+        fields = _status_fields(exc)
+        what = f" (fields: {', '.join(fields)})" if fields else ""
+        return ClusterRejectedError(
+            f"Kubernetes rejected '{verb}' on jobs.batch in namespace {self.namespace} "
+            f"(HTTP {exc.status}){what}: {message or exc.reason}",
+            status=exc.status or 0, fields=fields)
+
+
+class _NotFound(Exception):
+    pass
+
+
+class _Conflict(Exception):
+    pass
+
+
+def _status_body(exc: ApiException) -> dict[str, Any]:
+    try:
+        body = json.loads(exc.body) if exc.body else {}
+    except (ValueError, TypeError):
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def _status_message(exc: ApiException) -> str:
+    body = _status_body(exc)
+    text = body.get("message") or (exc.body.decode(errors="replace") if isinstance(
+        exc.body, bytes) else str(exc.body or ""))
+    return " ".join(str(text).split())[:500]
+
+
+def _status_fields(exc: ApiException) -> tuple[str, ...]:
+    causes = (_status_body(exc).get("details") or {}).get("causes") or []
+    fields = [c.get("field") for c in causes if isinstance(c, dict) and c.get("field")]
+    if not fields:  # "Job.batch "x" is invalid: spec.foo: Required value"
+        fields = re.findall(r"(?:^|: |, )((?:metadata|spec)\.[\w.\[\]\"/-]+):",
+                            _status_message(exc))
+    return tuple(dict.fromkeys(fields))
+
+
+def _conditions(job: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    found = {}
+    for cond in (job.get("status") or {}).get("conditions") or []:
+        if str(cond.get("status")) == "True":
+            found[cond.get("type")] = cond
+    return found
+
+
+def _finished_condition(job: dict[str, Any]) -> dict[str, Any] | None:
+    conds = _conditions(job)
+    return conds.get("Complete") or conds.get("Failed")
+
+
+def _phase(job: dict[str, Any]) -> tuple[JobPhase, str]:
+    spec = job.get("spec") or {}
+    status = job.get("status") or {}
+    conds = _conditions(job)
+    if (status.get("succeeded") or 0) > 0 or "Complete" in conds:
+        return JobPhase.SUCCEEDED, (conds.get("Complete") or {}).get("message", "")
+    if "Failed" in conds:
+        cond = conds["Failed"]
+        text = f"{cond.get('reason', '')}: {cond.get('message', '')}".strip(": ")
+        if "DisruptionTarget" in text or cond.get("reason") in ("PreemptionByScheduler",
+                                                               "EvictionByEvictionAPI"):
+            return JobPhase.DISRUPTED, text
+        return JobPhase.FAILED, text
+    if spec.get("suspend") or "Suspended" in conds:
+        terminating = status.get("terminating") or 0
+        active = status.get("active") or 0
+        if terminating or (active and "Suspended" not in conds):
+            # pods still in their grace period hold their GPUs
+            return JobPhase.RUNNING, f"suspending: {terminating or active} pod(s) terminating"
+        return JobPhase.SUSPENDED, (conds.get("Suspended") or {}).get("message", "") or (
+            (job.get("metadata", {}).get("annotations") or {}).get(ANN_STOP_REASON, ""))
+    ready = status.get("ready")
+    active = status.get("active") or 0
+    if (ready or 0) > 0 or (active > 0 and ready is None):
+        return JobPhase.RUNNING, ""
+    if active > 0:
+        return JobPhase.PENDING, "pod not ready yet"
+    return JobPhase.PENDING, ""
+
+
+def _gpus(job: dict[str, Any]) -> int:
+    pod = ((job.get("spec") or {}).get("template") or {}).get("spec") or {}
+    total = 0
+    for container in pod.get("containers") or []:
+        limits = (container.get("resources") or {}).get("limits") or {}
+        try:
+            total += int(str(limits.get(GPU_RESOURCE, 0)))
+        except ValueError:
+            pass
+    return total
+
+
+def _to_cluster_job(job: dict[str, Any]) -> ClusterJob | None:
+    meta = job.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    annotations = meta.get("annotations") or {}
+    unit_id = annotations.get(ANN_UNIT_ID) or labels.get(LABEL_UNIT)
+    if not unit_id or not meta.get("name"):
+        return None
+    try:
+        attempt = int(labels.get(LABEL_ATTEMPT, "0"))
+    except ValueError:
+        attempt = 0
+    phase, message = _phase(job)
+    status = job.get("status") or {}
+    finished = status.get("completionTime")
+    if finished is None and phase in (JobPhase.FAILED, JobPhase.DISRUPTED):
+        finished = (_conditions(job).get("Failed") or {}).get("lastTransitionTime")
+    return ClusterJob(
+        name=meta["name"],
+        unit_id=unit_id,
+        attempt=attempt,
+        phase=phase,
+        gpus=_gpus(job),
+        created_at=_parse_time(meta.get("creationTimestamp")),
+        started_at=_parse_time(status.get("startTime")),
+        finished_at=_parse_time(finished),
+        message=" ".join(str(message).split()),
+    )

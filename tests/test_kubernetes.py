@@ -1,0 +1,474 @@
+"""The Kubernetes adapter against a stateful fake API server over real HTTP (tests/fake_kube.py),
+with the official ``kubernetes`` client in between: manifests, create/adopt, stop, observe,
+retries and error messages."""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterator
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from fake_kube import FakeKube
+
+from forecast.errors import PermanentError, TemporaryError
+from scheduler.adapters.kubernetes import (
+    ClusterPermissionError,
+    ClusterRejectedError,
+    ClusterUnavailableError,
+    JobConflictError,
+    KubernetesCluster,
+    UnsafeManifestError,
+    check_pod_security,
+    job_name,
+    label_value,
+)
+from scheduler.ports import Cluster, JobPhase
+from scheduler.types import UnitSpec
+
+NS = "research"
+NOW = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
+STOP_BY = NOW + timedelta(hours=5)
+NODE_SELECTOR = {"pool": "inference-gpu"}
+TOLERATIONS = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+DNS_1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+def make_spec(**kw: object) -> UnitSpec:
+    base = UnitSpec(
+        step="train", step_index=0, member=0, image="registry.example/llm/train:1.2",
+        command=("python", "-m", "train"), args=("--epochs", "3"),
+        env=(("WANDB_MODE", "offline"),), parameters=(), gpus=2, cpu=8.0, memory="64Gi",
+        runtime_estimate_s=7200.0, checkpointable=True, checkpoint_interval_s=900.0,
+        resume_args=("--resume", "/ckpt/last"), priority=0, deadline=None,
+        max_preemptions=None, output="s3://bucket/out", depends_on=())
+    return replace(base, **kw)
+
+
+@pytest.fixture
+def kube() -> Iterator[FakeKube]:
+    with FakeKube() as fake:
+        yield fake
+
+
+def cluster_for(kube: FakeKube | None, **kw: object) -> KubernetesCluster:
+    args: dict[str, object] = {"namespace": NS, "node_selector": NODE_SELECTOR,
+                               "tolerations": TOLERATIONS, "backoff_s": 0.0,
+                               "request_timeout_s": 5.0}
+    args.update(kw)
+    return KubernetesCluster(kube.api_client() if kube else None, **args)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def cluster(kube: FakeKube) -> KubernetesCluster:
+    return cluster_for(kube)
+
+
+def manifest(cluster: KubernetesCluster, attempt: int = 1, **kw: object) -> dict:
+    return cluster.manifest("req7-0-1", attempt, make_spec(**kw), "nlp", STOP_BY, NOW)
+
+
+# --- names and manifests (pure) -----------------------------------------------------------
+
+
+def test_implements_the_cluster_protocol(cluster: KubernetesCluster) -> None:
+    port: Cluster = cluster
+    assert port.job_name("req7-0-1", 1) == "idlegpu-req7-0-1-a1"
+
+
+def test_names_are_deterministic_dns_labels_and_distinct() -> None:
+    assert job_name("req7-0-1", 3) == job_name("req7-0-1", 3) == "idlegpu-req7-0-1-a3"
+    long = "x" * 200 + "-0-0"
+    weird = ["Req_7/0:1", "req.7.0.1", "REQ-7-0-1", long, long[:-1] + "1", "---", "é"]
+    names = [job_name(u, 12) for u in weird]
+    for name in names:
+        assert len(name) <= 63 and DNS_1123.match(name), name
+        assert name.endswith("-a12")
+    assert len(set(names)) == len(names)
+    # ids that sanitize alike still get distinct names (the hash of the exact id)
+    assert job_name("a_b-0-0", 1) != job_name("a.b-0-0", 1)
+    with pytest.raises(ValueError):
+        job_name("u", 0)
+
+
+def test_label_values_are_valid_and_distinct() -> None:
+    valid = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+    values = ["nlp", "team/a", "x" * 80, "x" * 79 + "y", "-lead", "trail."]
+    labels = [label_value(v) for v in values]
+    assert labels[0] == "nlp"
+    for label in labels:
+        assert len(label) <= 63 and valid.match(label), label
+    assert len(set(labels)) == len(labels)
+
+
+def test_manifest_golden(cluster: KubernetesCluster) -> None:
+    m = manifest(cluster)
+    assert m["apiVersion"] == "batch/v1" and m["kind"] == "Job"
+    meta = m["metadata"]
+    assert meta["name"] == "idlegpu-req7-0-1-a1" and meta["namespace"] == NS
+    assert meta["labels"] == {
+        "app.kubernetes.io/managed-by": "idlegpu", "idlegpu.io/unit": "req7-0-1",
+        "idlegpu.io/team": "nlp", "idlegpu.io/attempt": "1"}
+    assert meta["annotations"]["idlegpu.io/stop-by"] == "2026-03-02T14:00:00Z"
+    assert meta["annotations"]["idlegpu.io/created-at"] == "2026-03-02T09:00:00Z"
+    assert meta["annotations"]["idlegpu.io/unit-id"] == "req7-0-1"
+    spec = m["spec"]
+    assert spec["backoffLimit"] == 0
+    assert "activeDeadlineSeconds" not in spec
+    assert spec["podFailurePolicy"]["rules"][0] == {
+        "action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
+    assert spec["podFailurePolicy"]["rules"][1]["action"] == "FailJob"
+    assert spec["template"]["metadata"]["labels"] == meta["labels"]
+    pod = spec["template"]["spec"]
+    assert pod["restartPolicy"] == "Never"
+    assert pod["priorityClassName"] == "idlegpu-best-effort"
+    assert pod["terminationGracePeriodSeconds"] == 600
+    assert pod["nodeSelector"] == NODE_SELECTOR and pod["tolerations"] == TOLERATIONS
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert not any(pod.get(k) for k in ("hostNetwork", "hostPID", "hostIPC", "volumes"))
+    (container,) = pod["containers"]
+    assert container["image"] == "registry.example/llm/train:1.2"
+    assert container["command"] == ["python", "-m", "train"]
+    assert container["args"] == ["--epochs", "3"]
+    resources = {"nvidia.com/gpu": "2", "cpu": "8", "memory": "64Gi"}
+    assert container["resources"] == {"limits": resources, "requests": resources}
+    ctx = container["securityContext"]
+    assert ctx["allowPrivilegeEscalation"] is False and ctx["privileged"] is False
+    assert ctx["runAsNonRoot"] is True and ctx["capabilities"] == {"drop": ["ALL"]}
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["WANDB_MODE"] == "offline" and env["IDLEGPU_ATTEMPT"] == "1"
+    assert env["IDLEGPU_OUTPUT"] == "s3://bucket/out"
+    assert "IDLEGPU_RESUME" not in env  # first attempt: nothing to resume
+    # pure: same inputs, same manifest
+    assert manifest(cluster) == m
+
+
+def test_manifest_grace_resume_and_options(kube: FakeKube) -> None:
+    cluster = cluster_for(kube, active_deadline_seconds=86400, backoff_limit=2,
+                          priority_class=None, grace_seconds=900, run_as_user=1000,
+                          ttl_seconds_after_finished=3600)
+    resumed = manifest(cluster, attempt=3)
+    env = {e["name"]: e["value"] for e in resumed["spec"]["template"]["spec"]["containers"][0]
+           ["env"]}
+    assert env["IDLEGPU_RESUME"] == "--resume /ckpt/last"
+    assert resumed["metadata"]["name"].endswith("-a3")
+    assert resumed["spec"]["activeDeadlineSeconds"] == 86400
+    assert resumed["spec"]["backoffLimit"] == 2
+    assert resumed["spec"]["ttlSecondsAfterFinished"] == 3600
+    assert resumed["spec"]["template"]["spec"]["securityContext"]["runAsUser"] == 1000
+    pod = resumed["spec"]["template"]["spec"]
+    assert "priorityClassName" not in pod
+    assert pod["terminationGracePeriodSeconds"] == 900
+
+    plain = manifest(cluster, attempt=3, checkpointable=False, cpu=1.5, gpus=0)
+    pod = plain["spec"]["template"]["spec"]
+    assert pod["terminationGracePeriodSeconds"] == 30
+    env = {e["name"] for e in pod["containers"][0]["env"]}
+    assert "IDLEGPU_RESUME" not in env
+    assert pod["containers"][0]["resources"]["limits"] == {"cpu": "1500m", "memory": "64Gi"}
+    with pytest.raises(UnsafeManifestError, match="runAsUser=0"):
+        manifest(cluster_for(kube, run_as_user=0))
+    no_stop = cluster.manifest("u-0-0", 1, make_spec(), "nlp", None, NOW)
+    assert "idlegpu.io/stop-by" not in no_stop["metadata"]["annotations"]
+
+
+@pytest.mark.parametrize("mutate", [
+    lambda pod: pod.__setitem__("hostNetwork", True),
+    lambda pod: pod.__setitem__("hostPID", True),
+    lambda pod: pod.__setitem__("hostIPC", True),
+    lambda pod: pod.__setitem__("volumes", [{"name": "h", "hostPath": {"path": "/"}}]),
+    lambda pod: pod["containers"][0]["securityContext"].__setitem__("privileged", True),
+    lambda pod: pod["containers"][0]["securityContext"].__setitem__(
+        "allowPrivilegeEscalation", True),
+    lambda pod: pod["containers"][0]["securityContext"]["capabilities"].__setitem__(
+        "add", ["SYS_ADMIN"]),
+    lambda pod: pod["securityContext"].__setitem__("runAsNonRoot", False),
+    lambda pod: pod.setdefault("initContainers", []).append(
+        {"name": "i", "image": "x", "securityContext": {"privileged": True}}),
+])
+def test_security_check_rejects_privileged_manifests(cluster: KubernetesCluster,
+                                                     mutate: object) -> None:
+    m = manifest(cluster)
+    check_pod_security(m)  # ours passes
+    mutate(m["spec"]["template"]["spec"])  # type: ignore[operator]
+    with pytest.raises(UnsafeManifestError, match="pod security") as err:
+        check_pod_security(m)
+    assert isinstance(err.value, PermanentError)
+
+
+def test_manifest_validates_against_the_real_schema(cluster: KubernetesCluster) -> None:
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    for m in (manifest(cluster), manifest(cluster, attempt=2, checkpointable=False, gpus=0)):
+        for version in ("1.30", "1.33"):
+            kubernetes_validate.validate(m, version, strict=True)
+
+
+# --- apply ----------------------------------------------------------------------------------
+
+
+def test_apply_creates_then_adopts_without_duplicates(kube: FakeKube,
+                                                      cluster: KubernetesCluster) -> None:
+    name = cluster.apply("req7-0-1", 1, make_spec(), team="nlp", stop_by=STOP_BY, now=NOW)
+    assert name == "idlegpu-req7-0-1-a1"
+    job = kube.job(name, NS)
+    assert job["metadata"]["uid"] and job["metadata"]["resourceVersion"]
+    assert job["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"][
+        "nvidia.com/gpu"] == "2"
+    again = cluster.apply("req7-0-1", 1, make_spec(), team="nlp", stop_by=STOP_BY,
+                          now=NOW + timedelta(minutes=1))
+    assert again == name
+    assert len(kube.jobs) == 1
+    assert kube.job(name, NS)["metadata"]["uid"] == job["metadata"]["uid"]
+    # a new attempt is a new Job
+    cluster.apply("req7-0-1", 2, make_spec(), team="nlp", stop_by=None, now=NOW)
+    assert sorted(n for _, n in kube.jobs) == [name, "idlegpu-req7-0-1-a2"]
+
+
+def test_apply_refuses_to_adopt_a_foreign_job(kube: FakeKube, cluster: KubernetesCluster) -> None:
+    kube.add_job({"metadata": {"name": "idlegpu-req7-0-1-a1", "labels": {"app": "other"}},
+                  "spec": {"template": {}}}, namespace=NS)
+    with pytest.raises(JobConflictError, match="already exists and is not unit req7-0-1"):
+        cluster.apply("req7-0-1", 1, make_spec(), team="nlp", stop_by=None, now=NOW)
+
+
+def test_apply_survives_a_lost_create_response(kube: FakeKube,
+                                               cluster: KubernetesCluster) -> None:
+    kube.fail_next(1, "lost")  # created on the server, answer never arrives
+    name = cluster.apply("req7-0-1", 1, make_spec(), team="nlp", stop_by=None, now=NOW)
+    assert len(kube.jobs) == 1 and kube.count("POST") == 2  # retried, got 409, adopted
+    assert kube.job(name, NS)["metadata"]["labels"]["idlegpu.io/unit"] == "req7-0-1"
+
+
+def test_dry_run_makes_no_api_call(kube: FakeKube, caplog: pytest.LogCaptureFixture) -> None:
+    cluster = cluster_for(kube, dry_run=True)
+    with caplog.at_level(logging.INFO, logger="scheduler.adapters.kubernetes"):
+        name = cluster.apply("req7-0-1", 1, make_spec(), team="nlp", stop_by=None, now=NOW)
+        cluster.stop(name, reason="test")
+    assert name == "idlegpu-req7-0-1-a1"
+    assert kube.requests == [] and kube.jobs == {}
+    assert cluster.last_manifests[-1]["metadata"]["name"] == name
+    assert cluster.dry_run_stops == [(name, "test")]
+    assert "would create Job research/idlegpu-req7-0-1-a1" in caplog.text
+    # no client at all is fine in dry-run mode
+    offline = cluster_for(None, dry_run=True)
+    assert offline.apply("u-0-0", 1, make_spec(), team="t", stop_by=None, now=NOW)
+    assert offline.observe() == []
+    with pytest.raises(ValueError):
+        cluster_for(None)
+
+
+def test_invalid_manifest_names_the_field(kube: FakeKube, cluster: KubernetesCluster) -> None:
+    with pytest.raises(ClusterRejectedError) as err:
+        cluster.apply("req7-0-1", 1, make_spec(image=""), team="nlp", stop_by=None, now=NOW)
+    assert err.value.status == 422
+    assert err.value.fields == ("spec.template.spec.containers[0].image",)
+    message = str(err.value)
+    assert "spec.template.spec.containers[0].image" in message and "\n" not in message
+    assert isinstance(err.value, PermanentError)
+    assert kube.count("POST") == 1  # not retried
+
+
+# --- stop -----------------------------------------------------------------------------------
+
+
+def test_stop_suspends_with_a_merge_patch(kube: FakeKube, cluster: KubernetesCluster) -> None:
+    name = cluster.apply("req7-0-1", 1, make_spec(), team="nlp", stop_by=None, now=NOW)
+    rv = kube.job(name, NS)["metadata"]["resourceVersion"]
+    cluster.stop(name, reason="window closes at 14:00")
+    job = kube.job(name, NS)
+    assert job["spec"]["suspend"] is True
+    assert job["metadata"]["annotations"]["idlegpu.io/stop-reason"] == "window closes at 14:00"
+    assert job["metadata"]["resourceVersion"] != rv
+    patch = [r for r in kube.requests if r.method == "PATCH"][-1]
+    assert patch.content_type == "application/merge-patch+json"
+    assert patch.body == {"metadata": {"annotations": {
+        "idlegpu.io/stop-reason": "window closes at 14:00"}}, "spec": {"suspend": True}}
+    cluster.stop(name, reason="again")  # idempotent
+    assert kube.job(name, NS)["spec"]["suspend"] is True
+
+
+def test_stop_of_a_missing_job_is_fine(kube: FakeKube, cluster: KubernetesCluster) -> None:
+    cluster.stop("idlegpu-gone-a1", reason="preempt")
+    assert kube.count("PATCH") == 1
+
+
+def test_stop_of_a_finished_job_that_refuses_suspension_is_fine(
+        kube: FakeKube, cluster: KubernetesCluster) -> None:
+    name = cluster.apply("req7-0-1", 1, make_spec(), team="nlp", stop_by=None, now=NOW)
+    kube.set_status(name, {"succeeded": 1, "conditions": [
+        {"type": "Complete", "status": "True"}]})
+    kube.fail_next(1, 422)
+    cluster.stop(name, reason="late")
+    kube.set_status(name, {"active": 1, "ready": 1})
+    kube.fail_next(1, 422)
+    with pytest.raises(ClusterRejectedError):
+        cluster.stop(name, reason="late")
+
+
+# --- observe --------------------------------------------------------------------------------
+
+
+STATUSES = {
+    "pending": ({}, JobPhase.PENDING),
+    "starting": ({"active": 1, "ready": 0}, JobPhase.PENDING),
+    "running": ({"active": 1, "ready": 1, "startTime": "2026-03-02T09:01:00Z"},
+                JobPhase.RUNNING),
+    "old-cluster": ({"active": 1}, JobPhase.RUNNING),
+    "succeeded": ({"succeeded": 1, "startTime": "2026-03-02T09:01:00Z",
+                   "completionTime": "2026-03-02T11:00:00Z",
+                   "conditions": [{"type": "Complete", "status": "True"}]},
+                  JobPhase.SUCCEEDED),
+    "failed": ({"failed": 1, "conditions": [
+        {"type": "Failed", "status": "True", "reason": "PodFailurePolicy",
+         "message": "Container job for pod x failed with exit code 1 matching FailJob rule",
+         "lastTransitionTime": "2026-03-02T10:00:00Z"}]}, JobPhase.FAILED),
+    "disrupted": ({"failed": 1, "conditions": [
+        {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
+         "message": "pod evicted with DisruptionTarget"}]}, JobPhase.DISRUPTED),
+    "suspended": ({"conditions": [{"type": "Suspended", "status": "True",
+                                   "message": "Job suspended"}]}, JobPhase.SUSPENDED),
+    "terminating": ({"active": 0, "terminating": 1, "conditions": [
+        {"type": "Suspended", "status": "True"}]}, JobPhase.RUNNING),
+}
+
+
+def test_observe_maps_statuses(kube: FakeKube, cluster: KubernetesCluster) -> None:
+    names = {}
+    for i, (case, (status, _)) in enumerate(STATUSES.items()):
+        names[case] = cluster.apply(f"{case}-0-0", 1, make_spec(gpus=i + 1), team="nlp",
+                                    stop_by=None, now=NOW)
+        kube.set_status(names[case], status)
+    seen = {job.unit_id: job for job in cluster.observe()}
+    assert set(seen) == {f"{case}-0-0" for case in STATUSES}
+    for i, (case, (_, phase)) in enumerate(STATUSES.items()):
+        job = seen[f"{case}-0-0"]
+        assert job.phase is phase, case
+        assert job.name == names[case] and job.attempt == 1 and job.gpus == i + 1
+        assert job.created_at is not None and job.created_at.tzinfo is not None
+    assert seen["running-0-0"].started_at == datetime(2026, 3, 2, 9, 1, tzinfo=UTC)
+    assert seen["succeeded-0-0"].finished_at == datetime(2026, 3, 2, 11, 0, tzinfo=UTC)
+    assert seen["failed-0-0"].finished_at == datetime(2026, 3, 2, 10, 0, tzinfo=UTC)
+    assert "exit code 1" in seen["failed-0-0"].message
+    assert seen["terminating-0-0"].message.startswith("suspending")
+
+
+def test_observe_after_stop_reports_suspended(kube: FakeKube,
+                                              cluster: KubernetesCluster) -> None:
+    name = cluster.apply("req7-0-1", 2, make_spec(), team="nlp", stop_by=None, now=NOW)
+    kube.set_status(name, {"active": 1, "ready": 1})
+    assert [j.phase for j in cluster.observe()] == [JobPhase.RUNNING]
+    cluster.stop(name, reason="preempt")
+    (job,) = cluster.observe()
+    assert job.phase is JobPhase.SUSPENDED and job.phase.is_over() and job.attempt == 2
+
+
+def test_observe_honours_the_label_selector(kube: FakeKube, cluster: KubernetesCluster) -> None:
+    cluster.apply("req7-0-1", 1, make_spec(), team="nlp", stop_by=None, now=NOW)
+    kube.add_job({"metadata": {"name": "someone-else", "labels": {"app": "etl"}},
+                  "spec": {"template": {}}, "status": {"active": 1}}, namespace=NS)
+    kube.add_job({"metadata": {"name": "elsewhere", "labels": {
+        "app.kubernetes.io/managed-by": "idlegpu", "idlegpu.io/unit": "x"}},
+        "spec": {"template": {}}}, namespace="other")
+    jobs = cluster.observe()
+    assert [j.name for j in jobs] == ["idlegpu-req7-0-1-a1"]
+    (listing,) = [r for r in kube.requests if r.method == "GET"]
+    assert listing.query["labelSelector"] == "app.kubernetes.io/managed-by=idlegpu"
+    assert listing.path == f"/apis/batch/v1/namespaces/{NS}/jobs"
+
+
+# --- errors and retries ---------------------------------------------------------------------
+
+
+def test_transient_5xx_is_retried_without_duplicates(kube: FakeKube) -> None:
+    sleeps: list[float] = []
+    cluster = cluster_for(kube, backoff_s=0.5, sleep=sleeps.append)
+    kube.fail_next(2, 503)
+    name = cluster.apply("req7-0-1", 1, make_spec(), team="nlp", stop_by=None, now=NOW)
+    assert kube.count("POST") == 3 and list(kube.jobs) == [(NS, name)]
+    assert sleeps == [0.5, 1.0]  # exponential backoff
+    kube.fail_next(1, 500)
+    kube.fail_next(1, "drop")
+    assert len(cluster.observe()) == 1
+
+
+def test_timeouts_are_retried(kube: FakeKube) -> None:
+    kube.timeout_s = 1.0
+    cluster = cluster_for(kube, request_timeout_s=0.2)
+    kube.fail_next(1, "timeout")
+    assert cluster.observe() == []
+    assert kube.count("GET") == 2
+
+
+def test_persistent_5xx_raises_cluster_unavailable(kube: FakeKube) -> None:
+    cluster = cluster_for(kube, retries=2)
+    kube.fail_next(10, 502)
+    with pytest.raises(ClusterUnavailableError) as err:
+        cluster.observe()
+    assert isinstance(err.value, TemporaryError)
+    message = str(err.value)
+    assert "\n" not in message
+    assert "list jobs.batch in namespace research failed after 3 attempt(s)" in message
+    assert "HTTP 502" in message
+    assert kube.count() == 3
+
+
+def test_unreachable_server_raises_cluster_unavailable(kube: FakeKube) -> None:
+    client = kube.api_client()
+    kube.stop()
+    cluster = KubernetesCluster(client, namespace=NS, retries=1, backoff_s=0.0,
+                                request_timeout_s=1.0)
+    with pytest.raises(ClusterUnavailableError, match="after 2 attempt") as err:
+        cluster.stop("idlegpu-x-a1", reason="r")
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("verb", ["create", "list", "patch"])
+def test_forbidden_names_the_missing_permission(kube: FakeKube, cluster: KubernetesCluster,
+                                                verb: str) -> None:
+    kube.forbid(verb)
+    with pytest.raises(ClusterPermissionError) as err:
+        if verb == "create":
+            cluster.apply("req7-0-1", 1, make_spec(), team="nlp", stop_by=None, now=NOW)
+        elif verb == "list":
+            cluster.observe()
+        else:
+            cluster.stop("idlegpu-req7-0-1-a1", reason="r")
+    message = str(err.value)
+    assert f"Kubernetes denied '{verb}' on jobs.batch in namespace research" in message
+    assert "Role" in message and "\n" not in message
+    assert f'cannot {verb} resource "jobs"' in message
+    assert isinstance(err.value, PermanentError)
+    assert kube.count() == 1  # never retried
+
+
+def test_from_config_reads_a_kubeconfig(kube: FakeKube, tmp_path: object) -> None:
+    path = tmp_path / "kubeconfig"  # type: ignore[operator]
+    path.write_text(f"""
+apiVersion: v1
+kind: Config
+clusters:
+- name: fake
+  cluster: {{server: "{kube.url}"}}
+users:
+- name: me
+  user: {{token: "t0ken"}}
+contexts:
+- name: fake
+  context: {{cluster: fake, user: me, namespace: {NS}}}
+current-context: fake
+""")
+    cluster = KubernetesCluster.from_config(str(path), context="fake", namespace=NS,
+                                            backoff_s=0.0)
+    assert cluster.observe() == []
+    with pytest.raises(PermanentError, match="cannot load Kubernetes config"):
+        KubernetesCluster.from_config(str(path), context="missing", namespace=NS)
+    with pytest.raises(PermanentError, match="in-cluster"):
+        KubernetesCluster.from_config(in_cluster=True, namespace=NS)
+
+
+def test_unauthorized_says_credentials(kube: FakeKube, cluster: KubernetesCluster) -> None:
+    kube.fail_next(1, 401)
+    with pytest.raises(ClusterPermissionError, match="rejected the credentials for 'list'"):
+        cluster.observe()
