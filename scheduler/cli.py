@@ -680,6 +680,171 @@ def plan(
     )
 
 
+@app.command(short_help="The admission daemon (or one pass with --once).")
+def run(
+    config: ConfigOption = DEFAULT_CONFIG,
+    once: Annotated[bool, typer.Option("--once", help="One reconcile pass, then exit.")] = False,
+    now: NowOption = None,
+    history: Annotated[Optional[Path], typer.Option(
+        "--history", "-H", help="Replay: signals and forecast from this recorded history "
+        "instead of Prometheus (audits, demos).")] = None,
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="Print the Job manifests instead of applying them.")] = False,
+    store: StoreOption = None,
+    runs: Annotated[Optional[Path], typer.Option(
+        help="Past runs for runtime estimates, e.g. data/sample/runs.csv.")] = None,
+    kubeconfig: Annotated[Optional[str], typer.Option(help="Kubeconfig file.")] = None,
+    context: Annotated[Optional[str], typer.Option(help="Kubeconfig context.")] = None,
+) -> None:
+    """Admit research Jobs onto the pool's idle GPUs and stop them before the service needs
+    the GPUs back: reconcile every minute, live backstop every 15 s, forecast every evening,
+    last month's report on the 1st. --once runs a single pass; with --now and --history it
+    replays a past moment against recorded history."""
+    import yaml
+    from rich.table import Table
+
+    from forecast.config import load_config
+    from scheduler.adapters.store import JobStore
+    from scheduler.controller import Controller
+    from scheduler.daemon import Daemon
+    from scheduler.policy import policy_settings
+
+    settings = load_config(config)
+    if now is not None and not once:
+        raise typer.BadParameter("--now replays one pass: use it with --once", param_hint="--now")
+    moment = _now(now)
+    frame = None
+    if history is not None:
+        from forecast.sources import read_history
+
+        frame = read_history(history)
+    cluster = _cluster(settings, dry_run=dry_run, kubeconfig=kubeconfig, context=context)
+    signals = _signal_source(settings, frame)
+    forecast = _ForecastProvider(settings, frame)
+    estimate = _planning_estimate(settings, runs)
+    job_store = JobStore(_store_url(settings, store))
+    controller = Controller(job_store, cluster, signals, forecast, estimate,
+                            policy_settings(settings.admission, settings.pool.headroom_gpus),
+                            fair_share_days=settings.admission.fair_share_days, dry_run=dry_run)
+    try:
+        if once:
+            with console.status("forecasting and deciding..."):
+                forecast.refresh(moment)
+                report = controller.reconcile_once(moment)
+            local = moment.astimezone(settings.pool.tz)
+            table = Table(title=f"One pass at {local:%a %Y-%m-%d %H:%M} "
+                          f"({settings.pool.timezone})", title_justify="left")
+            for col in ("decision", "unit", "GPUs", "why"):
+                table.add_column(col, justify="right" if col == "GPUs" else "left")
+            for d in report.plan.decisions:
+                table.add_row(d.action.value, d.job_id, str(d.gpus), d.reason)
+            console.print(table)
+            for error in report.errors:
+                err_console.print(f"[yellow]warning:[/] {error}")
+            if dry_run:
+                for manifest in getattr(cluster, "last_manifests", []):
+                    console.print("---")
+                    console.print(yaml.safe_dump(manifest, sort_keys=False), highlight=False)
+            console.print(
+                f"{len(report.created)} Job(s) {'would be ' if dry_run else ''}created, "
+                f"{len(report.stopped)} stopped, {len(report.recreated)} recreated after a "
+                f"restart; store: {_store_url(settings, store)}"
+            )
+            return
+        daemon = Daemon(
+            controller,
+            reconcile_seconds=settings.daemon.reconcile_seconds,
+            backstop_seconds=settings.daemon.backstop_seconds,
+            refresh_forecast=forecast.refresh,
+            refresh_hour=settings.daemon.forecast_refresh_hour,
+            monthly_report=lambda at: _last_month_report(settings, job_store, at),
+            timezone=settings.pool.timezone,
+        )
+        console.print(f"idlegpu daemon: {settings.pool.name}, store {_store_url(settings, store)}, "
+                      f"metrics on :{settings.daemon.metrics_port}; SIGTERM stops it gracefully")
+        daemon.run(metrics_port=settings.daemon.metrics_port)
+    finally:
+        job_store.close()
+
+
+def _cluster(settings, *, dry_run: bool, kubeconfig: str | None, context: str | None):
+    from scheduler.adapters.kubernetes import KubernetesCluster
+
+    c = settings.cluster
+    options = {
+        "namespace": c.namespace, "node_selector": dict(c.node_selector),
+        "tolerations": list(c.tolerations), "priority_class": c.priority_class,
+        "grace_seconds": settings.admission.grace_seconds, "dry_run": dry_run,
+    }
+    if dry_run and kubeconfig is None and c.kubeconfig is None and not c.in_cluster:
+        return KubernetesCluster(None, **options)
+    return KubernetesCluster.from_config(kubeconfig or c.kubeconfig, context or c.context,
+                                         c.in_cluster, **options)
+
+
+def _signal_source(settings, frame):
+    if frame is not None:
+        from scheduler.replay import HistorySignals
+
+        return HistorySignals(frame, settings)
+    from scheduler.adapters.vllm import PrometheusSignals
+
+    return PrometheusSignals(settings)
+
+
+class _ForecastProvider:
+    """The current free-GPU profile: refreshed nightly (and at start), from the recorded
+    history in a replay, else from the last five weeks in Prometheus."""
+
+    def __init__(self, settings, frame) -> None:
+        self.settings = settings
+        self.frame = frame
+        self.profile = None
+
+    def refresh(self, now) -> None:
+        from scheduler.replay import forecast_profile
+
+        frame = self.frame
+        if frame is None:
+            from datetime import timedelta as _td
+
+            from forecast.sources.prometheus import fetch_history
+
+            frame = fetch_history(self.settings, now - _td(days=35), now)
+        profile = forecast_profile(frame, self.settings, now)
+        if self.settings.daemon.mode == "night-only":
+            profile = _night_only(profile, self.settings.pool.timezone)
+        self.profile = profile
+
+    def __call__(self, now):
+        return self.profile
+
+
+def _night_only(profile, tz: str):
+    import numpy as np
+    import pandas as pd
+
+    from scheduler.types import FreeProfile
+
+    times = pd.date_range(profile.start, periods=len(profile.free),
+                          freq=f"{profile.step_s}s").tz_convert(tz)
+    night = (times.hour >= 20) | (times.hour < 8)
+    return FreeProfile(profile.start, profile.step_s, np.where(night, profile.free, 0.0),
+                       profile.confidence, profile.made_at)
+
+
+def _last_month_report(settings, job_store, now) -> None:
+    from scheduler.reports import Month, build_report, runs_from_store, write_report
+
+    local = now.astimezone(settings.pool.tz)
+    month = Month(local.year, local.month).shift(-1)
+    runs = runs_from_store(job_store, now)
+    report = build_report(runs, month, months=3, tz=settings.pool.timezone,
+                          price=settings.report.price_per_gpu_hour,
+                          currency=settings.report.currency, pool=settings.pool.name)
+    write_report(report, Path(settings.daemon.reports_dir))
+
+
 StoreOption = Annotated[
     Optional[str],
     typer.Option("--store", help="Job store URL (default: store.url of the config, else "

@@ -66,7 +66,10 @@ class Controller:
         settings: PolicySettings,
         *,
         fair_share_days: float = 7.0,
+        dry_run: bool = False,
     ) -> None:
+        """``dry_run``: decide and show what would be applied, but change nothing: the store
+        is only read and the cluster (itself in dry-run) only records manifests."""
         self.store = store
         self.cluster = cluster
         self.signals = signals
@@ -74,11 +77,13 @@ class Controller:
         self.estimate = estimate
         self.settings = settings
         self.fair_share_days = fair_share_days
+        self.dry_run = dry_run
         self._planned_stops: set[str] = set()  # Job names stopped on purpose (checkpointed)
 
     def reconcile_once(self, now: datetime) -> PassReport:
         report = PassReport(now=now)
-        self._reconcile(now, report)
+        if not self.dry_run:
+            self._reconcile(now, report)
         report.signals = self._read_signals(now, report)
         profile = self._profile(now, report)
         if profile is None:
@@ -183,8 +188,12 @@ class Controller:
     def _admit(self, now: datetime, decision: Decision, report: PassReport) -> None:
         # the decision is recorded first: a crash after this line leaves an ADMITTED unit that
         # the next pass creates under the same name; never a Job the store does not know
-        attempt = self.store.admit(decision.job_id, now, stop_by=decision.stop_by)
-        row = self.store.unit(decision.job_id)
+        if self.dry_run:
+            row = self.store.unit(decision.job_id)
+            attempt = row.attempts + 1
+        else:
+            attempt = self.store.admit(decision.job_id, now, stop_by=decision.stop_by)
+            row = self.store.unit(decision.job_id)
         try:
             name = self.cluster.apply(row.id, attempt, row.spec, team=row.team,
                                       stop_by=decision.stop_by, now=now)

@@ -161,3 +161,14 @@ def test_a_cancelled_running_unit_is_stopped(setup):
     controller.reconcile_once(T0 + timedelta(minutes=3))
     assert store.unit(unit).state is JobState.CANCELLED
     del report
+
+
+def test_dry_run_changes_nothing(setup):
+    store, cluster, signals, _, free = setup
+    dry = Controller(store, cluster, signals,
+                     lambda now: FreeProfile(T0, 300, free["values"], 0.9, T0),
+                     lambda spec: spec.runtime_estimate_s, PolicySettings(), dry_run=True)
+    report = dry.reconcile_once(T0)
+    assert len(report.created) == 2  # what would be created...
+    assert states(store) == ["queued", "queued"]  # ...while the store is untouched
+    assert [e.kind for e in store.events()] == ["submitted", "submitted"]

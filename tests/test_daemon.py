@@ -4,8 +4,9 @@ import urllib.error
 import urllib.request
 from datetime import UTC, datetime
 
-from scheduler.daemon import Daemon, wait_until
 from test_controller import T0, setup  # noqa: F401  (the fixture)
+
+from scheduler.daemon import Daemon, wait_until
 
 
 def test_scheduled_passes_metrics_and_health(setup):  # noqa: F811
