@@ -79,17 +79,22 @@ class Controller:
         self.fair_share_days = fair_share_days
         self.dry_run = dry_run
         self._planned_stops: set[str] = set()  # Job names stopped on purpose (checkpointed)
+        # units told to stop whose GPUs are not back yet: never counted twice against a need
+        self._stopping: dict[str, int] = {}
 
     def reconcile_once(self, now: datetime) -> PassReport:
         report = PassReport(now=now)
+        seen = True
         if not self.dry_run:
-            self._reconcile(now, report)
+            seen = self._reconcile(now, report)
         report.signals = self._read_signals(now, report)
         profile = self._profile(now, report)
         if profile is None:
             profile = FreeProfile(now, 300, _empty(), 0.0, now - timedelta(days=365))
-        waiting = self.store.waiting(now, self._estimate_row)
-        running = self.store.running(now, self._estimate_row)
+        # without a view of the cluster nothing is admitted (never blind); stops still go out
+        waiting = self.store.waiting(now, self._estimate_row) if seen else []
+        running = self._still_running(now)
+        report.signals = self._net_of_stopping(report.signals)
         usage = self.store.team_gpu_hours(now, self.fair_share_days * 86400)
         report.plan = decide(now, profile, running, waiting, report.signals, usage,
                              self.settings)
@@ -104,17 +109,37 @@ class Controller:
         profile = self._profile(now, report)
         if profile is None:
             profile = FreeProfile(now, 300, _empty(), 0.0, now - timedelta(days=365))
-        running = self.store.running(now, self._estimate_row)
+        running = self._still_running(now)
+        report.signals = self._net_of_stopping(report.signals)
         report.plan = decide(now, profile, running, [], report.signals, {}, self.settings)
         self._apply(now, report.plan, report)
         return report
 
     # ------------------------------------------------------------------ steps
+    def _still_running(self, now: datetime):
+        """Running units the policy may still act on: not those already told to stop."""
+        return [job for job in self.store.running(now, self._estimate_row)
+                if job.id not in self._stopping]
+
+    def _net_of_stopping(self, signals: ServingSignals) -> ServingSignals:
+        """The services' shortfall minus the GPUs already on their way back."""
+        coming = sum(self._stopping.values())
+        if signals.gpus_short and coming:
+            from dataclasses import replace
+
+            return replace(signals, gpus_short=max(0, signals.gpus_short - coming))
+        return signals
+
     def _estimate_row(self, row) -> float:
         return float(self.estimate(row.spec))
 
-    def _reconcile(self, now: datetime, report: PassReport) -> None:
-        jobs = {job.name: job for job in self.cluster.observe()}
+    def _reconcile(self, now: datetime, report: PassReport) -> bool:
+        """Bring the store in line with the cluster; False when the cluster cannot be read."""
+        try:
+            jobs = {job.name: job for job in self.cluster.observe()}
+        except IdlegpuError as exc:
+            report.errors.append(f"cluster: {exc}")
+            return False
         holding = [row for row in self.store.queue() if row.state.holds_gpus()]
         for row in holding:
             name = self.cluster.job_name(row.id, row.attempts)
@@ -129,6 +154,7 @@ class Controller:
         for row in self.store.to_stop():  # cancelled while holding GPUs
             name = self.cluster.job_name(row.id, row.attempts)
             self._stop(name, "cancelled by user", report)
+        return True
 
     def _missing_job(self, row, name: str, now: datetime, report: PassReport) -> None:
         if row.state is JobState.ADMITTED:
@@ -141,6 +167,10 @@ class Controller:
             report.released.append(row.id)
 
     def _follow(self, row, job: ClusterJob, now: datetime, report: PassReport) -> None:
+        if job.phase.is_over():
+            self._stopping.pop(row.id, None)
+        elif job.message.startswith("suspending"):  # told to stop before a restart of ours
+            self._stopping.setdefault(row.id, row.gpus)
         if job.phase is JobPhase.RUNNING and row.state is JobState.ADMITTED:
             self.store.started(row.id, job.started_at or now)
             report.started.append(row.id)
@@ -181,7 +211,8 @@ class Controller:
                 name = self.cluster.job_name(row.id, row.attempts)
                 if decision.planned:
                     self._planned_stops.add(name)
-                self._stop(name, decision.reason, report)
+                if self._stop(name, decision.reason, report):
+                    self._stopping[row.id] = row.gpus
             elif decision.action is Action.ADMIT:
                 self._admit(now, decision, report)
 
@@ -201,12 +232,14 @@ class Controller:
         except IdlegpuError as exc:
             report.errors.append(f"{row.id}: admitted, Job not created yet ({exc})")
 
-    def _stop(self, name: str, reason: str, report: PassReport) -> None:
+    def _stop(self, name: str, reason: str, report: PassReport) -> bool:
         try:
             self.cluster.stop(name, reason=reason)
             report.stopped.append(name)
+            return True
         except IdlegpuError as exc:
             report.errors.append(f"{name}: stop failed ({exc})")
+            return False
 
 
 def _empty():
