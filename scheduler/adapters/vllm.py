@@ -175,7 +175,31 @@ def fallback_kv_query(query: str) -> str | None:
 # --------------------------------------------------------------------------- Prometheus
 
 
-class PrometheusSignals:
+class _SignalReader:
+    """What both signal sources share: ``read`` is ``read_report(...).signals``, and the last
+    report's first problem is kept for logs and metrics."""
+
+    session: requests.Session
+    last_report: SignalsReport | None = None
+
+    def read_report(self, now: datetime, *, job_gpus: int = 0) -> SignalsReport:
+        raise NotImplementedError
+
+    def read(self, now: datetime, *, job_gpus: int = 0) -> ServingSignals:
+        return self.read_report(now, job_gpus=job_gpus).signals
+
+    @property
+    def last_problem(self) -> str | None:
+        """The first problem of the last read, if any."""
+        if self.last_report is None or not self.last_report.problems:
+            return None
+        return self.last_report.problems[0]
+
+    def close(self) -> None:
+        self.session.close()
+
+
+class PrometheusSignals(_SignalReader):
     """``SignalSource`` reading the services' live signals from Prometheus (instant queries)."""
 
     def __init__(
@@ -197,19 +221,6 @@ class PrometheusSignals:
         if cfg.bearer_token:
             self._headers["Authorization"] = f"Bearer {cfg.bearer_token}"
         self.last_report: SignalsReport | None = None
-
-    @property
-    def last_problem(self) -> str | None:
-        """The first problem of the last read, if any."""
-        if self.last_report is None or not self.last_report.problems:
-            return None
-        return self.last_report.problems[0]
-
-    def close(self) -> None:
-        self.session.close()
-
-    def read(self, now: datetime, *, job_gpus: int = 0) -> ServingSignals:
-        return self.read_report(now, job_gpus=job_gpus).signals
 
     def read_report(self, now: datetime, *, job_gpus: int = 0) -> SignalsReport:
         """Read every service at ``now``; never raises for a server or data problem."""
@@ -353,7 +364,7 @@ class PrometheusSignals:
 # --------------------------------------------------------------------------- /metrics pages
 
 
-class MetricsEndpointSignals:
+class MetricsEndpointSignals(_SignalReader):
     """``SignalSource`` scraping the services' vLLM ``/metrics`` endpoints directly.
 
     ``endpoints`` maps a service to its replicas' metrics URLs; ``replicas`` gives each
@@ -382,18 +393,6 @@ class MetricsEndpointSignals:
         self.timeout_s = timeout_s
         self.workers = workers
         self.last_report: SignalsReport | None = None
-
-    @property
-    def last_problem(self) -> str | None:
-        if self.last_report is None or not self.last_report.problems:
-            return None
-        return self.last_report.problems[0]
-
-    def close(self) -> None:
-        self.session.close()
-
-    def read(self, now: datetime, *, job_gpus: int = 0) -> ServingSignals:
-        return self.read_report(now, job_gpus=job_gpus).signals
 
     def read_report(self, now: datetime, *, job_gpus: int = 0) -> SignalsReport:
         urls = [(svc, url) for svc, lst in self.endpoints.items() for url in lst]
