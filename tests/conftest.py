@@ -3,11 +3,18 @@ history frame (see ``tests/prom_server.py``); they are stopped at the end of the
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 
 import pandas as pd
 import pytest
+from hypothesis import settings as hypothesis_settings
 from prom_server import PrometheusMissingError, PromServer, find_binaries
+
+# CI explores the same examples on every run (reproducible); locally they vary and find more
+hypothesis_settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI"):
+    hypothesis_settings.load_profile("ci")
 
 
 @pytest.fixture

@@ -255,7 +255,7 @@ def test_same_inputs_same_decisions_whatever_the_input_order(prof, queue, seed):
 def test_preemption_frees_enough_and_no_more_victims_than_needed(gpus, ckpt_hours, need):
     running = [run(f"r{i}", gpus=g, since_ckpt_h=ckpt_hours[i]) for i, g in enumerate(gpus)]
     signals = ServingSignals(observed_at=T0, gpus_short=need)
-    result = plan(flat(200, 6), running=running, signals=signals)
+    result = plan(flat(400, 6), running=running, signals=signals)  # room for every job
     victims = [d for d in result.of(Action.PREEMPT)]
     freed = sum(d.gpus for d in victims)
     if sum(gpus) >= need:
