@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 
 import pandas as pd
 
-from forecast.capacity import FREE, forecast_pool_usage, pool_usage
+from forecast.capacity import FREE, forecast_pool_usage
 from forecast.config import Settings
 from forecast.schema import DS, KV_CACHE_USAGE, REPLICAS, REQUESTS_WAITING, UNIQUE_ID, Y
 from scheduler.types import FreeProfile, ServingSignals
@@ -55,20 +55,22 @@ class HistorySignals:
 
 
 def forecast_profile(history: pd.DataFrame, settings: Settings, now: datetime, *,
-                     horizon: timedelta = timedelta(hours=48), model: str = "auto") -> FreeProfile:
-    """The free-GPU profile at the configured confidence, fitted on the history before ``now``."""
+                     horizon: timedelta = timedelta(hours=48), model: str = "auto",
+                     **options) -> FreeProfile:
+    """The free-GPU profile at the configured confidence, fitted on the history before ``now``
+    (``options`` go to the model, e.g. the ``auto`` cache shared by nightly refits)."""
     from forecast.models import model_for
 
     replicas = history[history[UNIQUE_ID].str.endswith("/" + REPLICAS)]
     past = replicas[replicas[DS] < pd.Timestamp(now)]
     confidence = settings.admission.confidence
-    forecast = model_for(model, settings).fit(past).predict(
+    forecast = model_for(model, settings, **options).fit(past).predict(
         pd.Timedelta(horizon), sorted({0.5, confidence})
     )
     free = forecast_pool_usage(forecast, settings, confidence)[FREE]
     return FreeProfile(free.index[0].to_pydatetime(),
                        int((free.index[1] - free.index[0]).total_seconds()),
-                       free.to_numpy(dtype=float), confidence, now)
+                       free.to_numpy(dtype=float), confidence, pd.Timestamp(now).to_pydatetime())
 
 
-__all__ = ["HistorySignals", "forecast_profile", "pool_usage"]
+__all__ = ["HistorySignals", "forecast_profile"]

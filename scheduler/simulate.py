@@ -28,7 +28,7 @@ from datetime import datetime, timedelta
 import numpy as np
 import pandas as pd
 
-from forecast.capacity import FREE, IN_USE, forecast_pool_usage, pool_usage
+from forecast.capacity import FREE, IN_USE, pool_usage
 from forecast.config import Settings
 from forecast.schema import DS, KV_CACHE_USAGE, REPLICAS, REQUESTS_WAITING, UNIQUE_ID, Y
 from scheduler.policy import decide, policy_settings
@@ -402,34 +402,21 @@ def forecast_profiles_for(
 ) -> dict[datetime, FreeProfile]:
     """The free-GPU profiles the ``forecast`` policy sees: one per evening (and one at the
     start), each fitted only on the history before it."""
-    from forecast.models import model_for
+    from scheduler.replay import forecast_profile
 
     replicas = history[history[UNIQUE_ID].str.endswith("/" + REPLICAS)]
     local = index.tz_convert(settings.pool.timezone)
-    refresh = [index[0]] + list(index[(local.hour == refresh_hour) & (local.minute == 0)])
-    refresh = sorted(set(refresh))
-    confidence = settings.admission.confidence
-    profiles = {}
+    refresh = sorted({index[0], *index[(local.hour == refresh_hour) & (local.minute == 0)]})
     cache: dict = {}  # the refits see growing prefixes of one history: reuse their work
     options = {"cache": cache} if model == "auto" else {}
+    profiles = {}
     for n, at in enumerate(refresh):
-        past = replicas[replicas[DS] < at]
-        forecast = model_for(model, settings, **options).fit(past).predict(
-            pd.Timedelta(horizon), sorted({0.5, confidence})
-        )
-        free = forecast_pool_usage(forecast, settings, confidence)[FREE]
-        profiles[at.to_pydatetime()] = FreeProfile(
-            start=free.index[0].to_pydatetime(),
-            step_s=int((free.index[1] - free.index[0]).total_seconds()),
-            free=free.to_numpy(dtype=float),
-            confidence=confidence,
-            made_at=at.to_pydatetime(),
+        profiles[at.to_pydatetime()] = forecast_profile(
+            replicas, settings, at.to_pydatetime(), horizon=horizon, model=model, **options
         )
         if on_refresh:
             on_refresh(n + 1, len(refresh))
     return profiles
-
-
 
 
 def trace_jobs(entries, estimate: Callable[[object], float]) -> list[SimJob]:
