@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from forecast.errors import ConfigError
-from forecast.schema import REPLICAS, SERVICE_METRICS
+from forecast.schema import LIVE_METRICS, REPLICAS, SERVICE_METRICS
 
 ENV_PREFIX = "IDLEGPU_"
 
@@ -37,6 +37,14 @@ class MetricQuery(_Strict):
     a per-second rate between consecutive samples, treating a decrease as a counter reset."""
 
 
+def _known_metric_names(value: dict[str, MetricQuery]) -> dict[str, MetricQuery]:
+    known = (*SERVICE_METRICS, *LIVE_METRICS)
+    unknown = sorted(set(value) - set(known))
+    if unknown:
+        raise ValueError(f"unknown metric(s) {', '.join(unknown)}; use {', '.join(known)}")
+    return value
+
+
 class ServiceConfig(_Strict):
     """One inference service of the pool (a vLLM Deployment scaled by an autoscaler)."""
 
@@ -50,8 +58,9 @@ class ServiceConfig(_Strict):
     """The autoscaler's maximum replicas."""
     queries: dict[str, MetricQuery] = Field(default_factory=dict)
     """PromQL per metric (``replicas``, ``requests_running``, ``requests_waiting``,
-    ``kv_cache_usage``, ``prompt_tokens_per_s``, ``generation_tokens_per_s``). A plain string
-    is a gauge query. Missing metrics come from ``query_templates``."""
+    ``kv_cache_usage``, ``prompt_tokens_per_s``, ``generation_tokens_per_s``, and the live-only
+    ``desired_replicas``). A plain string is a gauge query. Missing metrics come from
+    ``query_templates``."""
 
     @field_validator("queries", mode="before")
     @classmethod
@@ -63,12 +72,7 @@ class ServiceConfig(_Strict):
     @field_validator("queries")
     @classmethod
     def _known_metrics(cls, value: dict[str, MetricQuery]) -> dict[str, MetricQuery]:
-        unknown = sorted(set(value) - set(SERVICE_METRICS))
-        if unknown:
-            raise ValueError(
-                f"unknown metric(s) {', '.join(unknown)}; use {', '.join(SERVICE_METRICS)}"
-            )
-        return value
+        return _known_metric_names(value)
 
     @model_validator(mode="after")
     def _replica_bounds(self) -> ServiceConfig:
@@ -260,6 +264,11 @@ class Settings(BaseSettings):
     @classmethod
     def _template_strings_are_gauges(cls, value: Any) -> Any:
         return ServiceConfig._plain_strings_are_gauges(value)
+
+    @field_validator("query_templates")
+    @classmethod
+    def _known_templates(cls, value: dict[str, MetricQuery]) -> dict[str, MetricQuery]:
+        return _known_metric_names(value)
 
     @model_validator(mode="after")
     def _pool_is_consistent(self) -> Settings:

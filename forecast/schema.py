@@ -31,6 +31,10 @@ SERVICE_METRICS = (
     PROMPT_TOKENS_PER_S,
     GENERATION_TOKENS_PER_S,
 )
+# Read live only, never kept as history: the autoscaler's desired replicas (with ``replicas``
+# it tells how many GPUs the service is short of right now).
+DESIRED_REPLICAS = "desired_replicas"
+LIVE_METRICS = (DESIRED_REPLICAS,)
 
 
 def series_id(service: str, metric: str) -> str:

@@ -51,6 +51,7 @@ class PassReport:
     recreated: list[str] = field(default_factory=list)
     created: list[str] = field(default_factory=list)
     stopped: list[str] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     signals: ServingSignals | None = None
 
@@ -154,7 +155,22 @@ class Controller:
         for row in self.store.to_stop():  # cancelled while holding GPUs
             name = self.cluster.job_name(row.id, row.attempts)
             self._stop(name, "cancelled by user", report)
+        self._delete_released(jobs, report)
         return True
+
+    def _delete_released(self, jobs: dict[str, ClusterJob], report: PassReport) -> None:
+        """Delete suspended Jobs whose attempt the store has closed: the cluster never cleans
+        them up. Deleting only after the store recorded the end (this pass or an earlier one,
+        before a crash) means no attempt is ever forgotten."""
+        current = {self.cluster.job_name(row.id, row.attempts)
+                   for row in self.store.queue() if row.state.holds_gpus()}
+        for job in jobs.values():
+            if job.phase is JobPhase.SUSPENDED and job.name not in current:
+                try:
+                    self.cluster.delete(job.name)
+                    report.deleted.append(job.name)
+                except IdlegpuError as exc:
+                    report.errors.append(f"{job.name}: delete failed ({exc})")
 
     def _missing_job(self, row, name: str, now: datetime, report: PassReport) -> None:
         if row.state is JobState.ADMITTED:
@@ -191,8 +207,11 @@ class Controller:
             report.released.append(row.id)
 
     def _read_signals(self, now: datetime, report: PassReport) -> ServingSignals:
+        # GPUs our Jobs hold (or are about to): the services cannot have them, so they are
+        # not idle; without this a busy night would look idle and the shortfall look covered
+        held = sum(row.gpus for row in self.store.queue() if row.state.holds_gpus())
         try:
-            return self.signals.read(now)
+            return self.signals.read(now, job_gpus=held)
         except IdlegpuError as exc:
             report.errors.append(f"signals: {exc}")
             return ServingSignals(observed_at=None)

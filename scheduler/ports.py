@@ -54,10 +54,17 @@ class Cluster(Protocol):
         """Stop a Job so it checkpoints (SIGTERM, grace period) and frees its GPUs; a Job
         that is already gone is fine."""
 
+    def delete(self, name: str) -> None:
+        """Remove a stopped Job of ours and its pods (a suspended Job is never cleaned up by
+        the cluster: ``ttlSecondsAfterFinished`` only applies to finished ones); a Job that
+        is already gone is fine."""
+
     def observe(self) -> list[ClusterJob]:
         """Every Job this system manages, with its phase."""
 
 
 class SignalSource(Protocol):
-    def read(self, now: datetime) -> ServingSignals:
-        """The services' live signals; ``observed_at`` is None or old when they are missing."""
+    def read(self, now: datetime, *, job_gpus: int = 0) -> ServingSignals:
+        """The services' live signals; ``observed_at`` is None or old when they are missing.
+        ``job_gpus``: GPUs research jobs hold now, so ``idle_gpus`` counts only GPUs that
+        neither the services nor the jobs hold."""

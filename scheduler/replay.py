@@ -23,14 +23,13 @@ class HistorySignals:
     their max replicas), and samples older than ``max_age`` make the signals missing.
     """
 
-    def __init__(self, history: pd.DataFrame, settings: Settings, *, job_gpus: int = 0,
+    def __init__(self, history: pd.DataFrame, settings: Settings, *,
                  max_age: timedelta = timedelta(minutes=10)) -> None:
         self.settings = settings
-        self.job_gpus = job_gpus
         self.max_age = max_age
         self.wide = history.pivot(index=DS, columns=UNIQUE_ID, values=Y).sort_index()
 
-    def read(self, now: datetime) -> ServingSignals:
+    def read(self, now: datetime, *, job_gpus: int = 0) -> ServingSignals:
         upto = self.wide[self.wide.index <= pd.Timestamp(now)]
         if upto.empty:
             return ServingSignals(observed_at=None)
@@ -49,7 +48,7 @@ class HistorySignals:
                 kv = max(kv, float(row.get(f"{service.name}/{KV_CACHE_USAGE}", 0.0) or 0.0))
                 w = row.get(f"{service.name}/{REQUESTS_WAITING}", 0.0) or 0.0
                 waiting = max(waiting, float(w) / max(1.0, float(replicas)))
-        idle = int(max(0.0, self.settings.pool.total_gpus - held - self.job_gpus))
+        idle = int(max(0.0, self.settings.pool.total_gpus - held - job_gpus))
         return ServingSignals(observed_at=at.to_pydatetime(), requests_waiting_per_replica=waiting,
                               kv_cache_usage=kv, idle_gpus=idle)
 

@@ -22,6 +22,7 @@ class MemoryCluster:
         self.jobs: dict[str, ClusterJob] = {}
         self.created: list[str] = []
         self.stops: list[tuple[str, str]] = []
+        self.deleted: list[str] = []
         self.fail_apply = 0
 
     def job_name(self, unit_id, attempt):
@@ -44,6 +45,10 @@ class MemoryCluster:
             self.jobs[name] = ClusterJob(job.name, job.unit_id, job.attempt, JobPhase.SUSPENDED,
                                          job.gpus, job.created_at, job.started_at)
 
+    def delete(self, name):
+        self.deleted.append(name)
+        self.jobs.pop(name, None)
+
     def observe(self):
         return list(self.jobs.values())
 
@@ -57,8 +62,10 @@ class MemoryCluster:
 class Signals:
     def __init__(self):
         self.value = ServingSignals(observed_at=T0)
+        self.job_gpus: list[int] = []
 
-    def read(self, now):
+    def read(self, now, *, job_gpus=0):
+        self.job_gpus.append(job_gpus)
         return self.value
 
 
@@ -146,6 +153,35 @@ def test_live_pressure_stops_a_job_and_the_unit_returns_to_the_queue(setup):
     assert sorted(states(store)) == ["queued", "running"]
     preempted = [row for row in store.queue() if row.state is JobState.QUEUED][0]
     assert preempted.preemptions == 1
+    # its suspended Job is deleted once the store has recorded the end of the attempt
+    assert report.deleted == [cluster.job_name(preempted.id, 1)]
+    assert cluster.job_name(preempted.id, 1) not in cluster.jobs
+
+
+def test_signals_are_read_net_of_the_gpus_our_jobs_hold(setup):
+    _, _, signals, controller, _ = setup
+    controller.reconcile_once(T0)
+    controller.backstop_once(T0 + timedelta(seconds=15))
+    assert signals.job_gpus == [0, 16]  # two admitted 8-GPU units hold 16 GPUs
+
+
+def test_a_suspended_job_is_deleted_only_after_its_end_is_recorded(setup):
+    store, cluster, _, controller, _ = setup
+    controller.reconcile_once(T0)
+    unit = store.queue()[0]
+    name = cluster.job_name(unit.id, 1)
+    cluster.set_phase(name, JobPhase.SUSPENDED, T0 + timedelta(minutes=1))
+    store_preempted = store.preempted
+
+    def crash(*args, **kwargs):
+        raise TemporaryError("database is locked")
+
+    store.preempted = crash  # the release cannot be recorded: the Job must stay
+    report = controller.reconcile_once(T0 + timedelta(minutes=1))
+    assert name in cluster.jobs and not report.deleted
+    store.preempted = store_preempted
+    report = controller.reconcile_once(T0 + timedelta(minutes=2))
+    assert report.released == [unit.id] and report.deleted == [name]
 
 
 def test_a_cancelled_running_unit_is_stopped(setup):

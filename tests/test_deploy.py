@@ -34,9 +34,7 @@ def test_role_grants_only_what_the_daemon_uses():
     grants = {(g, r): set(rule["verbs"]) for rule in role["rules"]
               for g in rule["apiGroups"] for r in rule["resources"]}
     assert grants == {
-        ("batch", "jobs"): {"get", "list", "watch", "create", "patch", "delete"},
-        ("", "pods"): {"get", "list", "watch"},
-        ("", "pods/eviction"): {"create"},
+        ("batch", "jobs"): {"get", "list", "create", "patch", "delete"},
     }
     assert role["kind"] == "Role"  # namespaced, never a ClusterRole
 

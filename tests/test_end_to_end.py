@@ -7,9 +7,11 @@ falls -> it resumes as attempt 2 with a resume hint.
 """
 
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 from fake_kube import FakeKube
 
 from scheduler.adapters.kubernetes import KubernetesCluster
@@ -38,7 +40,7 @@ class Signals:
         self.short = 0
         self.idle = None  # GPUs nobody holds, when the test says
 
-    def read(self, now):
+    def read(self, now, *, job_gpus=0):
         return ServingSignals(observed_at=now, gpus_short=self.short, idle_gpus=self.idle)
 
 
@@ -98,6 +100,13 @@ def test_traffic_rises_the_cheapest_job_stops_and_resumes_later(world):
     row = store.unit(train.id)
     assert row.state is JobState.QUEUED and row.preemptions == 1
     assert row.work_done_s == 90 * 60  # the checkpointed work is kept
+    # once recorded, the suspended Job is deleted (a suspended Job never expires by TTL), with
+    # its pods: the API's default for a Job would orphan them
+    assert report.deleted == [names["train"]]
+    with pytest.raises(KeyError):
+        kube.job(names["train"], NS)
+    delete = [r for r in kube.requests if r.method == "DELETE"]
+    assert len(delete) == 1 and delete[0].query.get("propagationPolicy") == "Background"
 
     # 22:30: traffic is back to normal: the unit resumes as attempt 2 with a resume hint
     signals.idle = 8
@@ -108,6 +117,22 @@ def test_traffic_rises_the_cheapest_job_stops_and_resumes_later(world):
            kube.job(second, NS)["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["IDLEGPU_RESUME"] == "--resume s3://runs/train/ckpt"
     assert kube.count("POST") == 3  # three Jobs created in all, never a duplicate
+    # every call of the whole story is one the deployed Role grants, and nothing more is granted
+    assert used_verbs(kube) == role_verbs() - {"get"}  # get only serves adopting on a 409
+
+
+def used_verbs(kube):
+    verbs = {("GET", False): "list", ("GET", True): "get", ("POST", False): "create",
+             ("PATCH", True): "patch", ("DELETE", True): "delete"}
+    return {verbs[(r.method, r.path.rstrip("/").split("/")[-1] != "jobs")]
+            for r in kube.requests if "/jobs" in r.path}
+
+
+def role_verbs():
+    role = yaml.safe_load((Path(__file__).parents[1] / "deploy" / "role.yaml").read_text())
+    (rule,) = role["rules"]
+    assert rule["apiGroups"] == ["batch"] and rule["resources"] == ["jobs"]
+    return set(rule["verbs"])
 
 
 def test_an_api_outage_never_duplicates_nor_loses_a_job(world):

@@ -307,6 +307,21 @@ def test_stop_of_a_finished_job_that_refuses_suspension_is_fine(
         cluster.stop(name, reason="late")
 
 
+def test_delete_removes_the_job_with_its_pods_and_a_missing_one_is_fine(
+        kube: FakeKube, cluster: KubernetesCluster) -> None:
+    name = cluster.apply("req7-0-1", 1, make_spec(), team="nlp", stop_by=None, now=NOW)
+    cluster.stop(name, reason="preempt")
+    kube.fail_next(1, 503)  # retried like every call
+    cluster.delete(name)
+    with pytest.raises(KeyError):
+        kube.job(name, NS)
+    deletes = [r for r in kube.requests if r.method == "DELETE"]
+    assert len(deletes) == 2
+    assert deletes[-1].query.get("propagationPolicy") == "Background"  # not orphaned pods
+    cluster.delete(name)  # gone already: fine
+    assert kube.count("DELETE") == 3
+
+
 # --- observe --------------------------------------------------------------------------------
 
 
@@ -424,7 +439,7 @@ def test_unreachable_server_raises_cluster_unavailable(kube: FakeKube) -> None:
     assert "\n" not in str(err.value)
 
 
-@pytest.mark.parametrize("verb", ["create", "list", "patch"])
+@pytest.mark.parametrize("verb", ["create", "list", "patch", "delete"])
 def test_forbidden_names_the_missing_permission(kube: FakeKube, cluster: KubernetesCluster,
                                                 verb: str) -> None:
     kube.forbid(verb)
@@ -433,11 +448,14 @@ def test_forbidden_names_the_missing_permission(kube: FakeKube, cluster: Kuberne
             cluster.apply("req7-0-1", 1, make_spec(), team="nlp", stop_by=None, now=NOW)
         elif verb == "list":
             cluster.observe()
+        elif verb == "delete":
+            cluster.delete("idlegpu-req7-0-1-a1")
         else:
             cluster.stop("idlegpu-req7-0-1-a1", reason="r")
     message = str(err.value)
     assert f"Kubernetes denied '{verb}' on jobs.batch in namespace research" in message
     assert "Role" in message and "\n" not in message
+    assert "verbs get, list, create, patch, delete" in message
     assert f'cannot {verb} resource "jobs"' in message
     assert isinstance(err.value, PermanentError)
     assert kube.count() == 1  # never retried

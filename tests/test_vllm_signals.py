@@ -176,7 +176,9 @@ def test_falls_back_to_gpu_cache_usage_and_computes_gpus_short(old_vllm_prom):
     assert {r.service: r for r in report.services}["chat"].kv_fallback
     assert report.signals.gpus_short == 0
 
-    hpa = PrometheusSignals(_settings(old_vllm_prom.url), desired_replicas_query=HPA)
+    with_hpa = load_config(data={**_settings(old_vllm_prom.url).model_dump(mode="json"),
+                                 "query_templates": {**TEMPLATES, "desired_replicas": HPA}})
+    hpa = PrometheusSignals(with_hpa)
     idle = TOTAL_GPUS - 5 * 4 - 3 * 2  # 14
     # chat wants 6 replicas, has 5: 4 GPUs; covered by idle GPUs unless jobs hold them
     assert hpa.read(LAST).gpus_short == 0

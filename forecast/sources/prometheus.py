@@ -36,7 +36,15 @@ from urllib3.util.retry import Retry
 
 from forecast.config import MetricQuery, Settings
 from forecast.errors import ConfigError, IdlegpuError, SourceUnavailableError
-from forecast.schema import DS, UNIQUE_ID, Y, empty_history, series_id, validate_history
+from forecast.schema import (
+    DS,
+    LIVE_METRICS,
+    UNIQUE_ID,
+    Y,
+    empty_history,
+    series_id,
+    validate_history,
+)
 
 __all__ = ["Chunk", "align_range", "counter_rate", "fetch_history", "plan_chunks"]
 
@@ -243,6 +251,8 @@ def fetch_history(
     requests_: list[_Request] = []
     for name in names:
         for metric, query in settings.queries_for(name).items():
+            if metric in LIVE_METRICS:  # read live by the daemon, not part of the history
+                continue
             first = t0 - step if query.counter else t0
             for chunk in plan_chunks(first, t1, step, max_points):
                 requests_.append(_Request(name, metric, query, chunk))

@@ -5,13 +5,16 @@
     name = cluster.apply(unit_id, attempt, spec, team="nlp", stop_by=..., now=...)
     cluster.stop(name, reason="window closes")      # spec.suspend=true: SIGTERM + grace period
     jobs = cluster.observe()                        # every Job labelled managed-by=idlegpu
+    cluster.delete(name)                            # a suspended attempt, once it is recorded
 
 Jobs are named deterministically from ``(unit_id, attempt)``, so a create that is retried after
 a lost response, or repeated after a restart, adopts the Job already there (409 Conflict)
 instead of running it twice. Stopping suspends the Job (the Job controller deletes its pods with
-a ``DisruptionTarget`` condition, and ``podFailurePolicy`` ignores that), which keeps the Job and
-its history around; it is never deleted here (``ttlSecondsAfterFinished`` is left to the
-cluster's policy).
+a ``DisruptionTarget`` condition, and ``podFailurePolicy`` ignores that). A suspended Job is not
+finished, so ``ttlSecondsAfterFinished`` never removes it: the controller deletes it (with
+``propagationPolicy=Background``, since a Job deleted through the API otherwise orphans its
+pods) once the store has recorded the attempt's end. Finished Jobs are left to
+``ttlSecondsAfterFinished`` (the ``ttl_seconds_after_finished`` option) or the cluster's policy.
 
 Errors: HTTP 5xx, 429, timeouts and connection failures are retried with exponential backoff,
 then raise ``ClusterUnavailableError`` (a ``TemporaryError``); 403 raises
@@ -449,6 +452,17 @@ class KubernetesCluster:
                 return
             raise
 
+    def delete(self, name: str) -> None:
+        if self.dry_run:
+            log.info("dry run: would delete Job %s/%s", self.namespace, name)
+            return
+        try:
+            self._call("delete", lambda **kw: self.batch.delete_namespaced_job(
+                name, self.namespace, propagation_policy="Background", **kw))
+            log.info("deleted stopped Job %s/%s", self.namespace, name)
+        except _NotFound:
+            pass
+
     def observe(self) -> list[ClusterJob]:
         if self.batch is None:
             return []
@@ -528,7 +542,7 @@ class KubernetesCluster:
             return ClusterPermissionError(
                 f"Kubernetes denied '{verb}' on jobs.batch in namespace {self.namespace} "
                 f"(HTTP {exc.status}): {message or exc.reason}; grant the idlegpu service "
-                f"account a Role with verbs get, list, create, patch on resource jobs in API "
+                f"account a Role with verbs get, list, create, patch, delete on resource jobs in API "
                 f"group batch there (see deploy/)")
         fields = _status_fields(exc)
         what = f" (fields: {', '.join(fields)})" if fields else ""

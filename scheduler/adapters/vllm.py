@@ -26,10 +26,10 @@ signal is missing.
 **Pool arithmetic.** ``idle_gpus = pool.total_gpus - sum(replicas * gpus_per_replica) -
 job_gpus`` (``read(now, job_gpus=...)``; ``replicas`` is what the replicas query counts, e.g.
 ``kube_deployment_status_replicas``, which includes pods still pending). ``gpus_short`` needs
-the autoscaler's desired replicas, which the configuration has no query for: pass
-``desired_replicas_query`` (a PromQL template with ``$service``, e.g.
+the autoscaler's desired replicas: the optional ``desired_replicas`` query (in
+``query_templates`` or a service's ``queries``, e.g.
 ``kube_horizontalpodautoscaler_status_desired_replicas{namespace="inference",
-horizontalpodautoscaler="$service"}``) to get ``gpus_short = max(0, sum(max(0, desired -
+horizontalpodautoscaler="$service"}``) gives ``gpus_short = max(0, sum(max(0, desired -
 replicas) * gpus_per_replica) - idle_gpus)``; without it ``gpus_short`` is 0.
 
 **Aggregation.** Queue and KV pressure only matter for a service the autoscaler can still grow
@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import math
 import re
-import string
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -55,7 +54,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from forecast.config import Settings
 from forecast.errors import TemporaryError
-from forecast.schema import KV_CACHE_USAGE, REPLICAS, REQUESTS_RUNNING, REQUESTS_WAITING
+from forecast.schema import (
+    DESIRED_REPLICAS,
+    KV_CACHE_USAGE,
+    REPLICAS,
+    REQUESTS_RUNNING,
+    REQUESTS_WAITING,
+)
 from scheduler.types import ServingSignals
 
 __all__ = [
@@ -76,7 +81,6 @@ KV_METRIC_OLD = "vllm:gpu_cache_usage_perc"
 WAITING_METRIC = "vllm:num_requests_waiting"
 RUNNING_METRIC = "vllm:num_requests_running"
 REQUIRED = (REPLICAS, REQUESTS_WAITING, KV_CACHE_USAGE)
-DESIRED_REPLICAS = "desired_replicas"
 
 
 class SignalsError(TemporaryError):
@@ -208,13 +212,11 @@ class PrometheusSignals(_SignalReader):
         *,
         session: requests.Session | None = None,
         timeout_s: float | None = None,
-        desired_replicas_query: str | None = None,
     ) -> None:
         self.settings = settings
         cfg = settings.prometheus
         self.url = cfg.url.rstrip("/")
         self.timeout_s = float(timeout_s if timeout_s is not None else cfg.timeout_seconds)
-        self.desired_replicas_query = desired_replicas_query
         self.session = session if session is not None else requests.Session()
         self.session.verify = cfg.verify_tls
         self._headers = {"Accept-Encoding": "identity"}
@@ -248,18 +250,14 @@ class PrometheusSignals(_SignalReader):
         oldest: float | None = None
         kv_fallback = False
         complete = True
-        wanted = [m for m in (REPLICAS, REQUESTS_WAITING, REQUESTS_RUNNING, KV_CACHE_USAGE)
-                  if m in queries]
+        wanted = [m for m in (REPLICAS, REQUESTS_WAITING, REQUESTS_RUNNING, KV_CACHE_USAGE,
+                              DESIRED_REPLICAS) if m in queries]
         for metric in REQUIRED:
             if metric not in queries:
                 errs.append(f"{name}/{metric}: no query configured (set query_templates."
                             f"{metric} or services[].queries.{metric})")
                 complete = False
-        extra: list[tuple[str, str]] = [(m, queries[m].query) for m in wanted]
-        if self.desired_replicas_query:
-            extra.append((DESIRED_REPLICAS, string.Template(
-                self.desired_replicas_query).safe_substitute(service=name)))
-        for metric, query in extra:
+        for metric, query in [(m, queries[m].query) for m in wanted]:
             required = metric in REQUIRED
             try:
                 value, used = self._value(query, at)
