@@ -61,6 +61,7 @@ def test_environment_overrides_the_file(monkeypatch):
         (lambda d: d["pool"].update(total_gpus=10), "more than pool.total_gpus"),
         (lambda d: d["services"].append(dict(d["services"][0])), "appear more than once"),
         (lambda d: d["services"][0].update(queries={"qps": "x"}), "unknown metric(s) qps"),
+        (lambda d: d["query_templates"].update(desired="x"), "unknown metric(s) desired; use"),
         (lambda d: d["services"][0].update(gpu_per_replica=4), "gpu_per_replica: unknown field"),
         (lambda d: d.pop("query_templates"), "has no replicas query"),
         (lambda d: d["pool"].pop("total_gpus"), "pool.total_gpus: required field is missing"),
