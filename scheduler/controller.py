@@ -82,6 +82,8 @@ class Controller:
         self._planned_stops: set[str] = set()  # Job names stopped on purpose (checkpointed)
         # units told to stop whose GPUs are not back yet: never counted twice against a need
         self._stopping: dict[str, int] = {}
+        self._last_good: ServingSignals | None = None  # the newest reading that succeeded
+        self._missing_since: datetime | None = None  # first failed read, before any success
 
     def reconcile_once(self, now: datetime) -> PassReport:
         report = PassReport(now=now)
@@ -207,14 +209,32 @@ class Controller:
             report.released.append(row.id)
 
     def _read_signals(self, now: datetime, report: PassReport) -> ServingSignals:
+        """The live signals; when they cannot be read, the newest good reading stands, ageing
+        (no admission once it is older than ``max_signal_age``, every job stopped once it is
+        older than ``missing_signals_preempt_after``), never "no load". Without any good
+        reading since the start, they count as missing since the first failed read."""
         # GPUs our Jobs hold (or are about to): the services cannot have them, so they are
         # not idle; without this a busy night would look idle and the shortfall look covered
         held = sum(row.gpus for row in self.store.queue() if row.state.holds_gpus())
         try:
-            return self.signals.read(now, job_gpus=held)
+            signals = self.signals.read(now, job_gpus=held)
         except IdlegpuError as exc:
             report.errors.append(f"signals: {exc}")
-            return ServingSignals(observed_at=None)
+            signals = ServingSignals(observed_at=None)
+        if signals.observed_at is not None:
+            last = self._last_good
+            if last is None or last.observed_at is None or signals.observed_at >= last.observed_at:
+                self._last_good = signals
+            self._missing_since = None
+            return signals
+        problem = getattr(self.signals, "last_problem", None)
+        if problem:
+            report.errors.append(f"signals missing: {problem}")
+        if self._last_good is not None:
+            return self._last_good
+        if self._missing_since is None:
+            self._missing_since = now
+        return ServingSignals(observed_at=None, missing_since=self._missing_since)
 
     def _profile(self, now: datetime, report: PassReport) -> FreeProfile | None:
         try:

@@ -81,8 +81,9 @@ def decide(
     # --- 1. live signals ---------------------------------------------------------------
     age = signals.age_s(now)
     blind = age is None or age > settings.max_signal_age_s
+    missing_for = signals.missing_for_s(now)
     give_up = settings.missing_signals_preempt_after_s is not None and (
-        age is None or age > settings.missing_signals_preempt_after_s
+        missing_for is None or missing_for > settings.missing_signals_preempt_after_s
     )
     live_need, live_reason = 0, ""
     if not blind:
@@ -106,7 +107,7 @@ def decide(
     # --- 2. preemption -------------------------------------------------------------------
     victims: dict[str, tuple[str, bool]] = {}  # id -> (reason, planned)
     if give_up and running:
-        what = "never read" if age is None else f"missing for {age / 60:.0f} min"
+        what = "never read" if missing_for is None else f"missing for {missing_for / 60:.0f} min"
         for job in sorted(running, key=lambda j: j.id):
             victims[job.id] = (
                 f"live signals {what}: stopping every job to keep the service safe", False

@@ -135,9 +135,17 @@ class ServingSignals:
     idle_gpus: int | None = None
     """GPUs nobody holds right now; queue or KV pressure preempts only what these cannot
     cover (None: unknown, assume none)."""
+    missing_since: datetime | None = None
+    """With ``observed_at`` None: since when the signals have been missing, when that is known
+    (e.g. since the daemon started and found the source down). None: for as long as can be."""
 
     def age_s(self, now: datetime) -> float | None:
         return None if self.observed_at is None else (now - self.observed_at).total_seconds()
+
+    def missing_for_s(self, now: datetime) -> float | None:
+        """How long nothing newer than ``observed_at`` was read (None: unknown, forever)."""
+        since = self.observed_at or self.missing_since
+        return None if since is None else max(0.0, (now - since).total_seconds())
 
 
 @dataclass(frozen=True)

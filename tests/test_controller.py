@@ -63,6 +63,7 @@ class Signals:
     def __init__(self):
         self.value = ServingSignals(observed_at=T0)
         self.job_gpus: list[int] = []
+        self.last_problem = None
 
     def read(self, now, *, job_gpus=0):
         self.job_gpus.append(job_gpus)
@@ -208,3 +209,36 @@ def test_dry_run_changes_nothing(setup):
     assert len(report.created) == 2  # what would be created...
     assert states(store) == ["queued", "queued"]  # ...while the store is untouched
     assert [e.kind for e in store.events()] == ["submitted", "submitted"]
+
+
+def test_missing_signals_age_from_the_last_good_reading_then_stop_every_job(setup):
+    _, cluster, signals, controller, _ = setup
+    controller.reconcile_once(T0)
+    for name in cluster.created:
+        cluster.set_phase(name, JobPhase.RUNNING, T0)
+    controller.reconcile_once(T0 + timedelta(seconds=30))
+    signals.value = ServingSignals(observed_at=None)  # the source goes down
+    signals.last_problem = "prometheus at http://x is unreachable (connection refused)"
+    report = controller.backstop_once(T0 + timedelta(minutes=5))
+    assert not report.stopped  # blind, but not yet given up
+    assert "signals missing: prometheus at http://x is unreachable" in report.errors[0]
+    assert report.signals.observed_at == T0  # the last good reading, ageing
+    report = controller.backstop_once(T0 + timedelta(minutes=16))
+    assert len(report.stopped) == 2  # missing for more than 15 min: every job stops
+    assert all("missing for 16 min" in d.reason for d in report.plan.decisions)
+
+
+def test_a_restart_with_the_source_down_waits_before_giving_up(setup):
+    store, cluster, signals, controller, _ = setup
+    controller.reconcile_once(T0)
+    for name in cluster.created:
+        cluster.set_phase(name, JobPhase.RUNNING, T0)
+    controller.reconcile_once(T0 + timedelta(minutes=1))
+    signals.value = ServingSignals(observed_at=None)
+    restarted = Controller(store, cluster, signals, controller.forecast,
+                           lambda spec: spec.runtime_estimate_s * 1.3, PolicySettings())
+    report = restarted.reconcile_once(T0 + timedelta(minutes=2))
+    assert not report.stopped and not report.created
+    assert report.signals.missing_since == T0 + timedelta(minutes=2)
+    report = restarted.backstop_once(T0 + timedelta(minutes=18))
+    assert len(report.stopped) == 2

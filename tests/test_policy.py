@@ -150,6 +150,15 @@ def test_signals_missing_too_long_preempt_everything():
     relaxed = PolicySettings(missing_signals_preempt_after_s=None)
     kept = plan(flat(32, 6), [], running=[run("r1")], signals=gone, settings=relaxed)
     assert actions(kept) == {}
+    # missing since a known moment (a restart found the source down): blind at once, but the
+    # jobs are only given up after the configured time
+    lately = ServingSignals(observed_at=None, missing_since=T0 - timedelta(minutes=5))
+    result = plan(flat(32, 6), [job("j")], running=[run("r1")], signals=lately)
+    assert actions(result) == {"j": Action.DEFER} and "never read" in result.decisions[0].reason
+    long_ago = ServingSignals(observed_at=None, missing_since=T0 - timedelta(minutes=16))
+    result = plan(flat(32, 6), [], running=[run("r1")], signals=long_ago)
+    assert actions(result) == {"r1": Action.PREEMPT}
+    assert "missing for 16 min" in result.decisions[0].reason
 
 
 def test_an_old_forecast_blocks_admission():
