@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -695,11 +695,16 @@ def run(
         help="Past runs for runtime estimates, e.g. data/sample/runs.csv.")] = None,
     kubeconfig: Annotated[Optional[str], typer.Option(help="Kubeconfig file.")] = None,
     context: Annotated[Optional[str], typer.Option(help="Kubeconfig context.")] = None,
+    speed: Annotated[float, typer.Option(
+        "--speed", min=0.001, max=100000.0,
+        help="Replay only (--history and --now, without --once): seconds of replayed time "
+        "per real second, e.g. 60 runs an evening in minutes.")] = 1.0,
 ) -> None:
     """Admit research Jobs onto the pool's idle GPUs and stop them before the service needs
     the GPUs back: reconcile every minute, live backstop every 15 s, forecast every evening,
     last month's report on the 1st. --once runs a single pass; with --now and --history it
-    replays a past moment against recorded history."""
+    replays a past moment against recorded history (without --once, the daemon itself runs
+    from that moment on, --speed times faster than real time)."""
     import yaml
     from rich.table import Table
 
@@ -710,8 +715,13 @@ def run(
     from scheduler.policy import policy_settings
 
     settings = load_config(config)
-    if now is not None and not once:
-        raise typer.BadParameter("--now replays one pass: use it with --once", param_hint="--now")
+    if now is not None and not once and history is None:
+        raise typer.BadParameter("--now replays recorded history: use it with --once, or with "
+                                 "--history to replay the daemon from that moment",
+                                 param_hint="--now")
+    if speed != 1.0 and (once or now is None or history is None):
+        raise typer.BadParameter("--speed paces a replayed daemon: use it with --history and "
+                                 "--now, without --once", param_hint="--speed")
     moment = _now(now)
     frame = None
     if history is not None:
@@ -751,6 +761,7 @@ def run(
                 f"restart; store: {_store_url(settings, store)}"
             )
             return
+        clock = _replay_clock(moment, speed) if now is not None else _wall_clock
         daemon = Daemon(
             controller,
             reconcile_seconds=settings.daemon.reconcile_seconds,
@@ -759,12 +770,36 @@ def run(
             refresh_hour=settings.daemon.forecast_refresh_hour,
             monthly_report=lambda at: _last_month_report(settings, job_store, at),
             timezone=settings.pool.timezone,
+            clock=clock,
         )
-        console.print(f"idlegpu daemon: {settings.pool.name}, store {_store_url(settings, store)}, "
-                      f"metrics on :{settings.daemon.metrics_port}; SIGTERM stops it gracefully")
+        import logging
+
+        # one plain line per event on stderr, for the cluster's log collector
+        logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        logging.getLogger("apscheduler").setLevel(logging.WARNING)  # a line per job run is noise
+        port = settings.daemon.metrics_port
+        replay = (f"; replaying from {moment.astimezone(settings.pool.tz):%Y-%m-%d %H:%M} at "
+                  f"{speed:g}x" if now is not None else "")
+        logging.getLogger("idlegpu.daemon").info(
+            "starting on pool %s, store %s, %s%s; SIGTERM stops it gracefully",
+            settings.pool.name, _store_url(settings, store),
+            f"metrics on :{port}" if port else "no metrics endpoint", replay)
         daemon.run(metrics_port=settings.daemon.metrics_port)
     finally:
         job_store.close()
+
+
+def _wall_clock() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _replay_clock(start: datetime, speed: float):
+    """A clock that starts at ``start`` now and runs ``speed`` times faster than real time."""
+    import time
+
+    origin = time.monotonic()
+    return lambda: start + timedelta(seconds=(time.monotonic() - origin) * speed)
 
 
 def _cluster(settings, *, dry_run: bool, kubeconfig: str | None, context: str | None):
@@ -806,11 +841,9 @@ class _ForecastProvider:
 
         frame = self.frame
         if frame is None:
-            from datetime import timedelta as _td
-
             from forecast.sources.prometheus import fetch_history
 
-            frame = fetch_history(self.settings, now - _td(days=35), now)
+            frame = fetch_history(self.settings, now - timedelta(days=35), now)
         profile = forecast_profile(frame, self.settings, now)
         if self.settings.daemon.mode == "night-only":
             profile = _night_only(profile, self.settings.pool.timezone)

@@ -3,8 +3,13 @@
 Jobs (fixed ids, ``max_instances=1``, ``coalesce=True``): the reconcile pass every
 ``daemon.reconcile_seconds``, the live backstop every ``daemon.backstop_seconds``, the forecast
 refresh every evening at ``daemon.forecast_refresh_hour`` (local), and last month's report on
-the 1st. The daemon serves its own Prometheus metrics and a health endpoint, and stops
-gracefully on SIGTERM (the pass under way finishes; nothing is left half-applied).
+the 1st. The reconcile pass also refreshes the forecast when the daemon's clock has passed a
+refresh hour since the last refresh: a daemon that was down at that hour (or replays history
+in accelerated time, where wall-clock triggers mean nothing) still gets its nightly forecast.
+A failed refresh (Prometheus down) is logged and counted; the pass goes on with the forecast it
+has, which the policy refuses to admit on once it is older than ``max_forecast_age``.
+The daemon serves its own Prometheus metrics and a health endpoint, and stops gracefully on
+SIGTERM (the pass under way finishes; nothing is left half-applied).
 """
 
 from __future__ import annotations
@@ -14,12 +19,13 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from forecast.errors import IdlegpuError
 from scheduler.controller import Controller, PassReport
 from scheduler.types import Action
 
@@ -45,6 +51,8 @@ class DaemonMetrics:
         self.passes = Counter("idlegpu_passes", "Controller passes, by kind", ["kind"],
                               registry=r)
         self.errors = Counter("idlegpu_pass_errors", "Errors met during passes", registry=r)
+        self.refresh_failures = Counter("idlegpu_forecast_refresh_failures",
+                                        "Forecast refreshes that failed", registry=r)
 
 
 class Daemon:
@@ -75,6 +83,8 @@ class Daemon:
 
     # ------------------------------------------------------------------ jobs
     def reconcile(self) -> PassReport:
+        if self.refresh_due(self.clock()):
+            self.refresh()
         report = self.controller.reconcile_once(self.clock())
         self._record(report, "reconcile")
         return report
@@ -84,11 +94,34 @@ class Daemon:
         self._record(report, "backstop")
         return report
 
-    def refresh(self) -> None:
-        if self.refresh_forecast is not None:
-            now = self.clock()
+    def refresh(self) -> bool:
+        """Refresh the forecast now; False (logged, counted) when it failed."""
+        if self.refresh_forecast is None:
+            return False
+        now = self.clock()
+        try:
             self.refresh_forecast(now)
-            self.forecast_made = now
+        except IdlegpuError as exc:
+            self.metrics.errors.inc()
+            self.metrics.refresh_failures.inc()
+            log.warning("forecast refresh failed, keeping the current forecast: %s", exc)
+            return False
+        self.forecast_made = now
+        return True
+
+    def refresh_due(self, now: datetime) -> bool:
+        """True when no forecast was made yet, or a refresh hour passed since the last one."""
+        if self.refresh_forecast is None:
+            return False
+        if self.forecast_made is None:
+            return True
+        from zoneinfo import ZoneInfo
+
+        local = now.astimezone(ZoneInfo(self.timezone))
+        boundary = local.replace(hour=self.refresh_hour, minute=0, second=0, microsecond=0)
+        if boundary > local:
+            boundary -= timedelta(days=1)
+        return self.forecast_made < boundary
 
     def report(self) -> None:
         if self.monthly_report is not None:
@@ -103,6 +136,16 @@ class Daemon:
         m.errors.inc(len(report.errors))
         for error in report.errors:
             log.warning("%s pass: %s", kind, error)
+        for d in report.plan.decisions:
+            if d.action is not Action.DEFER:
+                log.info("%s pass at %s: %s %s (%d GPUs): %s", kind, report.now.isoformat(
+                    timespec="seconds"), d.action.value, d.job_id, d.gpus, d.reason)
+        for what in ("created", "recreated", "started", "stopped", "released", "finished",
+                     "failed", "deleted"):
+            names = getattr(report, what)
+            if names:
+                log.info("%s pass at %s: %s %s", kind, report.now.isoformat(timespec="seconds"),
+                         what, ", ".join(names))
         running = self.controller.store.running(report.now, lambda row: 0.0)
         m.running_jobs.set(len(running))
         m.running_gpus.set(sum(j.gpus for j in running))
@@ -170,8 +213,7 @@ class Daemon:
         """Run until SIGTERM or SIGINT: a first refresh and pass at once, then on schedule."""
         if metrics_port:
             self.serve(metrics_port)
-        self.refresh()
-        self.reconcile()
+        self.reconcile()  # refreshes the forecast first (none yet)
         sched = self.scheduler(blocking=True)
 
         def stop(signum, frame) -> None:

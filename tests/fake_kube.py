@@ -6,6 +6,7 @@
         kube.set_status("idlegpu-x-a1", {"active": 1, "ready": 1})
         kube.fail_next(2, 503)              # the next 2 requests answer 503
         kube.forbid("create")               # create answers 403 from now on
+        kube.on_next("POST", kill_client)   # a crash of the client mid-request (see on_next)
         kube.requests                       # every request: Request(method, path, query, body)
 
 Serves ``/apis/batch/v1/namespaces/{ns}/jobs`` (GET list with ``labelSelector`` equality,
@@ -28,6 +29,7 @@ import re
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -104,6 +106,7 @@ class FakeKube:
         self._rv = itertools.count(1000)
         self._failures: list[int | str] = []
         self._forbidden: set[str] = set()
+        self._hooks: dict[str, tuple[Callable[[Request], None], bool]] = {}
         self.timeout_s = 2.0
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -158,6 +161,23 @@ class FakeKube:
         assert self._server is not None, "not started"
         return f"http://127.0.0.1:{self._server.server_address[1]}"
 
+    def write_kubeconfig(self, path: Any, namespace: str = "default") -> Any:
+        """A kubeconfig file pointing at the fake (context ``fake``, a token user)."""
+        path.write_text(f"""apiVersion: v1
+kind: Config
+clusters:
+- name: fake
+  cluster: {{server: "{self.url}"}}
+users:
+- name: me
+  user: {{token: "t0ken"}}
+contexts:
+- name: fake
+  context: {{cluster: fake, user: me, namespace: {namespace}}}
+current-context: fake
+""")
+        return path
+
     def api_client(self, *, retries: int | bool = False) -> kubernetes.client.ApiClient:
         """A client pointed at the fake. urllib3's own retries are off by default, so every
         attempt the adapter makes is one request here."""
@@ -191,6 +211,15 @@ class FakeKube:
         request is served) or ``"lost"`` (served, then closed before the answer)."""
         with self._lock:
             self._failures.extend([code] * n)
+
+    def on_next(self, method: str, callback: Callable[[Request], None], *,
+                served: bool = True) -> None:
+        """At the next ``method`` request, once, call ``callback(request)`` and never answer:
+        after the request is served (``served=True``: the change is made, the client never
+        hears of it) or instead of serving it (the request is lost). With a callback that
+        kills the client process, this is a crash at that exact point."""
+        with self._lock:
+            self._hooks[method] = (callback, served)
 
     def forbid(self, verb: str) -> None:
         """Answer 403 to ``verb`` (get, list, create, patch, delete) from now on."""
@@ -232,9 +261,18 @@ class FakeKube:
         except ValueError:
             body = raw.decode(errors="replace")
         content_type = h.headers.get("Content-Type")
+        request = Request(method, parts.path, query, body, content_type)
         with self._lock:
-            self.requests.append(Request(method, parts.path, query, body, content_type))
+            self.requests.append(request)
             failure = self._failures.pop(0) if self._failures else None
+            hook = self._hooks.pop(method, None)
+        if hook is not None:
+            callback, served = hook
+            if served:
+                self._serve(method, parts.path, query, body, content_type)
+            callback(request)
+            h.close_connection = True
+            return
         if failure == "timeout":
             time.sleep(self.timeout_s)
             h.close_connection = True

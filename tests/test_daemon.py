@@ -48,3 +48,39 @@ def test_jobs_are_registered_once_with_safe_options(setup):  # noqa: F811
     jobs = {job.id: job for job in sched.get_jobs()}
     assert set(jobs) == {"reconcile", "backstop", "forecast-refresh", "monthly-report"}
     assert all(job.max_instances == 1 and job.coalesce for job in jobs.values())
+
+
+def test_the_forecast_is_refreshed_when_a_refresh_hour_passed_and_failures_keep_it(setup):  # noqa: F811
+    from datetime import timedelta
+
+    from forecast.errors import SourceUnavailableError
+
+    _, _, _, controller, _ = setup
+    made: list[datetime] = []
+    down = {"on": False}
+
+    def refresh(now):
+        if down["on"]:
+            raise SourceUnavailableError("prometheus at http://x is unreachable")
+        made.append(now)
+
+    clock = {"now": datetime(2026, 1, 28, 7, 0, tzinfo=UTC)}  # 16:00 in Seoul
+    daemon = Daemon(controller, refresh_forecast=refresh, refresh_hour=17,
+                    timezone="Asia/Seoul", clock=lambda: clock["now"])
+    daemon.reconcile()  # no forecast yet: made first
+    assert made == [clock["now"]]
+    clock["now"] += timedelta(minutes=50)  # 16:50: the last one is still current
+    daemon.reconcile()
+    assert len(made) == 1
+    clock["now"] += timedelta(minutes=20)  # 17:10: the 17:00 refresh was missed (down, say)
+    daemon.reconcile()
+    assert made[-1] == clock["now"] and len(made) == 2
+    down["on"] = True
+    clock["now"] += timedelta(days=1)  # the next evening, Prometheus down
+    report = daemon.reconcile()  # the pass still runs, on the forecast it has
+    assert report.now == clock["now"] and daemon.forecast_made == made[-1]
+    assert daemon.metrics.refresh_failures._value.get() == 1
+    down["on"] = False
+    clock["now"] += timedelta(minutes=1)
+    daemon.reconcile()  # retried at the next pass
+    assert made[-1] == clock["now"]

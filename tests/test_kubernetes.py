@@ -462,21 +462,7 @@ def test_forbidden_names_the_missing_permission(kube: FakeKube, cluster: Kuberne
 
 
 def test_from_config_reads_a_kubeconfig(kube: FakeKube, tmp_path: object) -> None:
-    path = tmp_path / "kubeconfig"  # type: ignore[operator]
-    path.write_text(f"""
-apiVersion: v1
-kind: Config
-clusters:
-- name: fake
-  cluster: {{server: "{kube.url}"}}
-users:
-- name: me
-  user: {{token: "t0ken"}}
-contexts:
-- name: fake
-  context: {{cluster: fake, user: me, namespace: {NS}}}
-current-context: fake
-""")
+    path = kube.write_kubeconfig(tmp_path / "kubeconfig", NS)  # type: ignore[operator]
     cluster = KubernetesCluster.from_config(str(path), context="fake", namespace=NS,
                                             backoff_s=0.0)
     assert cluster.observe() == []

@@ -1,0 +1,276 @@
+"""Daemon-level fault: Prometheus goes down. No admission; the configured fail-safe applies.
+
+Real parts, real wall clock: a REAL Prometheus server scraping a loopback exporter (vLLM
+metrics plus kube-state-metrics-like replica gauges) every second, ``PrometheusSignals`` as the
+signal source, ``KubernetesCluster`` over the official client against the stateful fake API
+server, a SQLite ``JobStore``, the real ``Controller`` and the ``Daemon`` under APScheduler
+(reconcile and backstop every second), its /metrics served over HTTP.
+
+Story (short settings: blind after 3 s, give up after 12 s):
+
+1. Prometheus up: both units of a first request are admitted and run.
+2. Prometheus stops. The newest good reading stands and ages: passes go on, each reporting the
+   signals problem; no stop yet.
+3. Once the reading is older than ``max_signal_age`` a second request is submitted: it stays
+   QUEUED ("not admitting blind"), nothing is created.
+4. Once nothing newer has been read for ``missing_signals_preempt_after``: every running Job is
+   suspended (once) with the "live signals ... stopping every job" reason; the metrics count
+   live preemptions; the new unit is still QUEUED; no Job was ever created twice.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+import urllib.request
+from datetime import UTC, datetime, timedelta
+
+import numpy as np
+from fake_kube import FakeKube
+from prom_server import start_scraping
+from test_vllm_signals import TEMPLATES, Exporter, vllm_pages
+
+from forecast.config import load_config
+from scheduler.adapters.kubernetes import ANN_STOP_REASON, KubernetesCluster
+from scheduler.adapters.store import JobStore
+from scheduler.adapters.vllm import PrometheusSignals
+from scheduler.controller import Controller, PassReport
+from scheduler.daemon import Daemon, wait_until
+from scheduler.specs import expand_units, validate_request
+from scheduler.types import Action, FreeProfile, JobState, PolicySettings
+
+NS = "idlegpu-jobs"
+MAX_AGE_S = 3.0  # > scrape interval (1 s) + a pass's read delay: fresh while Prometheus is up
+GIVE_UP_S = 12.0  # every job stops once nothing newer was read for this long
+TOTAL_GPUS = 48
+# chat: 3 replicas x 4 GPUs, code: 1 replica x 2 GPUs -> 34 idle before our jobs
+SERVICES = {"chat": (4, 1, 6), "code": (2, 1, 3)}  # gpus_per_replica, min, max replicas
+PAGE = [("chat", 2, 20, 0.5, 3), ("code", 1, 5, 0.4, 1)]  # no queue or KV pressure
+SERVICE_GPUS = 3 * 4 + 1 * 2
+
+
+def settings(url: str):
+    return load_config(data={
+        "pool": {"total_gpus": TOTAL_GPUS, "headroom_gpus": 0},
+        "prometheus": {"url": url, "retries": 0, "timeout_seconds": 5},
+        "query_templates": TEMPLATES,
+        "services": [
+            {"name": n, "gpus_per_replica": g, "min_replicas": lo, "max_replicas": hi}
+            for n, (g, lo, hi) in SERVICES.items()
+        ],
+    })
+
+
+def request(name: str, shards: list[int]) -> dict:
+    return {
+        "name": name, "team": "data", "kind": "datagen",
+        "image": "registry.example.com/research/vllm-datagen:0.6.3",
+        "command": ["python", "generate.py"], "args": ["--shard", "{shard}"],
+        "sweep": {"shard": shards}, "gpus": 8, "runtime_estimate": "2h",
+        "output": "s3://runs/{team}/{name}/{shard}",
+    }
+
+
+def submit(store: JobStore, data: dict, now: datetime) -> str:
+    req = validate_request(data)
+    return store.submit(req.name, req.team, req.kind, data, expand_units(req), now)
+
+
+class RecordingDaemon(Daemon):
+    """The real daemon, keeping every pass's report (what it saw, decided and did)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.reports: list[tuple[str, PassReport]] = []
+        self._lock = threading.Lock()
+
+    def reconcile(self) -> PassReport:
+        report = super().reconcile()
+        with self._lock:
+            self.reports.append(("reconcile", report))
+        return report
+
+    def backstop(self) -> PassReport:
+        report = super().backstop()
+        with self._lock:
+            self.reports.append(("backstop", report))
+        return report
+
+    def since(self, when: datetime, kind: str | None = None) -> list[PassReport]:
+        """Reports of passes that started after ``when``."""
+        with self._lock:
+            return [r for k, r in self.reports if r.now > when and kind in (None, k)]
+
+
+def metric(url: str, name: str, labels: str = "") -> float:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    pattern = re.escape(name) + (re.escape("{" + labels + "}") if labels else "") + r" (\S+)"
+    found = re.search(rf"^{pattern}$", text, re.MULTILINE)
+    return float(found.group(1)) if found else 0.0
+
+
+def patches(kube: FakeKube, name: str) -> list:
+    return [r for r in list(kube.requests)
+            if r.method == "PATCH" and r.path == f"/apis/batch/v1/namespaces/{NS}/jobs/{name}"]
+
+
+def test_prometheus_down_no_admission_then_every_running_job_stops(tmp_path):
+    began = time.monotonic()
+    exporter = Exporter()
+    exporter.pages["/metrics"] = vllm_pages(PAGE)
+    kube = FakeKube().start()
+    store = JobStore(f"sqlite:///{tmp_path / 'jobs.db'}")
+    prom = sched = daemon = source = None
+    try:
+        prom = start_scraping([f"127.0.0.1:{exporter.port}"], tmp_path / "prom", interval="1s")
+        source = PrometheusSignals(settings(prom.url))
+        # Prometheus has scraped the exporter: the signals read back fresh
+        assert wait_until(
+            lambda: source.read(datetime.now(UTC), job_gpus=0).observed_at is not None,
+            timeout=30), source.last_report
+        fresh = source.read_report(datetime.now(UTC))
+        assert fresh.ok, fresh.problems
+        assert fresh.signals.idle_gpus == TOTAL_GPUS - SERVICE_GPUS
+
+        start = datetime.now(UTC)
+        profile = FreeProfile(start - timedelta(minutes=10), 300, np.full(6 * 12, 40.0), 0.9,
+                              start)  # generous and constant: the forecast never forces a stop
+        cluster = KubernetesCluster(kube.api_client(), namespace=NS, node_selector={},
+                                    tolerations=[], retries=2, sleep=lambda s: None)
+        policy = PolicySettings(max_signal_age_s=MAX_AGE_S, missing_signals_preempt_after_s=GIVE_UP_S,
+                                grace_s=60)
+        controller = Controller(store, cluster, source, lambda now: profile,
+                                lambda spec: spec.runtime_estimate_s, policy)
+        daemon = RecordingDaemon(controller, reconcile_seconds=1, backstop_seconds=1,
+                                 refresh_forecast=lambda now: None,
+                                 clock=lambda: datetime.now(UTC))
+        url = f"http://127.0.0.1:{daemon.serve(0, host='127.0.0.1')}"
+        first = submit(store, request("before", [0, 1]), start)
+
+        # --- 1. Prometheus up: both units admitted, then running -------------------------
+        sched = daemon.scheduler(blocking=False)
+        sched.start()
+        assert wait_until(lambda: kube.count("POST") == 2, timeout=15), kube.requests
+        rows = [row for row in store.queue() if row.request_id == first]
+        assert [row.state for row in rows] == [JobState.ADMITTED] * 2
+        names = sorted(cluster.job_name(row.id, row.attempts) for row in rows)
+        for name in names:
+            kube.set_status(name, {"active": 1, "ready": 1, "startTime": start.strftime(
+                "%Y-%m-%dT%H:%M:%SZ")})
+        assert wait_until(lambda: all(
+            store.unit(row.id).state is JobState.RUNNING for row in rows), timeout=15)
+        assert metric(url, "idlegpu_admissions_total") == 2
+        assert 0 <= metric(url, "idlegpu_signal_age_seconds") <= MAX_AGE_S
+        assert metric(url, "idlegpu_pass_errors_total") == 0
+        assert all(not patches(kube, name) for name in names)
+
+        # --- 2. Prometheus stops: the newest good reading stands, ageing ----------------
+        prom.stop()
+        stopped = datetime.now(UTC)
+        # passes go on (no crash), each reporting the problem of the source
+        assert wait_until(lambda: len(daemon.since(stopped, "reconcile")) >= 1
+                          and len(daemon.since(stopped, "backstop")) >= 1, timeout=10)
+        after = daemon.since(stopped)
+        for report in after:
+            assert any(e.startswith("signals missing: ") and "is unreachable" in e
+                       and prom.url in e for e in report.errors), report.errors
+        last_good = after[0].signals.observed_at
+        assert last_good is not None and last_good <= stopped  # the last good reading...
+        assert {r.signals.observed_at for r in after} == {last_good}  # ...stands for all
+        give_up_at = last_good + timedelta(seconds=GIVE_UP_S)
+        blind_at = last_good + timedelta(seconds=MAX_AGE_S)
+        assert metric(url, "idlegpu_pass_errors_total") >= len(after)
+
+        # --- 3. blind: a new request is not admitted ------------------------------------
+        assert wait_until(lambda: datetime.now(UTC) > blind_at, timeout=MAX_AGE_S + 2)
+        posts = kube.count("POST")
+        assert posts == 2
+        submitted = datetime.now(UTC)
+        second = submit(store, request("during", [0]), submitted)
+        (new,) = [row.id for row in store.queue() if row.request_id == second]
+        # two reconcile passes that saw the new unit waiting
+        assert wait_until(lambda: len(daemon.since(submitted, "reconcile")) >= 2, timeout=10)
+        checked = datetime.now(UTC)
+        # a moment clearly before the give-up time: nothing admitted, nothing stopped yet
+        assert checked < give_up_at - timedelta(seconds=2), (
+            f"too slow to check before the give-up: {checked} vs {give_up_at}")
+        assert kube.count("POST") == posts
+        assert store.unit(new).state is JobState.QUEUED
+        assert all(not patches(kube, name) for name in names)
+        assert all(kube.job(name, NS)["spec"]["suspend"] is False for name in names)
+        assert all(store.unit(row.id).state is JobState.RUNNING for row in rows)
+        assert metric(url, "idlegpu_preemptions_total", 'kind="live"') == 0
+        waiting = [r for r in daemon.since(submitted, "reconcile") if r.now <= checked]
+        for report in waiting:
+            (deferred,) = [d for d in report.plan.decisions if d.job_id == new]
+            assert deferred.action is Action.DEFER
+            assert "not admitting blind" in deferred.reason
+            assert not report.created
+        assert metric(url, "idlegpu_pass_errors_total") > 0
+        assert 0 < metric(url, "idlegpu_signal_age_seconds") < GIVE_UP_S
+
+        # --- 4. missing for longer than missing_signals_preempt_after: every job stops ---
+        assert wait_until(lambda: all(patches(kube, name) for name in names),
+                          timeout=GIVE_UP_S + 10), "no Job was suspended"
+        assert datetime.now(UTC) > give_up_at
+        for name in names:
+            (patch,) = patches(kube, name)  # told once, not once per pass
+            assert patch.body["spec"]["suspend"] is True
+            reason = patch.body["metadata"]["annotations"][ANN_STOP_REASON]
+            assert "live signals missing for" in reason
+            assert "stopping every job" in reason
+        # the stops came from passes that saw the signals missing for longer than the limit
+        stops = [r for r in daemon.since(stopped) if r.stopped]
+        assert sorted(n for r in stops for n in r.stopped) == names
+        assert all(r.now > give_up_at for r in stops)
+        for report in stops:
+            for d in report.plan.of(Action.PREEMPT):
+                assert not d.planned and d.job_id in {row.id for row in rows}
+        assert all(not r.stopped and not r.plan.of(Action.PREEMPT)
+                   for r in daemon.since(stopped) if r.now <= give_up_at)
+        # in the fake API each Job is suspended, or already deleted once the store released
+        # its unit (a suspended Job is deleted after its end is recorded)
+        assert wait_until(lambda: all(
+            store.unit(row.id).state is JobState.QUEUED for row in rows), timeout=10)
+        for name in names:
+            try:
+                job = kube.job(name, NS)
+            except KeyError:
+                kinds = [(r.method, r.path.rsplit("/", 1)[-1]) for r in list(kube.requests)]
+                assert kinds.index(("DELETE", name)) > kinds.index(("PATCH", name))
+            else:
+                assert job["spec"]["suspend"] is True
+                assert "live signals" in job["metadata"]["annotations"][ANN_STOP_REASON]
+        for row in rows:
+            unit = store.unit(row.id)
+            assert unit.preemptions == 1 and unit.attempts == 1
+        assert wait_until(lambda: metric(url, "idlegpu_preemptions_total", 'kind="live"')
+                          == len(names), timeout=5)
+        assert metric(url, "idlegpu_preemptions_total", 'kind="planned"') == 0
+        # a few more passes: no more stops, no admission (still blind), nothing created twice
+        settled = datetime.now(UTC)
+        assert wait_until(lambda: len(daemon.since(settled, "reconcile")) >= 2, timeout=10)
+        assert metric(url, "idlegpu_preemptions_total", 'kind="live"') == len(names)
+        assert store.unit(new).state is JobState.QUEUED
+        assert all(store.unit(row.id).state is JobState.QUEUED for row in rows)
+        assert kube.count("POST") == posts == len(names)
+        created = [r.body["metadata"]["name"] for r in list(kube.requests) if r.method == "POST"]
+        assert sorted(created) == names
+        assert metric(url, "idlegpu_admissions_total") == 2
+        assert metric(url, "idlegpu_signal_age_seconds") > GIVE_UP_S
+    finally:
+        if sched is not None:
+            sched.shutdown(wait=True)  # the pass under way finishes first
+        if daemon is not None:
+            daemon.close()
+        if prom is not None:
+            prom.stop()
+        if source is not None:
+            source.close()
+        exporter.close()
+        kube.stop()
+        store.close()
+    assert sched.get_jobs() == []  # shut down cleanly
+    assert time.monotonic() - began < 60
