@@ -27,3 +27,10 @@ def test_run_needs_once_for_a_replay(tmp_path, cli):
     code, _, err = cli(["run", "--config", str(REPO / "idlegpu.yaml"),
                         "--now", "2026-01-28T20:00:00+09:00"])
     assert code == 2 and "use it with --once" in err
+
+
+def test_speed_only_paces_a_replayed_daemon(tmp_path, cli):
+    code, _, err = cli(["run", "--once", "--config", str(REPO / "idlegpu.yaml"),
+                        "--now", "2026-01-28T20:00:00+09:00", "--speed", "60",
+                        "--history", str(REPO / "data/sample/history.parquet")])
+    assert code == 2 and "--speed paces a replayed daemon" in err
