@@ -20,7 +20,9 @@ class HistorySignals:
     """The SignalSource of a recorded history: the newest samples at or before ``now``.
 
     Like the live adapter, pressure only counts for services that can still scale up (below
-    their max replicas), and samples older than ``max_age`` make the signals missing.
+    their max replicas), and samples older than ``max_age`` make the signals missing. A sample
+    stands for its whole recording step: read within one step of it, the signals count as
+    read ``now`` (a 5-minute recording is as fresh as it can be); later they show their age.
     """
 
     def __init__(self, history: pd.DataFrame, settings: Settings, *,
@@ -28,6 +30,8 @@ class HistorySignals:
         self.settings = settings
         self.max_age = max_age
         self.wide = history.pivot(index=DS, columns=UNIQUE_ID, values=Y).sort_index()
+        steps = self.wide.index.to_series().diff().dropna()
+        self.step = steps.median() if len(steps) else pd.Timedelta(0)
 
     def read(self, now: datetime, *, job_gpus: int = 0) -> ServingSignals:
         upto = self.wide[self.wide.index <= pd.Timestamp(now)]
@@ -36,6 +40,7 @@ class HistorySignals:
         at = upto.index[-1]
         if pd.Timestamp(now) - at > self.max_age:
             return ServingSignals(observed_at=None)
+        observed = now if pd.Timestamp(now) - at < self.step else at.to_pydatetime()
         row = upto.iloc[-1]
         kv = waiting = 0.0
         held = 0.0
@@ -49,7 +54,7 @@ class HistorySignals:
                 w = row.get(f"{service.name}/{REQUESTS_WAITING}", 0.0) or 0.0
                 waiting = max(waiting, float(w) / max(1.0, float(replicas)))
         idle = int(max(0.0, self.settings.pool.total_gpus - held - job_gpus))
-        return ServingSignals(observed_at=at.to_pydatetime(), requests_waiting_per_replica=waiting,
+        return ServingSignals(observed_at=observed, requests_waiting_per_replica=waiting,
                               kv_cache_usage=kv, idle_gpus=idle)
 
 
