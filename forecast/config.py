@@ -190,8 +190,21 @@ class ClusterConfig(_Strict):
     node_selector: dict[str, str] = Field(default_factory=dict)
     """Labels of the inference pool's GPU nodes, e.g. {pool: inference}."""
     tolerations: list[dict[str, Any]] = Field(default_factory=list)
+    affinity: dict[str, Any] = Field(default_factory=dict)
+    """A pod ``affinity`` (e.g. nodeAffinity to the pool's GPU product), as in a pod spec."""
     priority_class: str = "idlegpu-best-effort"
     """A PriorityClass with a negative value and preemptionPolicy Never (deploy/)."""
+    active_deadline_seconds: int | None = Field(default=3 * 86400, gt=0)
+    """Longest any one Job may run (its ``activeDeadlineSeconds``), a safety net should the
+    daemon be gone; a Job with a planned stop gets its stop time plus the grace period."""
+    ttl_seconds_after_finished: int | None = Field(default=86400, ge=0)
+    """Finished Jobs (and their pods' logs) are removed this long after they end."""
+    backoff_limit: int = Field(default=0, ge=0)
+    """Pod retries within one attempt; 0 leaves retrying to the admitter's next attempt."""
+    service_account: str | None = None
+    """Service account of the research pods (none of the API: no token is mounted)."""
+    run_as_user: int | None = Field(default=None, gt=0)
+    """UID for images whose USER is root or unset (pods always run as non-root)."""
 
 
 class DaemonConfig(_Strict):

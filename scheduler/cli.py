@@ -808,7 +808,12 @@ def _cluster(settings, *, dry_run: bool, kubeconfig: str | None, context: str | 
     c = settings.cluster
     options = {
         "namespace": c.namespace, "node_selector": dict(c.node_selector),
-        "tolerations": list(c.tolerations), "priority_class": c.priority_class,
+        "tolerations": list(c.tolerations), "affinity": dict(c.affinity),
+        "priority_class": c.priority_class,
+        "active_deadline_seconds": c.active_deadline_seconds,
+        "ttl_seconds_after_finished": c.ttl_seconds_after_finished,
+        "backoff_limit": c.backoff_limit, "service_account": c.service_account,
+        "run_as_user": c.run_as_user,
         "grace_seconds": settings.admission.grace_seconds, "dry_run": dry_run,
     }
     if dry_run and kubeconfig is None and c.kubeconfig is None and not c.in_cluster:

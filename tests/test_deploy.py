@@ -8,7 +8,8 @@ import pytest
 import yaml
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
-MANIFESTS = sorted(p for p in DEPLOY.glob("*.yaml") if p.name != "kustomization.yaml")
+MANIFESTS = sorted(p for p in DEPLOY.glob("*.yaml")
+                   if p.name not in ("kustomization.yaml", "idlegpu.yaml"))
 
 
 @pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
@@ -27,6 +28,34 @@ def test_bad_manifests_are_caught():
 def test_kustomization_lists_every_manifest():
     kustomization = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())
     assert sorted(kustomization["resources"]) == sorted(p.name for p in MANIFESTS)
+
+
+def test_kustomize_reads_only_files_inside_deploy():
+    # kustomize's load restrictor refuses anything outside the kustomization's directory
+    kustomization = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())
+    files = [f.split("=", 1)[-1] for gen in kustomization["configMapGenerator"]
+             for f in gen["files"]]
+    for name in [*kustomization["resources"], *files]:
+        path = (DEPLOY / name).resolve()
+        assert path.is_file() and path.parent == DEPLOY, name
+
+
+def test_the_deployed_config_is_the_sample_pool_run_in_cluster():
+    from forecast.config import load_config
+
+    deployed = load_config(DEPLOY / "idlegpu.yaml")
+    sample = load_config(DEPLOY.parent / "idlegpu.yaml")
+    assert deployed.cluster.in_cluster
+    deployment = yaml.safe_load((DEPLOY / "deployment.yaml").read_text())
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert deployed.store.url == f"sqlite:///{mounts['store']}/idlegpu.db"  # on the PVC
+    assert deployed.daemon.reports_dir.startswith(mounts["store"])
+    assert container["args"] == ["run", "--config", f"{mounts['config']}/idlegpu.yaml"]
+    # the two copies describe the same pool; only where things are differs
+    where = {"prometheus": {"url"}, "store": {"url"}, "cluster": {"in_cluster"},
+             "daemon": {"reports_dir"}}
+    assert deployed.model_dump(exclude=where) == sample.model_dump(exclude=where)
 
 
 def test_role_grants_only_what_the_daemon_uses():

@@ -116,7 +116,8 @@ def test_manifest_golden(cluster: KubernetesCluster) -> None:
     assert meta["annotations"]["idlegpu.io/unit-id"] == "req7-0-1"
     spec = m["spec"]
     assert spec["backoffLimit"] == 0
-    assert "activeDeadlineSeconds" not in spec
+    # the safety net of the planned stop: 5 h to stop_by, plus the 600 s grace period
+    assert spec["activeDeadlineSeconds"] == 5 * 3600 + 600
     assert spec["podFailurePolicy"]["rules"][0] == {
         "action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
     assert spec["podFailurePolicy"]["rules"][1]["action"] == "FailJob"
@@ -154,7 +155,7 @@ def test_manifest_grace_resume_and_options(kube: FakeKube) -> None:
            ["env"]}
     assert env["IDLEGPU_RESUME"] == "--resume /ckpt/last"
     assert resumed["metadata"]["name"].endswith("-a3")
-    assert resumed["spec"]["activeDeadlineSeconds"] == 86400
+    assert resumed["spec"]["activeDeadlineSeconds"] == 5 * 3600 + 900  # below the 1-day cap
     assert resumed["spec"]["backoffLimit"] == 2
     assert resumed["spec"]["ttlSecondsAfterFinished"] == 3600
     assert resumed["spec"]["template"]["spec"]["securityContext"]["runAsUser"] == 1000
@@ -172,6 +173,30 @@ def test_manifest_grace_resume_and_options(kube: FakeKube) -> None:
         manifest(cluster_for(kube, run_as_user=0))
     no_stop = cluster.manifest("u-0-0", 1, make_spec(), "nlp", None, NOW)
     assert "idlegpu.io/stop-by" not in no_stop["metadata"]["annotations"]
+    assert no_stop["spec"]["activeDeadlineSeconds"] == 86400  # the cap alone
+    assert "activeDeadlineSeconds" not in cluster_for(kube).manifest(
+        "u-0-0", 1, make_spec(), "nlp", None, NOW)["spec"]  # no cap, no planned stop
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [
+            {"key": "nvidia.com/gpu.product", "operator": "In", "values": ["H100"]}]}]}}}
+    pod = manifest(cluster_for(kube, affinity=affinity))["spec"]["template"]["spec"]
+    assert pod["affinity"] == affinity
+
+
+def test_a_planned_stop_enforced_by_the_deadline_is_a_stop_not_a_failure(
+        kube: FakeKube, cluster: KubernetesCluster) -> None:
+    deadline = {"failed": 1, "conditions": [
+        {"type": "Failed", "status": "True", "reason": "DeadlineExceeded",
+         "message": "Job was active longer than specified deadline",
+         "lastTransitionTime": "2026-03-02T14:10:00Z"}]}
+    planned = cluster.apply("win-0-0", 1, make_spec(), team="nlp", stop_by=STOP_BY, now=NOW)
+    unplanned = cluster.apply("cap-0-0", 1, make_spec(), team="nlp", stop_by=None, now=NOW)
+    kube.set_status(planned, deadline)
+    kube.set_status(unplanned, deadline)
+    seen = {job.unit_id: job for job in cluster.observe()}
+    assert seen["win-0-0"].phase is JobPhase.DISRUPTED
+    assert "planned stop (2026-03-02T14:00:00Z)" in seen["win-0-0"].message
+    assert seen["cap-0-0"].phase is JobPhase.FAILED  # ran past the cap: a real failure
 
 
 @pytest.mark.parametrize("mutate", [

@@ -31,6 +31,7 @@ import copy
 import hashlib
 import json
 import logging
+import math
 import os
 import re
 import time
@@ -224,6 +225,7 @@ class KubernetesCluster:
         namespace: str,
         node_selector: dict[str, str] | None = None,
         tolerations: list[dict[str, Any]] | None = None,
+        affinity: dict[str, Any] | None = None,
         priority_class: str | None = "idlegpu-best-effort",
         grace_seconds: int = 600,
         non_checkpoint_grace_seconds: int = 30,
@@ -248,6 +250,7 @@ class KubernetesCluster:
         self.namespace = namespace
         self.node_selector = dict(node_selector or {})
         self.tolerations = [dict(t) for t in (tolerations or [])]
+        self.affinity = copy.deepcopy(affinity) if affinity else None
         self.priority_class = priority_class
         self.grace_seconds = int(grace_seconds)
         self.non_checkpoint_grace_seconds = int(non_checkpoint_grace_seconds)
@@ -373,6 +376,8 @@ class KubernetesCluster:
             pod_spec["nodeSelector"] = dict(self.node_selector)
         if self.tolerations:
             pod_spec["tolerations"] = copy.deepcopy(self.tolerations)
+        if self.affinity:
+            pod_spec["affinity"] = copy.deepcopy(self.affinity)
         if self.service_account:
             pod_spec["serviceAccountName"] = self.service_account
         if self.run_as_user is not None:  # for images whose USER is root or unset
@@ -396,8 +401,9 @@ class KubernetesCluster:
                 "spec": pod_spec,
             },
         }
-        if self.active_deadline_seconds is not None:
-            job_spec["activeDeadlineSeconds"] = int(self.active_deadline_seconds)
+        deadline = self.deadline_seconds(spec, stop_by, now)
+        if deadline is not None:
+            job_spec["activeDeadlineSeconds"] = deadline
         if self.ttl_seconds_after_finished is not None:
             job_spec["ttlSecondsAfterFinished"] = int(self.ttl_seconds_after_finished)
         manifest = {
@@ -413,6 +419,19 @@ class KubernetesCluster:
         }
         check_pod_security(manifest)
         return manifest
+
+    def deadline_seconds(self, spec: UnitSpec, stop_by: datetime | None,
+                         now: datetime) -> int | None:
+        """``activeDeadlineSeconds``: the safety net if the daemon is not there to stop the Job.
+        A Job with a planned stop is stopped by the daemon one grace period before ``stop_by``;
+        the cluster ends it one grace period after (SIGTERM, then the pod's own grace period),
+        so it never runs far into the service's ramp. Capped by ``active_deadline_seconds``."""
+        deadline = self.active_deadline_seconds
+        if stop_by is not None:
+            grace = self.grace_seconds if spec.checkpointable else self.non_checkpoint_grace_seconds
+            planned = max(60, math.ceil((stop_by - now).total_seconds()) + grace)
+            deadline = planned if deadline is None else min(int(deadline), planned)
+        return None if deadline is None else int(deadline)
 
     def apply(self, unit_id: str, attempt: int, spec: UnitSpec, *, team: str,
               stop_by: datetime | None, now: datetime) -> str:
@@ -606,6 +625,12 @@ def _phase(job: dict[str, Any]) -> tuple[JobPhase, str]:
     if "Failed" in conds:
         cond = conds["Failed"]
         text = f"{cond.get('reason', '')}: {cond.get('message', '')}".strip(": ")
+        annotations = (job.get("metadata") or {}).get("annotations") or {}
+        if cond.get("reason") == "DeadlineExceeded" and ANN_STOP_BY in annotations:
+            # the safety net of a planned stop fired (the daemon was not there): a stop, not a
+            # failure of the job; the work since its last checkpoint may be lost
+            return JobPhase.DISRUPTED, (f"stopped by activeDeadlineSeconds at its planned stop "
+                                        f"({annotations[ANN_STOP_BY]}): {text}")
         if "DisruptionTarget" in text or cond.get("reason") in ("PreemptionByScheduler",
                                                                "EvictionByEvictionAPI"):
             return JobPhase.DISRUPTED, text
