@@ -107,6 +107,7 @@ class Daemon:
             log.warning("forecast refresh failed, keeping the current forecast: %s", exc)
             return False
         self.forecast_made = now
+        log.info("forecast refreshed at %s", now.isoformat(timespec="seconds"))
         return True
 
     def refresh_due(self, now: datetime) -> bool:
@@ -210,7 +211,8 @@ class Daemon:
         return self._server.server_port
 
     def run(self, *, metrics_port: int = 0) -> None:
-        """Run until SIGTERM or SIGINT: a first refresh and pass at once, then on schedule."""
+        """Run until SIGTERM or SIGINT: a first refresh and pass at once, then on schedule;
+        SIGHUP refreshes the forecast on demand."""
         if metrics_port:
             self.serve(metrics_port)
         self.reconcile()  # refreshes the forecast first (none yet)
@@ -220,8 +222,14 @@ class Daemon:
             log.info("signal %s: finishing the pass under way, then stopping", signum)
             sched.shutdown(wait=True)
 
+        def refresh_now(signum, frame) -> None:  # on demand: kill -HUP <pid>
+            log.info("SIGHUP: refreshing the forecast")
+            sched.add_job(self.refresh, id="forecast-refresh-now", replace_existing=True,
+                          max_instances=1)
+
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
+        signal.signal(signal.SIGHUP, refresh_now)
         sched.start()
         if self._server is not None:
             self._server.shutdown()

@@ -108,6 +108,9 @@ def test_sigkill_mid_creation_then_restart(tmp_path, cli, moment):
                                            "startTime": "2026-01-28T11:00:30Z"})
                 assert wait_until(lambda: all(u.state is JobState.RUNNING
                                               for u in store.queue()), timeout=60)
+                second.send_signal(signal.SIGHUP)  # a forecast refresh on demand
+                assert wait_until(lambda: (tmp_path / "second.log").read_text().count(
+                    "forecast refreshed at") == 2, timeout=60)
                 second.send_signal(signal.SIGTERM)
                 assert second.wait(timeout=60) == 0  # graceful stop
             finally:
