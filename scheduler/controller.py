@@ -192,6 +192,14 @@ class Controller:
         if job.phase is JobPhase.RUNNING and row.state is JobState.ADMITTED:
             self.store.started(row.id, job.started_at or now)
             report.started.append(row.id)
+        elif (job.phase is JobPhase.PENDING and row.state is JobState.RUNNING
+              and row.id not in self._stopping):
+            # it ran, and now its pod waits again: the kube-scheduler evicted it for a serving
+            # pod (our PriorityClass) or its node failed, and the Job made a new pod that waits
+            # for GPUs. Stop it; the unit goes back to the queue and resumes from its checkpoint
+            # when the policy finds room, rather than squatting on the first GPUs to free up.
+            if self._stop(job.name, "its pod was evicted or lost; back to the queue", report):
+                self._stopping[row.id] = 0  # it holds no GPUs any more
         elif job.phase is JobPhase.SUCCEEDED:
             self.store.finished(row.id, job.finished_at or now)
             report.finished.append(row.id)

@@ -146,3 +146,27 @@ def test_an_api_outage_never_duplicates_nor_loses_a_job(world):
     controller.reconcile_once(T0 + timedelta(minutes=2))
     jobs = [j for j in cluster.observe()]
     assert len(jobs) == 2 and len({j.name for j in jobs}) == 2
+
+
+def test_a_pod_evicted_by_the_kube_scheduler_sends_the_unit_back_to_the_queue(world):
+    kube, store, cluster, signals, controller = world
+    controller.reconcile_once(T0)
+    names = {row.request_name: cluster.job_name(row.id, 1) for row in store.queue()}
+    for name in names.values():
+        running(kube, name, T0)
+    controller.reconcile_once(T0 + timedelta(minutes=1))
+    # a serving pod needed the GPUs: the kube-scheduler evicted the training pod (our negative
+    # PriorityClass); podFailurePolicy ignores the DisruptionTarget, the Job made a new pod,
+    # which waits for GPUs
+    kube.set_status(names["train"], {"active": 1, "ready": 0,
+                                     "startTime": T0.isoformat().replace("+00:00", "Z")})
+    signals.idle = 0  # the service holds those GPUs now
+    report = controller.reconcile_once(T0 + timedelta(minutes=30))
+    assert report.stopped == [names["train"]]
+    assert kube.job(names["train"], NS)["spec"]["suspend"] is True
+    report = controller.reconcile_once(T0 + timedelta(minutes=31))
+    train = next(row for row in store.queue() if row.request_name == "train")
+    assert report.released == [train.id] and train.state is JobState.QUEUED
+    assert train.preemptions == 1 and report.deleted == [names["train"]]
+    evaluate = next(row for row in store.queue() if row.request_name == "evaluate")
+    assert evaluate.state is JobState.RUNNING  # untouched
