@@ -143,8 +143,7 @@ class Controller:
         except IdlegpuError as exc:
             report.errors.append(f"cluster: {exc}")
             return False
-        holding = [row for row in self.store.queue() if row.state.holds_gpus()]
-        for row in holding:
+        for row in self.store.holding():
             name = self.cluster.job_name(row.id, row.attempts)
             job = jobs.get(name)
             try:
@@ -164,8 +163,7 @@ class Controller:
         """Delete suspended Jobs whose attempt the store has closed: the cluster never cleans
         them up. Deleting only after the store recorded the end (this pass or an earlier one,
         before a crash) means no attempt is ever forgotten."""
-        current = {self.cluster.job_name(row.id, row.attempts)
-                   for row in self.store.queue() if row.state.holds_gpus()}
+        current = {self.cluster.job_name(row.id, row.attempts) for row in self.store.holding()}
         for job in jobs.values():
             if job.phase is JobPhase.SUSPENDED and job.name not in current:
                 try:
@@ -223,7 +221,7 @@ class Controller:
         reading since the start, they count as missing since the first failed read."""
         # GPUs our Jobs hold (or are about to): the services cannot have them, so they are
         # not idle; without this a busy night would look idle and the shortfall look covered
-        held = sum(row.gpus for row in self.store.queue() if row.state.holds_gpus())
+        held = sum(row.gpus for row in self.store.holding())
         try:
             signals = self.signals.read(now, job_gpus=held)
         except IdlegpuError as exc:

@@ -220,7 +220,12 @@ def test_prometheus_down_no_admission_then_every_running_job_stops(tmp_path):
         assert wait_until(lambda: len(daemon.since(seen, "reconcile")) >= 2
                           and len(daemon.since(seen, "backstop")) >= 2, timeout=10)
         for name in names:
-            (patch,) = patches(kube, name)  # told once, not once per pass
+            sent = patches(kube, name)
+            assert len(sent) == 1, (  # told once, not once per pass
+                f"{name} was told to stop {len(sent)} times: "
+                + "; ".join(f"{k} pass at {r.now:%H:%M:%S.%f}" for k, r in daemon.reports
+                            if name in r.stopped))
+            (patch,) = sent
             assert patch.body["spec"]["suspend"] is True
             reason = patch.body["metadata"]["annotations"][ANN_STOP_REASON]
             assert "live signals missing for" in reason

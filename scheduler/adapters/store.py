@@ -762,6 +762,11 @@ class JobStore:
         with self._tx(write=False) as conn:
             return self._units(conn, where)
 
+    def holding(self) -> list[UnitRow]:
+        """Units holding GPUs (ADMITTED or RUNNING), in submission order."""
+        with self._tx(write=False) as conn:
+            return self._units(conn, [UNITS.c.state.in_([s.value for s in _HOLDING])])
+
     def unit(self, unit_id: str) -> UnitRow:
         with self._tx(write=False) as conn:
             found = self._units(conn, [UNITS.c.id == unit_id])
@@ -846,10 +851,8 @@ class JobStore:
         ``remaining_s = estimate(row) - work_done_s - (now - since)`` where ``since`` is the
         attempt's last checkpoint, else its start (never below 0)."""
         _aware(now)
-        with self._tx(write=False) as conn:
-            rows = self._units(conn, [UNITS.c.state.in_([s.value for s in _HOLDING])])
         jobs = []
-        for row in rows:
+        for row in self.holding():
             began = row.started_at or row.admitted_at or row.updated_at
             checkpoint = row.last_checkpoint_at
             if checkpoint is not None and checkpoint < began:
