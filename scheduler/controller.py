@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -82,10 +83,25 @@ class Controller:
         self._planned_stops: set[str] = set()  # Job names stopped on purpose (checkpointed)
         # units told to stop whose GPUs are not back yet: never counted twice against a need
         self._stopping: dict[str, int] = {}
-        self._last_good: ServingSignals | None = None  # the newest reading that succeeded
+        self._last_seen: datetime | None = None  # time of the newest good reading
         self._missing_since: datetime | None = None  # first failed read, before any success
+        # the daemon runs reconcile and backstop passes in different threads, often at the
+        # same instant; they share the state above, so one pass at a time (else a job is told
+        # to stop twice, or a stop meant for one attempt reaches the next)
+        self._pass_lock = threading.Lock()
 
     def reconcile_once(self, now: datetime) -> PassReport:
+        with self._pass_lock:
+            return self._reconcile_pass(now)
+
+    def backstop_once(self, now: datetime) -> PassReport:
+        """The fast safety pass (every 10-15 s): live signals and the forecast against what
+        runs; stops only, no admissions, no reconciling. It waits for a reconcile pass under
+        way to finish."""
+        with self._pass_lock:
+            return self._backstop_pass(now)
+
+    def _reconcile_pass(self, now: datetime) -> PassReport:
         report = PassReport(now=now)
         seen = True
         if not self.dry_run:
@@ -104,9 +120,7 @@ class Controller:
         self._apply(now, report.plan, report)
         return report
 
-    def backstop_once(self, now: datetime) -> PassReport:
-        """The fast safety pass (every 10-15 s): live signals and the forecast against what
-        runs; stops only, no admissions, no reconciling."""
+    def _backstop_pass(self, now: datetime) -> PassReport:
         report = PassReport(now=now)
         report.signals = self._read_signals(now, report)
         profile = self._profile(now, report)
@@ -215,10 +229,10 @@ class Controller:
             report.released.append(row.id)
 
     def _read_signals(self, now: datetime, report: PassReport) -> ServingSignals:
-        """The live signals; when they cannot be read, the newest good reading stands, ageing
-        (no admission once it is older than ``max_signal_age``, every job stopped once it is
-        older than ``missing_signals_preempt_after``), never "no load". Without any good
-        reading since the start, they count as missing since the first failed read."""
+        """The live signals. When they cannot be read, nothing is admitted from that moment
+        (never admit blind), and they count as missing since the newest good reading (or,
+        with none since the start, the first failed read): every job is stopped once that is
+        longer ago than ``missing_signals_preempt_after``. Never "no load"."""
         # GPUs our Jobs hold (or are about to): the services cannot have them, so they are
         # not idle; without this a busy night would look idle and the shortfall look covered
         held = sum(row.gpus for row in self.store.holding())
@@ -228,19 +242,16 @@ class Controller:
             report.errors.append(f"signals: {exc}")
             signals = ServingSignals(observed_at=None)
         if signals.observed_at is not None:
-            last = self._last_good
-            if last is None or last.observed_at is None or signals.observed_at >= last.observed_at:
-                self._last_good = signals
-            self._missing_since = None
+            if self._last_seen is None or signals.observed_at > self._last_seen:
+                self._last_seen = signals.observed_at
             return signals
         problem = getattr(self.signals, "last_problem", None)
         if problem:
             report.errors.append(f"signals missing: {problem}")
-        if self._last_good is not None:
-            return self._last_good
-        if self._missing_since is None:
+        if self._last_seen is None and self._missing_since is None:
             self._missing_since = now
-        return ServingSignals(observed_at=None, missing_since=self._missing_since)
+        return ServingSignals(observed_at=None, missing_since=self._last_seen or
+                              self._missing_since)
 
     def _profile(self, now: datetime, report: PassReport) -> FreeProfile | None:
         try:

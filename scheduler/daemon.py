@@ -47,7 +47,8 @@ class DaemonMetrics:
         self.forecast_age = Gauge("idlegpu_forecast_age_seconds", "Age of the forecast in use",
                                   registry=r)
         self.signal_age = Gauge("idlegpu_signal_age_seconds",
-                                "Age of the live signals (-1: missing)", registry=r)
+                                "Age of the newest good live signals (-1: never read)",
+                                registry=r)
         self.passes = Counter("idlegpu_passes", "Controller passes, by kind", ["kind"],
                               registry=r)
         self.errors = Counter("idlegpu_pass_errors", "Errors met during passes", registry=r)
@@ -150,7 +151,7 @@ class Daemon:
         running = self.controller.store.running(report.now, lambda row: 0.0)
         m.running_jobs.set(len(running))
         m.running_gpus.set(sum(j.gpus for j in running))
-        age = report.signals.age_s(report.now) if report.signals else None
+        age = report.signals.missing_for_s(report.now) if report.signals else None
         m.signal_age.set(-1 if age is None else age)
         if self.forecast_made is not None:
             m.forecast_age.set((report.now - self.forecast_made).total_seconds())

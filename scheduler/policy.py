@@ -146,10 +146,13 @@ def decide(
     # --- 3. admission gates --------------------------------------------------------------
     gate = ""
     if blind:
-        gate = (
-            "live signals were never read" if age is None
-            else f"live signals are {age:.0f} s old (limit {settings.max_signal_age_s:.0f} s)"
-        ) + "; not admitting blind"
+        if age is not None:
+            gate = f"live signals are {age:.0f} s old (limit {settings.max_signal_age_s:.0f} s)"
+        elif missing_for is not None:
+            gate = f"live signals missing for {missing_for:.0f} s"
+        else:
+            gate = "live signals were never read"
+        gate += "; not admitting blind"
     elif (now - profile.made_at).total_seconds() > settings.max_forecast_age_s:
         gate = f"the forecast is {_hours((now - profile.made_at).total_seconds())} old; refresh it"
     elif i0 >= n_steps or profile.index_at(now) < 0:

@@ -219,10 +219,12 @@ def test_missing_signals_age_from_the_last_good_reading_then_stop_every_job(setu
     controller.reconcile_once(T0 + timedelta(seconds=30))
     signals.value = ServingSignals(observed_at=None)  # the source goes down
     signals.last_problem = "prometheus at http://x is unreachable (connection refused)"
-    report = controller.backstop_once(T0 + timedelta(minutes=5))
-    assert not report.stopped  # blind, but not yet given up
+    report = controller.reconcile_once(T0 + timedelta(minutes=1))
+    assert not report.stopped  # blind at once, but not yet given up
     assert "signals missing: prometheus at http://x is unreachable" in report.errors[0]
-    assert report.signals.observed_at == T0  # the last good reading, ageing
+    assert report.signals.missing_since == T0  # since the last good reading
+    report = controller.backstop_once(T0 + timedelta(minutes=5))
+    assert not report.stopped
     report = controller.backstop_once(T0 + timedelta(minutes=16))
     assert len(report.stopped) == 2  # missing for more than 15 min: every job stops
     assert all("missing for 16 min" in d.reason for d in report.plan.decisions)
@@ -242,3 +244,12 @@ def test_a_restart_with_the_source_down_waits_before_giving_up(setup):
     assert report.signals.missing_since == T0 + timedelta(minutes=2)
     report = restarted.backstop_once(T0 + timedelta(minutes=18))
     assert len(report.stopped) == 2
+
+
+def test_a_failed_read_blocks_admission_at_once(setup):
+    store, cluster, signals, controller, _ = setup
+    controller.backstop_once(T0)  # a good reading
+    signals.value = ServingSignals(observed_at=None)
+    report = controller.reconcile_once(T0 + timedelta(seconds=10))
+    assert not cluster.jobs and states(store) == ["queued", "queued"]
+    assert "live signals missing for 10 s; not admitting blind" in report.plan.decisions[0].reason
