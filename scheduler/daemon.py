@@ -204,7 +204,7 @@ class Daemon:
         """Serve /metrics and /healthz in a thread; returns the bound port."""
 
         class Quiet(WSGIRequestHandler):
-            def log_message(self, *args) -> None:  # noqa: D401 - keep the log clean
+            def log_message(self, *args) -> None:  # keep the log clean
                 pass
 
         self._server = make_server(host, port, self.wsgi, handler_class=Quiet)
