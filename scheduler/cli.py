@@ -711,7 +711,7 @@ def run(
     from forecast.config import load_config
     from scheduler.adapters.store import JobStore
     from scheduler.controller import Controller
-    from scheduler.daemon import Daemon
+    from scheduler.daemon import Daemon, ForecastProvider, write_last_month_report
     from scheduler.policy import policy_settings
 
     settings = load_config(config)
@@ -730,7 +730,7 @@ def run(
         frame = read_history(history)
     cluster = _cluster(settings, dry_run=dry_run, kubeconfig=kubeconfig, context=context)
     signals = _signal_source(settings, frame)
-    forecast = _ForecastProvider(settings, frame)
+    forecast = ForecastProvider(settings, frame)
     estimate = _planning_estimate(settings, runs)
     job_store = JobStore(_store_url(settings, store))
     controller = Controller(job_store, cluster, signals, forecast, estimate,
@@ -768,7 +768,7 @@ def run(
             backstop_seconds=settings.daemon.backstop_seconds,
             refresh_forecast=forecast.refresh,
             refresh_hour=settings.daemon.forecast_refresh_hour,
-            monthly_report=lambda at: _last_month_report(settings, job_store, at),
+            monthly_report=lambda at: write_last_month_report(settings, job_store, at),
             timezone=settings.pool.timezone,
             clock=clock,
         )
@@ -830,57 +830,6 @@ def _signal_source(settings, frame):
     from scheduler.adapters.vllm import PrometheusSignals
 
     return PrometheusSignals(settings)
-
-
-class _ForecastProvider:
-    """The current free-GPU profile: refreshed nightly (and at start), from the recorded
-    history in a replay, else from the last five weeks in Prometheus."""
-
-    def __init__(self, settings, frame) -> None:
-        self.settings = settings
-        self.frame = frame
-        self.profile = None
-
-    def refresh(self, now) -> None:
-        from scheduler.replay import forecast_profile
-
-        frame = self.frame
-        if frame is None:
-            from forecast.sources.prometheus import fetch_history
-
-            frame = fetch_history(self.settings, now - timedelta(days=35), now)
-        profile = forecast_profile(frame, self.settings, now)
-        if self.settings.daemon.mode == "night-only":
-            profile = _night_only(profile, self.settings.pool.timezone)
-        self.profile = profile
-
-    def __call__(self, now):
-        return self.profile
-
-
-def _night_only(profile, tz: str):
-    import numpy as np
-    import pandas as pd
-
-    from scheduler.types import FreeProfile
-
-    times = pd.date_range(profile.start, periods=len(profile.free),
-                          freq=f"{profile.step_s}s").tz_convert(tz)
-    night = (times.hour >= 20) | (times.hour < 8)
-    return FreeProfile(profile.start, profile.step_s, np.where(night, profile.free, 0.0),
-                       profile.confidence, profile.made_at)
-
-
-def _last_month_report(settings, job_store, now) -> None:
-    from scheduler.reports import Month, build_report, runs_from_store, write_report
-
-    local = now.astimezone(settings.pool.tz)
-    month = Month(local.year, local.month).shift(-1)
-    runs = runs_from_store(job_store, now)
-    report = build_report(runs, month, months=3, tz=settings.pool.timezone,
-                          price=settings.report.price_per_gpu_hour,
-                          currency=settings.report.currency, pool=settings.pool.name)
-    write_report(report, Path(settings.daemon.reports_dir))
 
 
 StoreOption = Annotated[

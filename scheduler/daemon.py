@@ -249,3 +249,68 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
             return True
         time.sleep(0.05)
     return predicate()
+
+
+# --------------------------------------------------------------------------- what it runs
+
+
+class ForecastProvider:
+    """The daemon's current free-GPU profile: refreshed nightly (and at start), from recorded
+    history in a replay, else from the last five weeks in Prometheus. In ``night-only`` mode
+    the profile offers nothing between 08:00 and 20:00 local, so jobs are admitted only into
+    the night and stopped (checkpointed, as planned) before the morning."""
+
+    HISTORY = timedelta(days=35)
+
+    def __init__(self, settings, frame=None) -> None:
+        self.settings = settings
+        self.frame = frame
+        self.profile = None
+
+    def refresh(self, now: datetime) -> None:
+        from scheduler.replay import forecast_profile
+
+        frame = self.frame
+        if frame is None:
+            from forecast.sources.prometheus import fetch_history
+
+            frame = fetch_history(self.settings, now - self.HISTORY, now)
+        profile = forecast_profile(frame, self.settings, now)
+        if self.settings.daemon.mode == "night-only":
+            profile = night_only(profile, self.settings.pool.timezone)
+        self.profile = profile
+
+    def __call__(self, now: datetime):
+        return self.profile
+
+
+def night_only(profile, tz: str, *, start_hour: int = 20, end_hour: int = 8):
+    """The profile with nothing free outside ``start_hour``-``end_hour`` local time."""
+    import numpy as np
+    import pandas as pd
+
+    from scheduler.types import FreeProfile
+
+    times = pd.date_range(profile.start, periods=len(profile.free),
+                          freq=f"{profile.step_s}s").tz_convert(tz)
+    night = (times.hour >= start_hour) | (times.hour < end_hour)
+    return FreeProfile(profile.start, profile.step_s, np.where(night, profile.free, 0.0),
+                       profile.confidence, profile.made_at)
+
+
+def write_last_month_report(settings, store, now: datetime):
+    """Last month's report (with the two months before it for comparison) from the store's
+    attempts, into ``daemon.reports_dir/YYYY-MM/``; returns the files written."""
+    from pathlib import Path
+
+    from scheduler.reports import Month, build_report, runs_from_store, write_report
+
+    local = now.astimezone(settings.pool.tz)
+    month = Month(local.year, local.month).shift(-1)
+    runs = runs_from_store(store, now)
+    report = build_report(runs, month, months=3, tz=settings.pool.timezone,
+                          price=settings.report.price_per_gpu_hour,
+                          currency=settings.report.currency, pool=settings.pool.name)
+    files = write_report(report, Path(settings.daemon.reports_dir) / month.label)
+    log.info("wrote the report of %s to %s", month.label, files[0].parent)
+    return files

@@ -84,3 +84,56 @@ def test_the_forecast_is_refreshed_when_a_refresh_hour_passed_and_failures_keep_
     clock["now"] += timedelta(minutes=1)
     daemon.reconcile()  # retried at the next pass
     assert made[-1] == clock["now"]
+
+
+REPO = __import__("pathlib").Path(__file__).resolve().parents[1]
+
+
+def test_night_only_mode_offers_nothing_by_day():
+    import numpy as np
+    import pandas as pd
+
+    from forecast.config import load_config
+    from forecast.sources import read_history
+    from scheduler.daemon import ForecastProvider
+
+    settings = load_config(REPO / "idlegpu.yaml")
+    night = settings.model_copy(update={"daemon": settings.daemon.model_copy(
+        update={"mode": "night-only"})})
+    history = read_history(REPO / "data/sample/history.parquet")
+    at = datetime(2026, 1, 28, 9, 0, tzinfo=UTC)  # 18:00 in Seoul
+    always, nightly = ForecastProvider(settings, history), ForecastProvider(night, history)
+    always.refresh(at)
+    nightly.refresh(at)
+    a, n = always(at), nightly(at)
+    hours = pd.date_range(n.start, periods=len(n.free), freq=f"{n.step_s}s").tz_convert(
+        "Asia/Seoul").hour
+    day = (hours >= 8) & (hours < 20)
+    assert np.all(n.free[day] == 0) and np.any(a.free[day] > 0)
+    assert np.array_equal(n.free[~day], a.free[~day]) and n.free[~day].max() > 0
+
+
+def test_the_daemon_writes_last_months_report_from_the_store(tmp_path, setup):  # noqa: F811
+    import csv
+    from datetime import timedelta
+
+    from forecast.config import load_config
+    from scheduler.daemon import write_last_month_report
+
+    store, _, _, controller, _ = setup
+    settings = load_config(REPO / "idlegpu.yaml")
+    settings = settings.model_copy(update={"daemon": settings.daemon.model_copy(
+        update={"reports_dir": str(tmp_path / "reports")})})
+    unit = store.queue()[0].id  # 8 GPUs, runs 2 h one January night
+    night = datetime(2026, 1, 10, 12, 0, tzinfo=UTC)
+    store.admit(unit, night)
+    store.started(unit, night)
+    store.finished(unit, night + timedelta(hours=2))
+    daemon = Daemon(controller, monthly_report=lambda at: write_last_month_report(
+        settings, store, at), clock=lambda: datetime(2026, 1, 31, 21, 0, tzinfo=UTC))
+    daemon.report()  # 06:00 on 1 February in Seoul: January's report
+    out = tmp_path / "reports" / "2026-01"
+    assert (out / "report-2026-01.md").is_file() and (out / "report-2026-01.html").is_file()
+    rows = {r["month"]: r for r in csv.DictReader((out / "summary.csv").open())}
+    assert float(rows["2026-01"]["useful_gpu_hours"]) == 16.0
+    assert float(rows["2026-01"]["savings"]) == 16.0 * settings.report.price_per_gpu_hour
