@@ -199,6 +199,9 @@ class ClusterConfig(_Strict):
     daemon be gone; a Job with a planned stop gets its stop time plus the grace period."""
     ttl_seconds_after_finished: int | None = Field(default=86400, ge=0)
     """Finished Jobs (and their pods' logs) are removed this long after they end."""
+    pending_timeout_seconds: int | None = Field(default=900, gt=0)
+    """An admitted Job whose pod no node has placed after this long (GPUs spread over nodes, a
+    taint, a quota) is stopped and its unit requeued; None waits for ever."""
     backoff_limit: int = Field(default=0, ge=0)
     """Pod retries within one attempt; 0 leaves retrying to the admitter's next attempt."""
     service_account: str | None = None

@@ -735,7 +735,9 @@ def run(
     job_store = JobStore(_store_url(settings, store))
     controller = Controller(job_store, cluster, signals, forecast, estimate,
                             policy_settings(settings.admission, settings.pool.headroom_gpus),
-                            fair_share_days=settings.admission.fair_share_days, dry_run=dry_run)
+                            fair_share_days=settings.admission.fair_share_days,
+                            pending_timeout_s=settings.cluster.pending_timeout_seconds,
+                            dry_run=dry_run)
     try:
         if once:
             with console.status("forecasting and deciding..."):

@@ -68,10 +68,13 @@ class Controller:
         settings: PolicySettings,
         *,
         fair_share_days: float = 7.0,
+        pending_timeout_s: float | None = 900.0,
         dry_run: bool = False,
     ) -> None:
-        """``dry_run``: decide and show what would be applied, but change nothing: the store
-        is only read and the cluster (itself in dry-run) only records manifests."""
+        """``pending_timeout_s``: an admitted Job whose pod no node has placed after this long
+        is stopped and its unit requeued (None: wait forever). ``dry_run``: decide and show
+        what would be applied, but change nothing: the store is only read and the cluster
+        (itself in dry-run) only records manifests."""
         self.store = store
         self.cluster = cluster
         self.signals = signals
@@ -79,6 +82,7 @@ class Controller:
         self.estimate = estimate
         self.settings = settings
         self.fair_share_days = fair_share_days
+        self.pending_timeout_s = pending_timeout_s
         self.dry_run = dry_run
         self._planned_stops: set[str] = set()  # Job names stopped on purpose (checkpointed)
         # units told to stop whose GPUs are not back yet: never counted twice against a need
@@ -212,12 +216,27 @@ class Controller:
             # when the policy finds room, rather than squatting on the first GPUs to free up.
             if self._stop(job.name, "its pod was evicted or lost; back to the queue", report):
                 self._stopping[row.id] = 0  # it holds no GPUs any more
+        elif (job.phase is JobPhase.PENDING and row.state is JobState.ADMITTED
+              and self._pending_too_long(row, now) and row.id not in self._stopping):
+            # the pool had the GPUs but no node could place the pod (GPUs spread over nodes, a
+            # taint, a quota): give the capacity back to the plan rather than wait all night
+            minutes = (self.pending_timeout_s or 0) / 60
+            if self._stop(job.name, f"not scheduled within {minutes:.0f} min; back to the "
+                          "queue", report):
+                self._stopping[row.id] = 0
         elif job.phase is JobPhase.SUCCEEDED:
             self.store.finished(row.id, job.finished_at or now)
             report.finished.append(row.id)
         elif job.phase is JobPhase.FAILED:
             self.store.failed(row.id, job.finished_at or now, job.message or "the Job failed")
             report.failed.append(row.id)
+        elif job.phase in (JobPhase.SUSPENDED, JobPhase.DISRUPTED) and (
+                row.state is JobState.ADMITTED):
+            # stopped before it ever ran: back to the queue, not a preemption, nothing lost
+            self.store.requeue_admitted(row.id, now, reason=job.message or "stopped before "
+                                        "it started")
+            self._planned_stops.discard(job.name)
+            report.released.append(row.id)
         elif job.phase in (JobPhase.SUSPENDED, JobPhase.DISRUPTED):
             planned = job.name in self._planned_stops and row.checkpointable
             if planned and row.started_at is not None:
@@ -227,6 +246,11 @@ class Controller:
                                  reason="stopped as planned" if planned else "preempted")
             self._planned_stops.discard(job.name)
             report.released.append(row.id)
+
+    def _pending_too_long(self, row, now: datetime) -> bool:
+        if self.pending_timeout_s is None or row.admitted_at is None:
+            return False
+        return (now - row.admitted_at).total_seconds() > self.pending_timeout_s
 
     def _read_signals(self, now: datetime, report: PassReport) -> ServingSignals:
         """The live signals. When they cannot be read, nothing is admitted from that moment

@@ -171,6 +171,8 @@ def test_a_suspended_job_is_deleted_only_after_its_end_is_recorded(setup):
     controller.reconcile_once(T0)
     unit = store.queue()[0]
     name = cluster.job_name(unit.id, 1)
+    cluster.set_phase(name, JobPhase.RUNNING, T0)
+    controller.reconcile_once(T0 + timedelta(seconds=30))
     cluster.set_phase(name, JobPhase.SUSPENDED, T0 + timedelta(minutes=1))
     store_preempted = store.preempted
 

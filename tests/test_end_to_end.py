@@ -170,3 +170,24 @@ def test_a_pod_evicted_by_the_kube_scheduler_sends_the_unit_back_to_the_queue(wo
     assert train.preemptions == 1 and report.deleted == [names["train"]]
     evaluate = next(row for row in store.queue() if row.request_name == "evaluate")
     assert evaluate.state is JobState.RUNNING  # untouched
+
+
+def test_a_job_no_node_can_place_goes_back_to_the_queue(world):
+    kube, store, cluster, signals, controller = world
+    controller.reconcile_once(T0)
+    names = {row.request_name: cluster.job_name(row.id, 1) for row in store.queue()}
+    running(kube, names["evaluate"], T0)  # placed; the training pod stays Pending
+    report = controller.reconcile_once(T0 + timedelta(minutes=10))
+    assert report.stopped == []  # within the 15 min it may still be placed
+    signals.idle = 0  # and the pool is busy by now: nothing to admit again at once
+    report = controller.reconcile_once(T0 + timedelta(minutes=16))
+    assert report.stopped == [names["train"]]
+    reason = kube.job(names["train"], NS)["metadata"]["annotations"]["idlegpu.io/stop-reason"]
+    assert reason == "not scheduled within 15 min; back to the queue"
+    report = controller.reconcile_once(T0 + timedelta(minutes=17))
+    train = store.unit(report.released[0])
+    assert train.request_name == "train" and train.state is JobState.QUEUED
+    assert train.preemptions == 0  # it never ran: not a preemption
+    assert report.deleted == [names["train"]]
+    assert store.unit(next(r.id for r in store.queue() if r.request_name == "evaluate")
+                      ).state is JobState.RUNNING
