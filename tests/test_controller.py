@@ -97,6 +97,14 @@ def setup(tmp_path):
     store.close()
 
 
+def start_both(controller, cluster):
+    """Both units admitted at T0 and running from T0 (recorded at T0 + 1 min)."""
+    controller.reconcile_once(T0)
+    for name in cluster.created:
+        cluster.set_phase(name, JobPhase.RUNNING, T0)
+    controller.reconcile_once(T0 + timedelta(minutes=1))
+
+
 def states(store):
     return sorted(row.state.value for row in store.queue(include_terminal=True))
 
@@ -142,10 +150,7 @@ def test_stale_signals_admit_nothing(setup):
 
 def test_live_pressure_stops_a_job_and_the_unit_returns_to_the_queue(setup):
     store, cluster, signals, controller, _ = setup
-    controller.reconcile_once(T0)
-    for name in cluster.created:
-        cluster.set_phase(name, JobPhase.RUNNING, T0)
-    controller.reconcile_once(T0 + timedelta(minutes=1))
+    start_both(controller, cluster)
     signals.value = ServingSignals(observed_at=T0 + timedelta(minutes=2), gpus_short=4)
     report = controller.reconcile_once(T0 + timedelta(minutes=2))
     assert len(report.stopped) == 1  # one 8-GPU job covers the need of 4
@@ -189,10 +194,7 @@ def test_a_suspended_job_is_deleted_only_after_its_end_is_recorded(setup):
 
 def test_a_cancelled_running_unit_is_stopped(setup):
     store, cluster, _, controller, _ = setup
-    controller.reconcile_once(T0)
-    for name in cluster.created:
-        cluster.set_phase(name, JobPhase.RUNNING, T0)
-    controller.reconcile_once(T0 + timedelta(minutes=1))
+    start_both(controller, cluster)
     unit = store.queue()[0].id
     store.cancel(unit, T0 + timedelta(minutes=2))
     report = controller.reconcile_once(T0 + timedelta(minutes=2))
@@ -234,10 +236,7 @@ def test_missing_signals_age_from_the_last_good_reading_then_stop_every_job(setu
 
 def test_a_restart_with_the_source_down_waits_before_giving_up(setup):
     store, cluster, signals, controller, _ = setup
-    controller.reconcile_once(T0)
-    for name in cluster.created:
-        cluster.set_phase(name, JobPhase.RUNNING, T0)
-    controller.reconcile_once(T0 + timedelta(minutes=1))
+    start_both(controller, cluster)
     signals.value = ServingSignals(observed_at=None)
     restarted = Controller(store, cluster, signals, controller.forecast,
                            lambda spec: spec.runtime_estimate_s * 1.3, PolicySettings())
