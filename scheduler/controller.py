@@ -25,7 +25,7 @@ from datetime import datetime, timedelta
 
 from forecast.errors import IdlegpuError
 from scheduler.policy import decide
-from scheduler.ports import Cluster, ClusterJob, JobPhase, SignalSource
+from scheduler.ports import Cluster, ClusterJob, JobPhase, JobRejectedError, SignalSource
 from scheduler.types import (
     Action,
     Decision,
@@ -192,9 +192,13 @@ class Controller:
 
     def _missing_job(self, row, name: str, now: datetime, report: PassReport) -> None:
         if row.state is JobState.ADMITTED:
-            # admitted, then the process died (or the cluster refused) before the Job existed
-            self.cluster.apply(row.id, row.attempts, row.spec, team=row.team,
-                               stop_by=row.stop_by, now=now)
+            # admitted, then the process died (or the cluster was down) before the Job existed
+            try:
+                self.cluster.apply(row.id, row.attempts, row.spec, team=row.team,
+                                   stop_by=row.stop_by, now=now)
+            except JobRejectedError as exc:
+                self._reject(row.id, now, exc, report)
+                return
             report.recreated.append(name)
         else:  # RUNNING but the Job vanished (deleted by hand, namespace wiped)
             self.store.preempted(row.id, now, reason="its Job disappeared from the cluster")
@@ -299,18 +303,32 @@ class Controller:
     def _admit(self, now: datetime, decision: Decision, report: PassReport) -> None:
         # the decision is recorded first: a crash after this line leaves an ADMITTED unit that
         # the next pass creates under the same name; never a Job the store does not know
-        if self.dry_run:
-            row = self.store.unit(decision.job_id)
-            attempt = row.attempts + 1
-        else:
-            attempt = self.store.admit(decision.job_id, now, stop_by=decision.stop_by)
-            row = self.store.unit(decision.job_id)
+        try:
+            if self.dry_run:
+                row = self.store.unit(decision.job_id)
+                attempt = row.attempts + 1
+            else:
+                attempt = self.store.admit(decision.job_id, now, stop_by=decision.stop_by)
+                row = self.store.unit(decision.job_id)
+        except IdlegpuError as exc:  # e.g. cancelled since the queue was read
+            report.errors.append(f"{decision.job_id}: not admitted ({exc})")
+            return
         try:
             name = self.cluster.apply(row.id, attempt, row.spec, team=row.team,
                                       stop_by=decision.stop_by, now=now)
             report.created.append(name)
+        except JobRejectedError as exc:
+            self._reject(row.id, now, exc, report)
         except IdlegpuError as exc:
             report.errors.append(f"{row.id}: admitted, Job not created yet ({exc})")
+
+    def _reject(self, unit_id: str, now: datetime, exc: Exception, report: PassReport) -> None:
+        """The cluster refuses the Job itself: the unit fails with the reason (and its
+        dependants are cancelled) instead of being retried every pass for ever."""
+        report.errors.append(f"{unit_id}: the cluster refused its Job ({exc})")
+        if not self.dry_run:
+            self.store.failed(unit_id, now, f"the cluster refused its Job: {exc}")
+            report.failed.append(unit_id)
 
     def _stop(self, name: str, reason: str, report: PassReport) -> bool:
         try:

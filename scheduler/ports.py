@@ -11,7 +11,13 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Protocol
 
+from forecast.errors import PermanentError
 from scheduler.types import ServingSignals, UnitSpec
+
+
+class JobRejectedError(PermanentError):
+    """The cluster refuses this Job itself (invalid, unsafe, or its name taken by someone
+    else's Job): retrying cannot help, so the unit fails with the cluster's reason."""
 
 
 class JobPhase(StrEnum):
@@ -48,7 +54,9 @@ class Cluster(Protocol):
 
     def apply(self, unit_id: str, attempt: int, spec: UnitSpec, *, team: str,
               stop_by: datetime | None, now: datetime) -> str:
-        """Create the attempt's Job, or adopt it when it already exists; returns its name."""
+        """Create the attempt's Job, or adopt it when it already exists; returns its name.
+        Raises ``JobRejectedError`` when the Job itself is refused, another ``IdlegpuError``
+        when the cluster cannot take it now."""
 
     def stop(self, name: str, *, reason: str) -> None:
         """Stop a Job so it checkpoints (SIGTERM, grace period) and frees its GPUs; a Job

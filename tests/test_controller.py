@@ -254,3 +254,21 @@ def test_a_failed_read_blocks_admission_at_once(setup):
     report = controller.reconcile_once(T0 + timedelta(seconds=10))
     assert not cluster.jobs and states(store) == ["queued", "queued"]
     assert "live signals missing for 10 s; not admitting blind" in report.plan.decisions[0].reason
+
+
+def test_a_unit_cancelled_between_reading_the_queue_and_admitting_it_is_skipped(setup):
+    store, cluster, _, controller, _ = setup
+    first, second = (row.id for row in store.queue())
+    admit = store.admit
+
+    def cancelled_meanwhile(unit_id, now, **kwargs):
+        if unit_id == first:
+            store.cancel(first, now)  # `idlegpu cancel` ran during the pass
+        return admit(unit_id, now, **kwargs)
+
+    store.admit = cancelled_meanwhile
+    report = controller.reconcile_once(T0)
+    assert report.errors and report.errors[0].startswith(f"{first}: not admitted")
+    assert len(report.created) == 1  # the pass went on with the next decision
+    assert store.unit(first).state is JobState.CANCELLED
+    assert store.unit(second).state is JobState.ADMITTED

@@ -191,3 +191,21 @@ def test_a_job_no_node_can_place_goes_back_to_the_queue(world):
     assert report.deleted == [names["train"]]
     assert store.unit(next(r.id for r in store.queue() if r.request_name == "evaluate")
                       ).state is JobState.RUNNING
+
+
+def test_a_job_the_cluster_refuses_fails_its_unit_instead_of_retrying_for_ever(world):
+    kube, store, cluster, _, controller = world
+    train = next(row for row in store.queue() if row.request_name == "train")
+    name = cluster.job_name(train.id, 1)
+    # someone else's Job already has the name of the unit's first attempt
+    kube.add_job({"metadata": {"name": name, "labels": {"app": "other"}},
+                  "spec": {"template": {"spec": {"containers": [
+                      {"name": "x", "image": "x"}], "restartPolicy": "Never"}}}}, namespace=NS)
+    report = controller.reconcile_once(T0)
+    assert report.failed == [train.id] and len(report.created) == 1  # the other one starts
+    failed = store.unit(train.id)
+    assert failed.state is JobState.FAILED
+    assert f"the cluster refused its Job: Job {NS}/{name} already exists" in failed.reason
+    controller.reconcile_once(T0 + timedelta(minutes=1))
+    assert kube.count("POST") == 2  # never tried again
+    assert kube.job(name, NS)["metadata"]["labels"] == {"app": "other"}  # left alone

@@ -44,7 +44,7 @@ import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from forecast.errors import PermanentError, TemporaryError
-from scheduler.ports import ClusterJob, JobPhase
+from scheduler.ports import ClusterJob, JobPhase, JobRejectedError
 from scheduler.types import UnitSpec
 
 log = logging.getLogger(__name__)
@@ -82,7 +82,7 @@ class ClusterPermissionError(PermanentError):
     """The API server answered 403: the service account lacks an RBAC permission."""
 
 
-class ClusterRejectedError(PermanentError):
+class ClusterRejectedError(JobRejectedError):
     """The API server rejected a request (422 Invalid, 400, ...); ``fields`` names the culprits."""
 
     def __init__(self, message: str, *, status: int, fields: tuple[str, ...] = ()) -> None:
@@ -91,11 +91,11 @@ class ClusterRejectedError(PermanentError):
         self.fields = fields
 
 
-class JobConflictError(PermanentError):
+class JobConflictError(JobRejectedError):
     """A Job with the attempt's name exists but belongs to another unit or to someone else."""
 
 
-class UnsafeManifestError(PermanentError):
+class UnsafeManifestError(JobRejectedError):
     """A manifest breaks the pod security rules (privileged, host namespaces, hostPath...)."""
 
 
