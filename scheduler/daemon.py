@@ -83,16 +83,26 @@ class Daemon:
         self._server = None
 
     # ------------------------------------------------------------------ jobs
-    def reconcile(self) -> PassReport:
+    def reconcile(self) -> PassReport | None:
         if self.refresh_due(self.clock()):
             self.refresh()
-        report = self.controller.reconcile_once(self.clock())
-        self._record(report, "reconcile")
-        return report
+        return self._pass("reconcile", self.controller.reconcile_once)
 
-    def backstop(self) -> PassReport:
-        report = self.controller.backstop_once(self.clock())
-        self._record(report, "backstop")
+    def backstop(self) -> PassReport | None:
+        return self._pass("backstop", self.controller.backstop_once)
+
+    def _pass(self, kind: str, run: Callable[[datetime], PassReport]) -> PassReport | None:
+        """One pass; a failure of a part it cannot do without (the store down, say) is logged
+        and counted, and the pass does not count as run, so /healthz turns 503 once that has
+        lasted three reconcile periods."""
+        try:
+            report = run(self.clock())
+        except IdlegpuError as exc:
+            self.metrics.passes.labels(kind).inc()
+            self.metrics.errors.inc()
+            log.error("%s pass failed: %s", kind, exc)
+            return None
+        self._record(report, kind)
         return report
 
     def refresh(self) -> bool:

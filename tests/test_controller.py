@@ -157,7 +157,7 @@ def test_live_pressure_stops_a_job_and_the_unit_returns_to_the_queue(setup):
     report = controller.reconcile_once(T0 + timedelta(minutes=3))
     assert len(report.released) == 1
     assert sorted(states(store)) == ["queued", "running"]
-    preempted = [row for row in store.queue() if row.state is JobState.QUEUED][0]
+    preempted = next(row for row in store.queue() if row.state is JobState.QUEUED)
     assert preempted.preemptions == 1
     # its suspended Job is deleted once the store has recorded the end of the attempt
     assert report.deleted == [cluster.job_name(preempted.id, 1)]
@@ -257,7 +257,7 @@ def test_a_failed_read_blocks_admission_at_once(setup):
 
 
 def test_a_unit_cancelled_between_reading_the_queue_and_admitting_it_is_skipped(setup):
-    store, cluster, _, controller, _ = setup
+    store, _, _, controller, _ = setup
     first, second = (row.id for row in store.queue())
     admit = store.admit
 

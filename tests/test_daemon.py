@@ -137,3 +137,26 @@ def test_the_daemon_writes_last_months_report_from_the_store(tmp_path, setup):  
     rows = {r["month"]: r for r in csv.DictReader((out / "summary.csv").open())}
     assert float(rows["2026-01"]["useful_gpu_hours"]) == 16.0
     assert float(rows["2026-01"]["savings"]) == 16.0 * settings.report.price_per_gpu_hour
+
+
+def test_a_pass_that_cannot_run_is_counted_and_turns_health_red(setup):  # noqa: F811
+    from datetime import timedelta
+
+    from scheduler.adapters.store import StoreUnavailableError
+
+    store, _, _, controller, _ = setup
+    clock = {"now": T0}
+    daemon = Daemon(controller, reconcile_seconds=60, clock=lambda: clock["now"])
+    assert daemon.reconcile() is not None and daemon.healthy()
+
+    def down(*args, **kwargs):
+        raise StoreUnavailableError("the job store is unreachable: connection refused")
+
+    store.holding = store.queue = down  # the database goes away
+    for minute in range(1, 5):
+        clock["now"] = T0 + timedelta(minutes=minute)
+        assert daemon.reconcile() is None and daemon.backstop() is None  # no crash
+    assert daemon.metrics.errors._value.get() == 8
+    assert not daemon.healthy()  # no pass for more than three reconcile periods
+    del store.holding, store.queue  # it is back
+    assert daemon.reconcile() is not None and daemon.healthy()
