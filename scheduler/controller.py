@@ -20,8 +20,10 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+
+import numpy as np
 
 from forecast.errors import IdlegpuError
 from scheduler.policy import decide
@@ -110,44 +112,30 @@ class Controller:
         seen = True
         if not self.dry_run:
             seen = self._reconcile(now, report)
-        report.signals = self._read_signals(now, report)
-        profile = self._profile(now, report)
-        if profile is None:
-            profile = FreeProfile(now, 300, _empty(), 0.0, now - timedelta(days=365))
         # without a view of the cluster nothing is admitted (never blind); stops still go out
         waiting = self.store.waiting(now, self._estimate_row) if seen else []
-        running = self._still_running(now)
-        report.signals = self._net_of_stopping(report.signals)
         usage = self.store.team_gpu_hours(now, self.fair_share_days * 86400)
-        report.plan = decide(now, profile, running, waiting, report.signals, usage,
-                             self.settings)
-        self._apply(now, report.plan, report)
-        return report
+        return self._decide_and_apply(now, report, waiting, usage)
 
     def _backstop_pass(self, now: datetime) -> PassReport:
-        report = PassReport(now=now)
-        report.signals = self._read_signals(now, report)
-        profile = self._profile(now, report)
-        if profile is None:
-            profile = FreeProfile(now, 300, _empty(), 0.0, now - timedelta(days=365))
-        running = self._still_running(now)
-        report.signals = self._net_of_stopping(report.signals)
-        report.plan = decide(now, profile, running, [], report.signals, {}, self.settings)
+        return self._decide_and_apply(now, PassReport(now=now), [], {})
+
+    def _decide_and_apply(self, now: datetime, report: PassReport, waiting, usage) -> PassReport:
+        holding = self.store.running(now, self._estimate_row)
+        report.signals = self._net_of_stopping(
+            self._read_signals(now, report, job_gpus=sum(job.gpus for job in holding)))
+        # the policy may still act on what runs, but not on what was already told to stop
+        running = [job for job in holding if job.id not in self._stopping]
+        report.plan = decide(now, self._profile(now, report), running, waiting,
+                             report.signals, usage, self.settings)
         self._apply(now, report.plan, report)
         return report
 
     # ------------------------------------------------------------------ steps
-    def _still_running(self, now: datetime):
-        """Running units the policy may still act on: not those already told to stop."""
-        return [job for job in self.store.running(now, self._estimate_row)
-                if job.id not in self._stopping]
-
     def _net_of_stopping(self, signals: ServingSignals) -> ServingSignals:
         """The services' shortfall minus the GPUs already on their way back."""
         coming = sum(self._stopping.values())
         if signals.gpus_short and coming:
-            from dataclasses import replace
-
             return replace(signals, gpus_short=max(0, signals.gpus_short - coming))
         return signals
 
@@ -256,16 +244,16 @@ class Controller:
             return False
         return (now - row.admitted_at).total_seconds() > self.pending_timeout_s
 
-    def _read_signals(self, now: datetime, report: PassReport) -> ServingSignals:
-        """The live signals. When they cannot be read, nothing is admitted from that moment
-        (never admit blind), and they count as missing since the newest good reading (or,
-        with none since the start, the first failed read): every job is stopped once that is
-        longer ago than ``missing_signals_preempt_after``. Never "no load"."""
-        # GPUs our Jobs hold (or are about to): the services cannot have them, so they are
-        # not idle; without this a busy night would look idle and the shortfall look covered
-        held = sum(row.gpus for row in self.store.holding())
+    def _read_signals(self, now: datetime, report: PassReport, *,
+                      job_gpus: int) -> ServingSignals:
+        """The live signals, net of ``job_gpus`` (what our Jobs hold or are about to: the
+        services cannot have them, so they are not idle; else a busy night would look idle
+        and the shortfall look covered). When they cannot be read, nothing is admitted from
+        that moment (never admit blind), and they count as missing since the newest good
+        reading (or, with none since the start, the first failed read): every job is stopped
+        once that is longer ago than ``missing_signals_preempt_after``. Never "no load"."""
         try:
-            signals = self.signals.read(now, job_gpus=held)
+            signals = self.signals.read(now, job_gpus=job_gpus)
         except IdlegpuError as exc:
             report.errors.append(f"signals: {exc}")
             signals = ServingSignals(observed_at=None)
@@ -281,12 +269,17 @@ class Controller:
         return ServingSignals(observed_at=None, missing_since=self._last_seen or
                               self._missing_since)
 
-    def _profile(self, now: datetime, report: PassReport) -> FreeProfile | None:
+    def _profile(self, now: datetime, report: PassReport) -> FreeProfile:
+        """The current forecast; without one, an empty profile a year old, which admits
+        nothing (the policy's forecast-age gate) and offers no room to what runs."""
         try:
-            return self.forecast(now)
+            profile = self.forecast(now)
         except IdlegpuError as exc:
             report.errors.append(f"forecast: {exc}")
-            return None
+            profile = None
+        if profile is None:
+            profile = FreeProfile(now, 300, np.zeros(1), 0.0, now - timedelta(days=365))
+        return profile
 
     def _apply(self, now: datetime, plan: Plan, report: PassReport) -> None:
         for decision in plan.decisions:
@@ -339,8 +332,3 @@ class Controller:
             report.errors.append(f"{name}: stop failed ({exc})")
             return False
 
-
-def _empty():
-    import numpy as np
-
-    return np.zeros(1)

@@ -158,9 +158,9 @@ class Daemon:
             if names:
                 log.info("%s pass at %s: %s %s", kind, report.now.isoformat(timespec="seconds"),
                          what, ", ".join(names))
-        running = self.controller.store.running(report.now, lambda row: 0.0)
-        m.running_jobs.set(len(running))
-        m.running_gpus.set(sum(j.gpus for j in running))
+        holding = self.controller.store.holding()
+        m.running_jobs.set(len(holding))
+        m.running_gpus.set(sum(row.gpus for row in holding))
         age = report.signals.missing_for_s(report.now) if report.signals else None
         m.signal_age.set(-1 if age is None else age)
         if self.forecast_made is not None:
