@@ -763,7 +763,7 @@ def run(
                 f"restart; store: {_store_url(settings, store)}"
             )
             return
-        clock = _replay_clock(moment, speed) if now is not None else _wall_clock
+        replay_clock = {"clock": _replay_clock(moment, speed)} if now is not None else {}
         daemon = Daemon(
             controller,
             reconcile_seconds=settings.daemon.reconcile_seconds,
@@ -772,7 +772,7 @@ def run(
             refresh_hour=settings.daemon.forecast_refresh_hour,
             monthly_report=lambda at: write_last_month_report(settings, job_store, at),
             timezone=settings.pool.timezone,
-            clock=clock,
+            **replay_clock,
         )
         import logging
 
@@ -790,10 +790,6 @@ def run(
         daemon.run(metrics_port=settings.daemon.metrics_port)
     finally:
         job_store.close()
-
-
-def _wall_clock() -> datetime:
-    return datetime.now(timezone.utc)
 
 
 def _replay_clock(start: datetime, speed: float):
