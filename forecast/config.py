@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from forecast.errors import ConfigError
-from forecast.schema import LIVE_METRICS, REPLICAS, SERVICE_METRICS
+from forecast.metrics import LIVE_METRICS, REPLICAS, SERVICE_METRICS
 
 ENV_PREFIX = "IDLEGPU_"
 

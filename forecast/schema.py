@@ -10,43 +10,32 @@ from __future__ import annotations
 import pandas as pd
 
 from forecast.errors import HistoryError
+from forecast.metrics import (
+    DESIRED_REPLICAS,
+    GENERATION_TOKENS_PER_S,
+    KV_CACHE_USAGE,
+    LIVE_METRICS,
+    PROMPT_TOKENS_PER_S,
+    REPLICAS,
+    REQUESTS_RUNNING,
+    REQUESTS_WAITING,
+    SERVICE_METRICS,
+    series_id,
+    split_series_id,
+)
+
+# metric names and series ids live in forecast.metrics (no pandas) and are re-exported here
+__all__ = [
+    "COLUMNS", "DESIRED_REPLICAS", "DS", "GENERATION_TOKENS_PER_S", "KV_CACHE_USAGE",
+    "LIVE_METRICS", "PROMPT_TOKENS_PER_S", "REPLICAS", "REQUESTS_RUNNING", "REQUESTS_WAITING",
+    "SERVICE_METRICS", "UNIQUE_ID", "Y", "empty_history", "infer_step", "series_id",
+    "split_series_id", "validate_history",
+]
 
 UNIQUE_ID = "unique_id"
 DS = "ds"
 Y = "y"
 COLUMNS = (UNIQUE_ID, DS, Y)
-
-# Metric names of the series of one service; ``<service>/<metric>`` is the series id.
-REPLICAS = "replicas"
-REQUESTS_RUNNING = "requests_running"
-REQUESTS_WAITING = "requests_waiting"
-KV_CACHE_USAGE = "kv_cache_usage"
-PROMPT_TOKENS_PER_S = "prompt_tokens_per_s"
-GENERATION_TOKENS_PER_S = "generation_tokens_per_s"
-SERVICE_METRICS = (
-    REPLICAS,
-    REQUESTS_RUNNING,
-    REQUESTS_WAITING,
-    KV_CACHE_USAGE,
-    PROMPT_TOKENS_PER_S,
-    GENERATION_TOKENS_PER_S,
-)
-# Read live only, never kept as history: the autoscaler's desired replicas (with ``replicas``
-# it tells how many GPUs the service is short of right now).
-DESIRED_REPLICAS = "desired_replicas"
-LIVE_METRICS = (DESIRED_REPLICAS,)
-
-
-def series_id(service: str, metric: str) -> str:
-    return f"{service}/{metric}"
-
-
-def split_series_id(uid: str) -> tuple[str, str]:
-    """``"chat/replicas"`` -> ``("chat", "replicas")``; an id without ``/`` has metric ``""``."""
-    service, _, metric = uid.rpartition("/")
-    if not service:
-        return uid, ""
-    return service, metric
 
 
 def empty_history() -> pd.DataFrame:
