@@ -20,8 +20,8 @@ from forecast.capacity import (
     typical_night,
 )
 from forecast.config import Settings
+from forecast.planning import night_mask
 
-NIGHT_HOURS = (22, 6)  # local, for the service table's "night mean"
 DAY_HOURS = (10, 17)  # local weekday office hours, for its "day mean"
 
 
@@ -64,7 +64,7 @@ class PoolAnalysis:
 
         out.mkdir(parents=True, exist_ok=True)
         pool = self.settings.pool
-        capacity = pool.total_gpus - pool.headroom_gpus
+        capacity = pool.lendable_gpus
         files = [
             plots.idle_heatmap(
                 self.profile, out / "idle_heatmap.png", capacity=capacity,
@@ -134,7 +134,7 @@ def typical_day(usage: pd.DataFrame, tz: str, holidays: dict[date, str]) -> pd.D
 def service_summary(usage: pd.DataFrame, settings: Settings) -> pd.DataFrame:
     local = usage.tz_convert(settings.pool.timezone)
     hour = local.index.hour
-    night = (hour >= NIGHT_HOURS[0]) | (hour < NIGHT_HOURS[1])
+    night = night_mask(usage.index, settings.pool.timezone)  # the service table's "night mean"
     day = (hour >= DAY_HOURS[0]) & (hour < DAY_HOURS[1]) & (local.index.day_of_week < 5)
     rows = []
     for service in settings.services:

@@ -54,11 +54,14 @@ def pool_usage(history: pd.DataFrame, settings: Settings) -> pd.DataFrame:
         {s.name: wide[uid] * s.gpus_per_replica for uid, s in replica_ids.items()}, index=grid
     )
     gpus.index.name = DS
-    in_use = gpus.sum(axis=1, min_count=len(gpus.columns))
-    in_use[gpus.isna().any(axis=1)] = np.nan
-    capacity = settings.pool.total_gpus - settings.pool.headroom_gpus
-    gpus[IN_USE] = in_use
-    gpus[FREE] = (capacity - in_use).clip(lower=0)
+    return _with_in_use_and_free(gpus, settings)
+
+
+def _with_in_use_and_free(gpus: pd.DataFrame, settings: Settings) -> pd.DataFrame:
+    """Add ``in_use`` (the services' GPUs; NaN where any service is unknown, never a partial
+    sum) and ``free`` (the lendable GPUs they leave, never below 0)."""
+    gpus[IN_USE] = gpus.sum(axis=1, min_count=len(gpus.columns))
+    gpus[FREE] = (settings.pool.lendable_gpus - gpus[IN_USE]).clip(lower=0)
     return gpus
 
 
@@ -228,10 +231,7 @@ def forecast_pool_usage(forecast: pd.DataFrame, settings: Settings, confidence: 
         gpus[service.name] = rows.set_index(DS)[column] * service.gpus_per_replica
     usage = pd.DataFrame(gpus).sort_index()
     usage.index.name = DS
-    usage[IN_USE] = usage.sum(axis=1, min_count=len(gpus))
-    capacity = settings.pool.total_gpus - settings.pool.headroom_gpus
-    usage[FREE] = (capacity - usage[IN_USE]).clip(lower=0)
-    return usage
+    return _with_in_use_and_free(usage, settings)
 
 
 @dataclass(frozen=True)

@@ -128,6 +128,11 @@ class PoolConfig(_Strict):
     def tz(self) -> ZoneInfo:
         return ZoneInfo(self.timezone)
 
+    @property
+    def lendable_gpus(self) -> int:
+        """What services and research jobs share: the pool minus its headroom."""
+        return self.total_gpus - self.headroom_gpus
+
 
 class PrometheusConfig(_Strict):
     """Where and how to read metrics history."""

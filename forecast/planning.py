@@ -125,12 +125,15 @@ def autoscaling_summary(usage: pd.DataFrame, settings: Settings) -> pd.DataFrame
     return pd.DataFrame(rows).set_index("service")
 
 
-def _night_mask(ds: pd.Series, tz: str, night_hours: tuple[int, int]) -> pd.Series:
+def night_mask(times: pd.DatetimeIndex, tz: str,
+               night_hours: tuple[int, int] = NIGHT_HOURS) -> np.ndarray:
+    """True where ``times`` (UTC) fall in ``night_hours``, local ``[start, end)`` hours."""
     start, end = night_hours
     if not (0 <= start < 24 and 0 <= end < 24) or start == end:
         raise ValueError(f"night_hours must be two different hours in 0..23, got {night_hours}")
-    hour = ds.dt.tz_convert(tz).dt.hour
-    return (hour >= start) | (hour < end) if start > end else (hour >= start) & (hour < end)
+    hour = times.tz_convert(tz).hour
+    mask = (hour >= start) | (hour < end) if start > end else (hour >= start) & (hour < end)
+    return np.asarray(mask)
 
 
 def _wide(history: pd.DataFrame, uids: list[str]) -> pd.DataFrame:
@@ -148,14 +151,24 @@ def night_demand(
     """Per night step (UTC ``ds``) and service: the replicas its load needs at the target
     utilisation, ``replicas x kv_cache_usage / target`` (NaN where a sample is missing or the
     service has no KV-cache series). Steps outside ``night_hours`` (local) are left out."""
-    if not 0 < target_utilization <= 1:
-        raise ValueError(f"target_utilization must be in (0, 1], got {target_utilization}")
+    return _demand(_night_wide(history, settings, night_hours), settings, target_utilization)
+
+
+def _night_wide(history: pd.DataFrame, settings: Settings,
+                night_hours: tuple[int, int]) -> pd.DataFrame:
+    """The services' replicas and KV-cache usage, one column each, at night steps only."""
     uids = [series_id(s.name, m) for s in settings.services for m in (REPLICAS, KV_CACHE_USAGE)]
     wide = _wide(history, uids)
     if wide.empty:
+        return wide
+    return wide[night_mask(pd.DatetimeIndex(wide.index), settings.pool.timezone, night_hours)]
+
+
+def _demand(wide: pd.DataFrame, settings: Settings, target_utilization: float) -> pd.DataFrame:
+    if not 0 < target_utilization <= 1:
+        raise ValueError(f"target_utilization must be in (0, 1], got {target_utilization}")
+    if wide.empty:
         return pd.DataFrame(columns=settings.service_names, dtype=float)
-    index = pd.Series(wide.index, index=wide.index)
-    wide = wide[_night_mask(index, settings.pool.timezone, night_hours).to_numpy()]
     out = pd.DataFrame(index=wide.index)
     for service in settings.services:
         rep, kv = series_id(service.name, REPLICAS), series_id(service.name, KV_CACHE_USAGE)
@@ -188,12 +201,8 @@ def night_rightsizing(
         raise ValueError(f"quantile must be in (0, 1], got {quantile}")
     if floor < 0:
         raise ValueError(f"floor must be at least 0, got {floor}")
-    demand = night_demand(history, settings, night_hours=night_hours,
-                          target_utilization=target_utilization)
-    replicas = _wide(history, [series_id(s.name, REPLICAS) for s in settings.services])
-    if not replicas.empty:
-        index = pd.Series(replicas.index, index=replicas.index)
-        replicas = replicas[_night_mask(index, settings.pool.timezone, night_hours).to_numpy()]
+    replicas = _night_wide(history, settings, night_hours)
+    demand = _demand(replicas, settings, target_utilization)
     rows = []
     for service in settings.services:
         rep = series_id(service.name, REPLICAS)
@@ -251,11 +260,12 @@ def rightsized_history(
     demand = night_demand(history, settings, night_hours=night_hours,
                           target_utilization=target_utilization)
     out = history.copy()
+    if night_min:
+        night = night_mask(pd.DatetimeIndex(out[DS]), settings.pool.timezone, night_hours)
     for name, minimum in night_min.items():
         if minimum < 0:
             raise ValueError(f"night minimum of {name} must be at least 0, got {minimum}")
-        rows = out[UNIQUE_ID] == series_id(name, REPLICAS)
-        rows &= _night_mask(out[DS], settings.pool.timezone, night_hours)
+        rows = (out[UNIQUE_ID] == series_id(name, REPLICAS)).to_numpy() & night
         need = demand[name].reindex(out.loc[rows, DS]).to_numpy()
         current = out.loc[rows, Y].to_numpy()
         # no KV-cache sample: keep what ran (no evidence the service could shrink)
@@ -270,6 +280,7 @@ __all__ = [
     "TARGET_UTILIZATION",
     "autoscaling_summary",
     "night_demand",
+    "night_mask",
     "night_rightsizing",
     "rightsized_history",
     "service_replica_profile",

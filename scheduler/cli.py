@@ -358,7 +358,7 @@ def windows(
         past[past.index > past.index.max() - 2 * span],
         {"free, median forecast": median, f"free with {confidence:.0%} confidence": at_conf},
         table, out / "free_gpus.png", tz=tz,
-        capacity=pool.total_gpus - pool.headroom_gpus,
+        capacity=pool.lendable_gpus,
         title=f"{pool.name}: free GPUs after {pool.headroom_gpus} headroom, forecast by {model}",
     )
     origin = frame["ds"].max().tz_convert(tz)
@@ -675,7 +675,7 @@ def plan(
     plots.free_gpu_chart(
         actual[actual.index > actual.index.max() - 2 * span],
         {f"free with {confidence:.0%} confidence": free}, table, out / "free_gpus.png", tz=tz,
-        capacity=settings.pool.total_gpus - settings.pool.headroom_gpus,
+        capacity=settings.pool.lendable_gpus,
         title=f"{settings.pool.name}: free GPUs and tonight's windows",
     )
 

@@ -168,7 +168,7 @@ def simulate(
     config = policy_config or policy_settings(settings.admission, settings.pool.headroom_gpus)
     pool = _PoolTimeline(history, settings, start, end)
     step_s, total = pool.step_s, settings.pool.total_gpus
-    capacity = total - settings.pool.headroom_gpus
+    capacity = settings.pool.lendable_gpus
     horizon_steps = int(horizon.total_seconds() // step_s)
     tz = settings.pool.timezone
     state = {j.id: _Job(j) for j in sorted(jobs, key=lambda j: (j.submit_at, j.id))}
