@@ -105,36 +105,33 @@ def decide(
                 )
 
     # --- 2. preemption -------------------------------------------------------------------
+    by_id = sorted(running, key=lambda j: j.id)
     victims: dict[str, tuple[str, bool]] = {}  # id -> (reason, planned)
     if give_up and running:
         what = "never read" if missing_for is None else f"missing for {missing_for / 60:.0f} min"
-        for job in sorted(running, key=lambda j: j.id):
+        for job in by_id:
             victims[job.id] = (
                 f"live signals {what}: stopping every job to keep the service safe", False
             )
     else:
-        for job in sorted(running, key=lambda j: j.id):
+        for job in by_id:
             if job.stop_by is not None and job.stop_by <= now + timedelta(seconds=settings.grace_s):
                 victims[job.id] = ("its window closes: checkpoint and stop as planned", True)
-        window = slice(i0, min(n_steps, i0 + grace_steps + 1))
-        deficit = 0.0
-        if window.stop > window.start:
-            # within the grace period nobody is trusted to finish on time: a job may overrun
-            # its estimate, and stopping it later would make the service wait
-            held = np.full(window.stop - window.start, float(sum(j.gpus for j in running)))
-            for job_id in victims:
-                held -= next(j.gpus for j in running if j.id == job_id)
-            deficit = float(np.max(held - free[window], initial=0.0))
+        stopping = sum(j.gpus for j in running if j.id in victims)
+        # within the grace period nobody is trusted to finish on time: a job may overrun its
+        # estimate, and stopping it later would make the service wait
+        held = sum(j.gpus for j in running) - stopping
+        window = free[i0 : min(n_steps, i0 + grace_steps + 1)]
+        deficit = float(np.max(held - window, initial=0.0))
         need = max(live_need, math.ceil(deficit))
         if need > 0:
             reason = live_reason or (
                 f"the forecast needs {math.ceil(deficit)} of their GPUs for the service within "
                 f"{_hours(settings.grace_s)}"
             )
-            freed = sum(j.gpus for j in running if j.id in victims)
-            for job in _victims(running, need - freed, now, exclude=victims):
+            for job in _victims(running, need - stopping, now, exclude=victims):
                 victims[job.id] = (reason, live_need == 0)
-    for job in sorted(running, key=lambda j: j.id):
+    for job in by_id:
         if job.id in victims:
             reason, planned = victims[job.id]
             decisions.append(Decision(Action.PREEMPT, job.id, job.gpus, reason, planned=planned))
@@ -178,7 +175,7 @@ def decide(
     attempts = 0  # reservation attempts; bounded so a long queue stays cheap
     for job in ordered:
         try_reserve = not reserved and attempts < MAX_RESERVATION_ATTEMPTS
-        decision = _place(job, now, profile, avail, i0, settings, reserve=try_reserve)
+        decision = _place(job, now, profile, avail, settings, reserve=try_reserve)
         if decision.action is Action.DEFER and try_reserve:
             attempts += 1
             reserved = decision.start_at is not None
@@ -233,23 +230,26 @@ class _Availability:
         self._runs.clear()
 
 
+def _too_big(job: WaitingJob, free_now: float) -> Decision:
+    return Decision(Action.DEFER, job.id, job.gpus,
+                    f"needs {job.gpus} GPUs; {max(0, int(free_now))} free now")
+
+
 def _place(
     job: WaitingJob,
     now: datetime,
     profile: FreeProfile,
     capacity: _Availability,
-    i0: int,
     settings: PolicySettings,
     *,
     reserve: bool,
 ) -> Decision:
     """Admit ``job`` now if it fits (taking its GPUs), else defer it, reserving if asked."""
     step = profile.step_s
-    avail = capacity.values
+    avail, i0 = capacity.values, capacity.i0
     n = len(avail)
     if not reserve and job.gpus > capacity.now():
-        return Decision(Action.DEFER, job.id, job.gpus,
-                        f"needs {job.gpus} GPUs; {max(0, int(capacity.now()))} free now")
+        return _too_big(job, capacity.now())
     if job.deadline is not None and now >= job.deadline:
         return Decision(Action.DEFER, job.id, job.gpus, "its deadline has passed")
     whole = not job.checkpointable or (
@@ -289,8 +289,7 @@ def _place(
                 start_at=start_at,
             )
     if job.gpus > avail[i0]:
-        return Decision(Action.DEFER, job.id, job.gpus,
-                        f"needs {job.gpus} GPUs; {max(0, int(avail[i0]))} free now")
+        return _too_big(job, avail[i0])
     if i0 + min_steps > n:
         return Decision(Action.DEFER, job.id, job.gpus,
                         f"its {_hours(job.runtime_s)} run past the end of the forecast")
