@@ -28,7 +28,7 @@ from forecast.metrics import (
 __all__ = [
     "COLUMNS", "DESIRED_REPLICAS", "DS", "GENERATION_TOKENS_PER_S", "KV_CACHE_USAGE",
     "LIVE_METRICS", "PROMPT_TOKENS_PER_S", "REPLICAS", "REQUESTS_RUNNING", "REQUESTS_WAITING",
-    "SERVICE_METRICS", "UNIQUE_ID", "Y", "empty_history", "infer_step", "series_id",
+    "SERVICE_METRICS", "UNIQUE_ID", "Y", "empty_history", "infer_step", "metric_rows", "series_id",
     "split_series_id", "validate_history",
 ]
 
@@ -36,6 +36,11 @@ UNIQUE_ID = "unique_id"
 DS = "ds"
 Y = "y"
 COLUMNS = (UNIQUE_ID, DS, Y)
+
+
+def metric_rows(history: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """The rows of every service's ``metric`` series (e.g. all ``*/replicas``)."""
+    return history[history[UNIQUE_ID].str.endswith("/" + metric)]
 
 
 def empty_history() -> pd.DataFrame:

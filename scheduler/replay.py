@@ -8,12 +8,60 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
+import numpy as np
 import pandas as pd
 
 from forecast.capacity import FREE, forecast_pool_usage
 from forecast.config import Settings
-from forecast.schema import DS, KV_CACHE_USAGE, REPLICAS, REQUESTS_WAITING, UNIQUE_ID, Y
+from forecast.schema import (
+    DS,
+    KV_CACHE_USAGE,
+    REPLICAS,
+    REQUESTS_WAITING,
+    UNIQUE_ID,
+    Y,
+    metric_rows,
+    series_id,
+)
 from scheduler.types import FreeProfile, ServingSignals
+
+SERVICE_GPUS = "service_gpus"
+WAITING_PER_REPLICA = "requests_waiting_per_replica"
+
+
+def serving_pressure(wide: pd.DataFrame, settings: Settings) -> pd.DataFrame:
+    """Per row of ``wide`` (the history pivoted to one column per series id): the services'
+    ``kv_cache_usage`` and ``requests_waiting_per_replica`` as the live adapter aggregates
+    them, and the GPUs they hold (``service_gpus``, NaN where a replica count is unknown).
+
+    Pressure only counts for services that can still scale up (below their max replicas):
+    more GPUs do nothing for a service at its maximum. Each is the worst over those services
+    (0 when none has a sample)."""
+    kv, waiting, gpus = [], [], []
+    for service in settings.services:
+        replicas = wide.get(series_id(service.name, REPLICAS))
+        if replicas is None:
+            gpus.append(pd.Series(np.nan, index=wide.index))
+            continue
+        gpus.append(replicas * service.gpus_per_replica)
+        can_grow = replicas < service.max_replicas
+        kv_id = series_id(service.name, KV_CACHE_USAGE)
+        if kv_id in wide:
+            kv.append(wide[kv_id].where(can_grow, 0.0))
+        waiting_id = series_id(service.name, REQUESTS_WAITING)
+        if waiting_id in wide:
+            waiting.append((wide[waiting_id] / replicas.clip(lower=1)).where(can_grow, 0.0))
+
+    def worst(parts: list[pd.Series]) -> pd.Series:
+        if not parts:
+            return pd.Series(0.0, index=wide.index)
+        return pd.concat(parts, axis=1).max(axis=1).fillna(0.0)
+
+    return pd.DataFrame({
+        KV_CACHE_USAGE: worst(kv),
+        WAITING_PER_REPLICA: worst(waiting),
+        SERVICE_GPUS: pd.concat(gpus, axis=1).sum(axis=1, min_count=len(gpus)),
+    }, index=wide.index)
 
 
 class HistorySignals:
@@ -29,33 +77,26 @@ class HistorySignals:
                  max_age: timedelta = timedelta(minutes=10)) -> None:
         self.settings = settings
         self.max_age = max_age
-        self.wide = history.pivot(index=DS, columns=UNIQUE_ID, values=Y).sort_index()
-        steps = self.wide.index.to_series().diff().dropna()
+        wide = history.pivot(index=DS, columns=UNIQUE_ID, values=Y).sort_index()
+        self.pressure = serving_pressure(wide, settings)
+        steps = wide.index.to_series().diff().dropna()
         self.step = steps.median() if len(steps) else pd.Timedelta(0)
 
     def read(self, now: datetime, *, job_gpus: int = 0) -> ServingSignals:
-        upto = self.wide[self.wide.index <= pd.Timestamp(now)]
+        upto = self.pressure[self.pressure.index <= pd.Timestamp(now)]
         if upto.empty:
             return ServingSignals(observed_at=None)
         at = upto.index[-1]
         if pd.Timestamp(now) - at > self.max_age:
             return ServingSignals(observed_at=None)
-        observed = now if pd.Timestamp(now) - at < self.step else at.to_pydatetime()
         row = upto.iloc[-1]
-        kv = waiting = 0.0
-        held = 0.0
-        for service in self.settings.services:
-            replicas = row.get(f"{service.name}/{REPLICAS}")
-            if replicas is None or pd.isna(replicas):
-                return ServingSignals(observed_at=None)  # never read a gap as "no load"
-            held += replicas * service.gpus_per_replica
-            if replicas < service.max_replicas:
-                kv = max(kv, float(row.get(f"{service.name}/{KV_CACHE_USAGE}", 0.0) or 0.0))
-                w = row.get(f"{service.name}/{REQUESTS_WAITING}", 0.0) or 0.0
-                waiting = max(waiting, float(w) / max(1.0, float(replicas)))
-        idle = int(max(0.0, self.settings.pool.total_gpus - held - job_gpus))
-        return ServingSignals(observed_at=observed, requests_waiting_per_replica=waiting,
-                              kv_cache_usage=kv, idle_gpus=idle)
+        if pd.isna(row[SERVICE_GPUS]):
+            return ServingSignals(observed_at=None)  # never read a gap as "no load"
+        observed = now if pd.Timestamp(now) - at < self.step else at.to_pydatetime()
+        idle = int(max(0.0, self.settings.pool.total_gpus - row[SERVICE_GPUS] - job_gpus))
+        return ServingSignals(observed_at=observed,
+                              requests_waiting_per_replica=float(row[WAITING_PER_REPLICA]),
+                              kv_cache_usage=float(row[KV_CACHE_USAGE]), idle_gpus=idle)
 
 
 def forecast_profile(history: pd.DataFrame, settings: Settings, now: datetime, *,
@@ -65,7 +106,7 @@ def forecast_profile(history: pd.DataFrame, settings: Settings, now: datetime, *
     (``options`` go to the model, e.g. the ``auto`` cache shared by nightly refits)."""
     from forecast.models import model_for
 
-    replicas = history[history[UNIQUE_ID].str.endswith("/" + REPLICAS)]
+    replicas = metric_rows(history, REPLICAS)
     past = replicas[replicas[DS] < pd.Timestamp(now)]
     confidence = settings.admission.confidence
     forecast = model_for(model, settings, **options).fit(past).predict(

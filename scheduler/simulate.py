@@ -30,8 +30,9 @@ import pandas as pd
 
 from forecast.capacity import FREE, IN_USE, pool_usage
 from forecast.config import Settings
-from forecast.schema import DS, KV_CACHE_USAGE, REPLICAS, REQUESTS_WAITING, UNIQUE_ID, Y
+from forecast.schema import DS, KV_CACHE_USAGE, REPLICAS, UNIQUE_ID, Y, metric_rows
 from scheduler.policy import decide, policy_settings
+from scheduler.replay import WAITING_PER_REPLICA, forecast_profile, serving_pressure
 from scheduler.types import (
     Action,
     FreeProfile,
@@ -123,27 +124,9 @@ class _PoolTimeline:
         self.free_all = usage[FREE].to_numpy()  # for the oracle: the actual future
         self.offset = int(usage.index.get_loc(self.index[0]))
         wide = history.pivot(index=DS, columns=UNIQUE_ID, values=Y).reindex(usage.index).ffill()
-        # pressure counts only for services that can still scale up (below max replicas):
-        # more GPUs do nothing for a service at its maximum
-        kv, waiting = [], []
-        for service in settings.services:
-            replicas = wide.get(f"{service.name}/{REPLICAS}")
-            if replicas is None:
-                continue
-            can_grow = replicas < service.max_replicas
-            if f"{service.name}/{KV_CACHE_USAGE}" in wide:
-                kv.append(wide[f"{service.name}/{KV_CACHE_USAGE}"].where(can_grow, 0.0))
-            if f"{service.name}/{REQUESTS_WAITING}" in wide:
-                per_replica = wide[f"{service.name}/{REQUESTS_WAITING}"] / replicas.clip(lower=1)
-                waiting.append(per_replica.where(can_grow, 0.0))
-
-        def worst(parts: list[pd.Series]) -> np.ndarray:
-            if not parts:
-                return np.zeros(len(self.index))
-            return pd.concat(parts, axis=1).max(axis=1).loc[self.index].fillna(0).to_numpy()
-
-        self.kv = worst(kv)
-        self.waiting = worst(waiting)
+        pressure = serving_pressure(wide, settings).loc[self.index]
+        self.kv = pressure[KV_CACHE_USAGE].to_numpy()
+        self.waiting = pressure[WAITING_PER_REPLICA].to_numpy()
         self.step_s = int(self.step.total_seconds())
         self.free_gpu_hours = float(usage.loc[self.index, FREE].sum() * self.step_s / 3600)
 
@@ -402,9 +385,8 @@ def forecast_profiles_for(
 ) -> dict[datetime, FreeProfile]:
     """The free-GPU profiles the ``forecast`` policy sees: one per evening (and one at the
     start), each fitted only on the history before it."""
-    from scheduler.replay import forecast_profile
-
-    replicas = history[history[UNIQUE_ID].str.endswith("/" + REPLICAS)]
+    # the nightly refits only read replicas: filter the history once, not at every refit
+    replicas = metric_rows(history, REPLICAS)
     local = index.tz_convert(settings.pool.timezone)
     refresh = sorted({index[0], *index[(local.hour == refresh_hour) & (local.minute == 0)]})
     cache: dict = {}  # the refits see growing prefixes of one history: reuse their work
