@@ -484,7 +484,8 @@ def simulate(
     from forecast import plots
     from forecast.config import load_config
     from forecast.sources import read_history
-    from scheduler.simulate import POLICIES, forecast_profiles_for, trace_jobs
+    from scheduler.reports import useful
+    from scheduler.simulate import POLICIES, trace_jobs
     from scheduler.simulate import simulate as run_policy
     from scheduler.specs import load_trace
 
@@ -506,26 +507,22 @@ def simulate(
     rows, cumulative = {}, {}
     out.mkdir(parents=True, exist_ok=True)
     with Progress(console=err_console, transient=True) as progress:
-        profiles = None
-        if "forecast" in names:
-            task = progress.add_task("forecasting each evening", total=None)
-            index = pd.date_range(start, end, freq="5min", inclusive="left")
-            profiles = forecast_profiles_for(
-                frame, settings, index, 17, pd.Timedelta(hours=48),
-                on_refresh=lambda n, total: progress.update(task, completed=n, total=total),
-            )
-            progress.remove_task(task)
         for name in names:
+            forecasting = progress.add_task("forecasting each evening", total=None,
+                                            visible=name == "forecast")
             task = progress.add_task(f"simulating {name}", total=None)
             result = run_policy(
                 frame, settings, sim_jobs, name, start=start.to_pydatetime(),
-                end=end.to_pydatetime(), forecast_profiles=profiles,
+                end=end.to_pydatetime(),
+                on_refresh=lambda n, total: progress.update(forecasting, completed=n,
+                                                            total=total),
                 on_step=lambda k, total: progress.update(task, completed=k + 1, total=total),
             )
+            progress.remove_task(forecasting)
             progress.remove_task(task)
             rows[name] = result.metrics
             result.runs.to_csv(out / f"runs_{name}.csv", index=False)
-            kept = (result.runs["gpu_hours"] - result.runs["lost_gpu_hours"]).to_numpy()
+            kept = useful(result.runs)
             ends = pd.to_datetime(result.runs["end"], utc=True).dt.tz_convert(
                 settings.pool.timezone).dt.tz_localize(None)
             cumulative[name] = pd.Series(kept, index=ends).groupby(level=0).sum().cumsum()
@@ -585,13 +582,12 @@ def plan(
     from rich.table import Table
 
     from forecast import plots
-    from forecast.capacity import FREE, forecast_pool_usage, idle_windows, pool_usage, windows_frame
+    from forecast.capacity import FREE, idle_windows, pool_usage, windows_frame
     from forecast.config import load_config
     from forecast.errors import HistoryError
-    from forecast.models import model_for
     from scheduler.plan import plan_ahead
     from scheduler.policy import policy_settings
-    from scheduler.types import FreeProfile, WaitingJob
+    from scheduler.replay import free_forecast, profile_of
 
     settings = load_config(config)
     tz = settings.pool.timezone
@@ -605,11 +601,8 @@ def plan(
         raise HistoryError(f"{history}: no history before {moment}")
     confidence = settings.admission.confidence
     with console.status("forecasting the pool..."):
-        forecast = model_for("auto", settings).fit(past).predict(span, sorted({0.5, confidence}))
-    free = forecast_pool_usage(forecast, settings, confidence)[FREE]
-    profile = FreeProfile(free.index[0].to_pydatetime(), int((free.index[1] - free.index[0])
-                          .total_seconds()), free.to_numpy(dtype=float), confidence,
-                          moment.to_pydatetime())
+        free = free_forecast(past, settings, moment.to_pydatetime(), horizon=span)
+    profile = profile_of(free, confidence, moment.to_pydatetime())
     estimate = _planning_estimate(settings, runs)
     start = profile.start
     if jobs is not None:
@@ -619,11 +612,7 @@ def plan(
         entries = [e for e in load_trace(jobs, settings.admission)
                    if start - pd.Timedelta(days=queue_days) <= e.submit_at <= start]
         units = trace_jobs(entries, estimate)
-        queue = [
-            WaitingJob(u.id, u.team, u.gpus, u.estimate_s, u.checkpointable, u.priority,
-                       u.submit_at, u.deadline, 0, u.max_preemptions, u.kind)
-            for u in units if not u.depends_on
-        ]
+        queue = [u.as_waiting() for u in units if not u.depends_on]
         blocked = [u for u in units if u.depends_on]
         source = f"{jobs} ({len(entries)} requests submitted in the {queue_days:g} days before)"
     else:

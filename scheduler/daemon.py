@@ -294,16 +294,16 @@ class ForecastProvider:
         return self.profile
 
 
-def night_only(profile, tz: str, *, start_hour: int = 20, end_hour: int = 8):
-    """The profile with nothing free outside ``start_hour``-``end_hour`` local time."""
+def night_only(profile, tz: str):
+    """The profile with nothing free outside the night (``NIGHT_HOURS``, local)."""
     import numpy as np
     import pandas as pd
 
-    from scheduler.types import FreeProfile
+    from scheduler.types import NIGHT_HOURS, FreeProfile
 
     times = pd.date_range(profile.start, periods=len(profile.free),
                           freq=f"{profile.step_s}s").tz_convert(tz)
-    night = (times.hour >= start_hour) | (times.hour < end_hour)
+    night = (times.hour >= NIGHT_HOURS[0]) | (times.hour < NIGHT_HOURS[1])
     return FreeProfile(profile.start, profile.step_s, np.where(night, profile.free, 0.0),
                        profile.confidence, profile.made_at)
 

@@ -99,11 +99,11 @@ class HistorySignals:
                               kv_cache_usage=float(row[KV_CACHE_USAGE]), idle_gpus=idle)
 
 
-def forecast_profile(history: pd.DataFrame, settings: Settings, now: datetime, *,
-                     horizon: timedelta = timedelta(hours=48), model: str = "auto",
-                     **options) -> FreeProfile:
-    """The free-GPU profile at the configured confidence, fitted on the history before ``now``
-    (``options`` go to the model, e.g. the ``auto`` cache shared by nightly refits)."""
+def free_forecast(history: pd.DataFrame, settings: Settings, now: datetime, *,
+                  horizon: timedelta = timedelta(hours=48), model: str = "auto",
+                  **options) -> pd.Series:
+    """Free GPUs per step at the configured confidence, forecast from the history before
+    ``now`` (``options`` go to the model, e.g. the ``auto`` cache shared by nightly refits)."""
     from forecast.models import model_for
 
     replicas = metric_rows(history, REPLICAS)
@@ -112,10 +112,25 @@ def forecast_profile(history: pd.DataFrame, settings: Settings, now: datetime, *
     forecast = model_for(model, settings, **options).fit(past).predict(
         pd.Timedelta(horizon), sorted({0.5, confidence})
     )
-    free = forecast_pool_usage(forecast, settings, confidence)[FREE]
+    return forecast_pool_usage(forecast, settings, confidence)[FREE]
+
+
+def profile_of(free: pd.Series, confidence: float, made_at: datetime) -> FreeProfile:
+    """The policy's view of a free-GPU forecast (a Series on a regular UTC index)."""
     return FreeProfile(free.index[0].to_pydatetime(),
                        int((free.index[1] - free.index[0]).total_seconds()),
-                       free.to_numpy(dtype=float), confidence, pd.Timestamp(now).to_pydatetime())
+                       free.to_numpy(dtype=float), confidence,
+                       pd.Timestamp(made_at).to_pydatetime())
 
 
-__all__ = ["HistorySignals", "forecast_profile"]
+def forecast_profile(history: pd.DataFrame, settings: Settings, now: datetime, *,
+                     horizon: timedelta = timedelta(hours=48), model: str = "auto",
+                     **options) -> FreeProfile:
+    """The free-GPU profile at the configured confidence, fitted on the history before
+    ``now`` (see ``free_forecast``)."""
+    free = free_forecast(history, settings, now, horizon=horizon, model=model, **options)
+    return profile_of(free, settings.admission.confidence, now)
+
+
+__all__ = ["HistorySignals", "forecast_profile", "free_forecast", "profile_of",
+           "serving_pressure"]

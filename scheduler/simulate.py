@@ -34,6 +34,7 @@ from forecast.schema import DS, KV_CACHE_USAGE, REPLICAS, UNIQUE_ID, Y, metric_r
 from scheduler.policy import decide, policy_settings
 from scheduler.replay import WAITING_PER_REPLICA, forecast_profile, serving_pressure
 from scheduler.types import (
+    NIGHT_HOURS,
     Action,
     FreeProfile,
     PolicySettings,
@@ -43,7 +44,6 @@ from scheduler.types import (
 )
 
 POLICIES = ("night", "reactive", "forecast", "oracle")
-NIGHT_HOURS = (20, 8)
 
 
 @dataclass(frozen=True)
@@ -66,6 +66,16 @@ class SimJob:
     max_preemptions: int | None = None
     depends_on: tuple[str, ...] = ()
 
+    def as_waiting(self, *, runtime_s: float | None = None, preemptions: int = 0) -> WaitingJob:
+        """What the policy sees of it in the queue (by default: never started)."""
+        return WaitingJob(
+            id=self.id, team=self.team, gpus=self.gpus,
+            runtime_s=self.estimate_s if runtime_s is None else runtime_s,
+            checkpointable=self.checkpointable, priority=self.priority,
+            submitted_at=self.submit_at, deadline=self.deadline, preemptions=preemptions,
+            max_preemptions=self.max_preemptions, kind=self.kind,
+        )
+
 
 @dataclass
 class _Job:
@@ -81,6 +91,9 @@ class _Job:
     finished_at: datetime | None = None
     preemptions: int = 0
     lost_s: float = 0.0
+    queued_view: tuple[tuple[float, int], WaitingJob] | None = None
+    """The last ``as_waiting`` of it, with the (saved work, preemptions) it was made for: the
+    replay asks every step, and it changes only when those do."""
 
 
 @dataclass(frozen=True)
@@ -88,9 +101,6 @@ class SimResult:
     policy: str
     metrics: dict[str, float]
     runs: pd.DataFrame  # one row per attempt
-    free_gpu_hours: float
-    waits: pd.DataFrame = field(default_factory=pd.DataFrame)
-    """When the service waited for GPUs held by jobs: ``at``, ``gpus``."""
 
 
 @dataclass
@@ -143,6 +153,7 @@ def simulate(
     refresh_hour: int = 17,
     policy_config: PolicySettings | None = None,
     forecast_profiles: dict[datetime, FreeProfile] | None = None,
+    on_refresh: Callable[[int, int], None] | None = None,
     on_step: Callable[[int, int], None] | None = None,
 ) -> SimResult:
     """Run one policy over ``[start, end)``; see the module docstring."""
@@ -153,19 +164,19 @@ def simulate(
     step_s, total = pool.step_s, settings.pool.total_gpus
     capacity = settings.pool.lendable_gpus
     horizon_steps = int(horizon.total_seconds() // step_s)
-    tz = settings.pool.timezone
+    until_morning = (_steps_until_morning(pool.index, settings.pool.timezone, step_s)
+                     if policy == "night" else None)
     state = {j.id: _Job(j) for j in sorted(jobs, key=lambda j: (j.submit_at, j.id))}
-    pending = sorted(state.values(), key=lambda j: (j.spec.submit_at, j.spec.id))
+    pending = list(state.values())  # in submission order
     runs = _Run()
     usage_log: list[tuple[datetime, str, float]] = []
     delay_gpu_min = 0.0
-    service_waits: list[tuple[datetime, float]] = []
     profile: FreeProfile | None = None
     planned_stops = 0
     grace = timedelta(seconds=config.grace_s)
     if policy == "forecast" and forecast_profiles is None:
         forecast_profiles = forecast_profiles_for(history, settings, pool.index, refresh_hour,
-                                                  horizon)
+                                                  horizon, on_refresh=on_refresh)
 
     arrivals = iter(pending)
     upcoming = next(arrivals, None)
@@ -210,7 +221,6 @@ def simulate(
         short = max(0.0, service + held - total)
         if short > 0:
             delay_gpu_min += short * step_s / 60
-            service_waits.append((now, short))
             for victim in _evict(live, short - releasing):
                 _stop(victim, now, grace, planned=False, runs=runs)
         signals = ServingSignals(
@@ -237,8 +247,8 @@ def simulate(
         else:
             free_now = max(0.0, capacity - service)
             steps = horizon_steps
-            if policy == "night":
-                steps = _steps_until_morning(now, tz, step_s)
+            if until_morning is not None:
+                steps = int(until_morning[k])
             profile = FreeProfile(start=now, step_s=step_s,
                                   free=np.full(max(steps, 1), free_now if steps else 0.0),
                                   confidence=0.0, made_at=now)
@@ -286,8 +296,7 @@ def simulate(
         "idle_gpu_hours": pool.free_gpu_hours,
         "idle_share_used": useful / pool.free_gpu_hours if pool.free_gpu_hours else float("nan"),
     }
-    return SimResult(policy, metrics, frame, pool.free_gpu_hours,
-                     pd.DataFrame(service_waits, columns=["at", "gpus"]))
+    return SimResult(policy, metrics, frame)
 
 
 def _stop(job: _Job, now: datetime, grace: timedelta, *, planned: bool, runs: _Run) -> None:
@@ -333,15 +342,12 @@ def _waiting(live: list[_Job], state: dict[str, _Job], step_s: int) -> list[Wait
             continue
         if any(state[d].finished_at is None for d in spec.depends_on if d in state):
             continue
-        out.append(
-            WaitingJob(
-                id=spec.id, team=spec.team, gpus=spec.gpus,
+        key = (job.saved_s, job.preemptions)
+        if job.queued_view is None or job.queued_view[0] != key:
+            job.queued_view = (key, spec.as_waiting(
                 runtime_s=max(step_s, spec.estimate_s - job.saved_s),
-                checkpointable=spec.checkpointable, priority=spec.priority,
-                submitted_at=spec.submit_at, deadline=spec.deadline,
-                preemptions=job.preemptions, max_preemptions=spec.max_preemptions, kind=spec.kind,
-            )
-        )
+                preemptions=job.preemptions))
+        out.append(job.queued_view[1])
     return out
 
 
@@ -355,15 +361,15 @@ def _running(job: _Job, step_s: int) -> RunningJob:
     )
 
 
-def _steps_until_morning(now: datetime, tz: str, step_s: int) -> int:
-    local = pd.Timestamp(now).tz_convert(tz)
+def _steps_until_morning(index: pd.DatetimeIndex, tz: str, step_s: int) -> np.ndarray:
+    """Per step of ``index``: whole steps left until the night ends (0 by day)."""
+    local = index.tz_convert(tz)
     start_h, end_h = NIGHT_HOURS
-    if start_h <= local.hour or local.hour < end_h:
-        morning = local.normalize() + pd.Timedelta(hours=end_h)
-        if local.hour >= start_h:
-            morning += pd.Timedelta(days=1)
-        return int((morning - local).total_seconds() // step_s)
-    return 0
+    evening = local.hour >= start_h
+    morning = (local.normalize() + pd.Timedelta(hours=end_h)
+               + pd.to_timedelta(evening.astype(int), unit="D"))
+    steps = ((morning - local).total_seconds() // step_s).astype(int)
+    return np.where(evening | (local.hour < end_h), steps, 0)
 
 
 def _latest(profiles: dict[datetime, FreeProfile] | None, now: datetime) -> FreeProfile | None:

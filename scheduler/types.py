@@ -12,6 +12,10 @@ from enum import StrEnum
 
 import numpy as np
 
+NIGHT_HOURS = (20, 8)
+"""The fixed night of the original operator, local ``[start, end)`` hours: the ``night``
+policy of the simulator and the daemon's ``night-only`` mode."""
+
 
 class JobState(StrEnum):
     """Life of one job unit (a pipeline step or sweep member).
@@ -196,6 +200,11 @@ class Plan:
         return [d for d in self.decisions if d.action is action]
 
 
+def family_of(image: str, step: str) -> str:
+    """The runtime-estimate family of an image and step: image without its tag, ``#``, step."""
+    return f"{image.rsplit(':', 1)[0]}#{step}"
+
+
 @dataclass(frozen=True)
 class UnitSpec:
     """One runnable unit of a job request: a pipeline step, or one member of a step's sweep.
@@ -230,4 +239,4 @@ class UnitSpec:
     @property
     def family(self) -> str:
         """Runs of the same image and step are one family for runtime estimates."""
-        return f"{self.image.rsplit(':', 1)[0]}#{self.step}"
+        return family_of(self.image, self.step)
