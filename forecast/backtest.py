@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from forecast.capacity import FREE, forecast_pool_usage, pool_usage
+from forecast.capacity import FREE, forecast_pool_usage, pool_usage, step_hours
 from forecast.config import Settings
 from forecast.errors import HistoryError
 from forecast.models.base import MODEL, Forecaster, quantile_column, validate_quantiles
@@ -121,7 +121,7 @@ def window_quality(
 ) -> pd.DataFrame:
     """Per model: GPU-hours promised free at ``confidence``, really free, precision, recall."""
     actual_free = pool_usage(history, settings)[FREE]
-    step_h = (actual_free.index[1] - actual_free.index[0]) / pd.Timedelta(hours=1)
+    step_h = step_hours(actual_free)
     rows = []
     for model, group in forecasts.groupby(MODEL, sort=False):
         promised = kept = available = 0.0

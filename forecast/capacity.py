@@ -113,6 +113,12 @@ class IdleRun:
     hours: float
 
 
+def _runs(ok: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Start and end (exclusive) positions of every stretch of True in ``ok``."""
+    edges = np.diff(np.concatenate([[0], ok.astype(np.int8), [0]]))
+    return np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
+
+
 def longest_run(free: pd.Series, level: float, hours_per_step: float) -> IdleRun | None:
     """The longest stretch of consecutive steps with at least ``level`` GPUs free.
 
@@ -121,9 +127,7 @@ def longest_run(free: pd.Series, level: float, hours_per_step: float) -> IdleRun
     ok = (free >= level).to_numpy()
     if not ok.any():
         return None
-    edges = np.diff(np.concatenate([[0], ok.astype(np.int8), [0]]))
-    starts = np.flatnonzero(edges == 1)
-    ends = np.flatnonzero(edges == -1)
+    starts, ends = _runs(ok)
     lengths = ends - starts
     best = int(np.argmax(lengths))  # first of the longest: deterministic
     start, end = starts[best], ends[best]
@@ -279,8 +283,7 @@ def idle_windows(
     windows = []
     for level in range(granularity, int(top) + 1, granularity):
         ok = np.nan_to_num(values, nan=-1) >= level
-        edges = np.diff(np.concatenate([[0], ok.astype(np.int8), [0]]))
-        for s, e in zip(np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)):
+        for s, e in zip(*_runs(ok), strict=True):
             start, end = free.index[s], free.index[e - 1] + step
             if (end - start) >= pd.Timedelta(hours=min_hours):
                 windows.append(IdleWindow(start, end, level, confidence, open_end=e == len(values)))

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from forecast.capacity import step_hours
 from forecast.config import Settings, load_config
 from forecast.errors import ConfigError
 from forecast.schema import DS, KV_CACHE_USAGE, REPLICAS, UNIQUE_ID, Y, series_id
@@ -102,7 +103,7 @@ def autoscaling_summary(usage: pd.DataFrame, settings: Settings) -> pd.DataFrame
     ``gpu_hours_per_day`` (mean GPUs held x 24).
     """
     rows = []
-    step_h = (usage.index[1] - usage.index[0]) / pd.Timedelta(hours=1) if len(usage) > 1 else 0
+    step_h = step_hours(usage) if len(usage) > 1 else 0
     for service in settings.services:
         replicas = (usage[service.name] / service.gpus_per_replica).dropna()
         change = replicas.diff()
