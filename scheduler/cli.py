@@ -585,6 +585,7 @@ def plan(
     from forecast.capacity import FREE, idle_windows, pool_usage, windows_frame
     from forecast.config import load_config
     from forecast.errors import HistoryError
+    from forecast.schema import infer_step
     from scheduler.plan import plan_ahead
     from scheduler.policy import policy_settings
     from scheduler.replay import free_forecast, profile_of
@@ -593,7 +594,7 @@ def plan(
     tz = settings.pool.timezone
     span = _parse_horizon(horizon)
     frame = _history_until(history, now, ["replicas"])
-    moment = frame["ds"].max() + (frame["ds"].max() - frame["ds"].sort_values().iloc[-2])
+    moment = frame["ds"].max() + infer_step(frame)  # right after the newest sample
     if now is not None:
         moment = pd.Timestamp(parse_time(now, name="--now"))
     past = frame[frame["ds"] < moment]

@@ -56,3 +56,20 @@ def test_plan_command_on_the_sample(tmp_path, cli):
     assert (local >= pd.Timestamp("2026-01-28 18:00", tz="Asia/Seoul")).all()
     assert set(plan["outcome"]) <= {"finishes", "checkpoints and stops", "runs on"}
     assert (tmp_path / "free_gpus.png").stat().st_size > 10_000
+
+
+def test_plan_without_now_starts_right_after_the_newest_sample(tmp_path, cli):
+    from forecast.sources import read_history
+
+    history = read_history(REPO / "data/sample/history.parquet")
+    last = history[history["ds"] < pd.Timestamp("2026-01-20T09:00:00Z")]
+    path = tmp_path / "history.parquet"
+    last.to_parquet(path)
+    code, out, err = cli([
+        "plan", "--history", str(path), "--config", str(REPO / "idlegpu.yaml"),
+        "--jobs", str(REPO / "data/sample/jobs.yaml"), "--runs",
+        str(REPO / "data/sample/runs.csv"), "--out", str(tmp_path / "plan"),
+    ])
+    assert code == 0, err
+    # the newest sample is 08:55 UTC (17:55 in Seoul): the plan starts one 5-minute step later
+    assert "Plan from Tue 2026-01-20 18:00" in out
