@@ -614,17 +614,22 @@ def plan(
                    if start - pd.Timedelta(days=queue_days) <= e.submit_at <= start]
         units = trace_jobs(entries, estimate)
         queue = [u.as_waiting() for u in units if not u.depends_on]
+        running, usage = [], {}
         blocked = [u for u in units if u.depends_on]
         source = f"{jobs} ({len(entries)} requests submitted in the {queue_days:g} days before)"
     else:
         from scheduler.adapters.store import JobStore
 
+        # what already runs holds its GPUs, and fair share counts what teams used lately
         with JobStore(_store_url(settings, store)) as job_store:
             queue = job_store.waiting(start, lambda row: estimate(row.spec))
+            running = job_store.running(start, lambda row: estimate(row.spec))
+            usage = job_store.team_gpu_hours(start, settings.admission.fair_share_days * 86400)
         blocked = []
         source = _store_url(settings, store)
     result = plan_ahead(start, profile, queue, policy_settings(settings.admission,
-                        settings.pool.headroom_gpus), horizon=span)
+                        settings.pool.headroom_gpus), horizon=span,
+                        running=running, team_usage=usage)
 
     found = idle_windows(free, confidence=confidence, granularity=4, min_hours=1.0)
     table = windows_frame(found, tz)

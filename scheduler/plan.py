@@ -63,7 +63,7 @@ def plan_ahead(
     while t < now + horizon and t < profile.end:
         for job_id, (job, row) in list(active.items()):
             if t >= row.end:  # finished as estimated
-                runs.append(replace(row, end=row.end, outcome="finishes"))
+                runs.append(replace(row, outcome="finishes"))
                 del active[job_id]
         signals = ServingSignals(observed_at=t)
         current = [

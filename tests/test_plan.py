@@ -73,3 +73,29 @@ def test_plan_without_now_starts_right_after_the_newest_sample(tmp_path, cli):
     assert code == 0, err
     # the newest sample is 08:55 UTC (17:55 in Seoul): the plan starts one 5-minute step later
     assert "Plan from Tue 2026-01-20 18:00" in out
+
+
+def test_plan_from_the_store_counts_what_already_runs(tmp_path, cli):
+    from datetime import datetime
+
+    from scheduler.adapters.store import JobStore
+
+    store = f"sqlite:///{tmp_path / 'jobs.db'}"
+    for name in ("pretrain.yaml", "datagen.yaml"):
+        code, _, err = cli(["submit", str(REPO / "examples/jobs" / name), "--store", store,
+                            "--now", "2026-01-28T17:00:00+09:00"])
+        assert code == 0, err
+    with JobStore(store) as jobs:
+        unit = next(u for u in jobs.queue() if u.request_name.startswith("pretrain"))
+        began = datetime.fromisoformat("2026-01-28T17:30:00+09:00")
+        jobs.admit(unit.id, began)
+        jobs.started(unit.id, began)
+    code, out, err = cli([
+        "plan", "--history", str(REPO / "data/sample/history.parquet"), "--store", store,
+        "--config", str(REPO / "idlegpu.yaml"), "--runs", str(REPO / "data/sample/runs.csv"),
+        "--now", "2026-01-28T18:00:00+09:00", "--out", str(tmp_path / "plan"),
+    ])
+    assert code == 0, err
+    plan = pd.read_csv(tmp_path / "plan" / "plan.csv")
+    held = plan[plan["job_id"] == unit.id]
+    assert list(held["reason"]) == ["already running"]  # its 32 GPUs are not offered again
