@@ -40,9 +40,9 @@ from __future__ import annotations
 import base64
 import html
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -92,8 +92,8 @@ def format_hours(value: float) -> str:
     return "n/a" if value is None or not math.isfinite(value) else f"{value:,.1f}"
 
 
-def format_gpus(value: float) -> str:
-    return "n/a" if value is None or not math.isfinite(value) else f"{value:,.1f}"
+format_gpus = format_hours
+"""GPU counts are written like hours: one decimal, thousands separators."""
 
 
 def format_change(value: float) -> str:
@@ -191,24 +191,24 @@ def validate_runs(frame: pd.DataFrame, *, source: str = "runs", csv: bool = Fals
     def where(i: int) -> str:
         return f"{source} line {i + 2}" if csv else f"{source} row {i}"
 
-    def fail(i: int, column: str, message: str, count: int) -> None:
-        more = f" (and {count - 1} more bad row(s))" if count > 1 else ""
-        raise ReportError(f"{where(i)}: {column} {message}{more}")
+    def check(bad: pd.Series, column: str, message: Callable[[int], str]) -> None:
+        """Fail on the first row flagged ``bad``; ``message(i)`` says what is wrong with row i."""
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            what, count = message(i), int(bad.sum())
+            more = f" (and {count - 1} more bad row(s))" if count > 1 else ""
+            raise ReportError(f"{where(i)}: {column} {what}{more}")
 
     def text(column: str) -> pd.Series:
         values = frame[column].astype("string").str.strip()
-        bad = values.isna() | (values == "")
-        if bad.any():
-            fail(int(np.flatnonzero(bad)[0]), column, "is empty", int(bad.sum()))
+        check(values.isna() | (values == ""), column, lambda i: "is empty")
         return values.astype(str)
 
     def number(column: str) -> pd.Series:
         raw = frame[column]
         values = pd.to_numeric(raw, errors="coerce")
-        bad = values.isna() | ~np.isfinite(values.astype(float))
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0])
-            fail(i, column, f"{raw.iloc[i]!r} is not a number", int(bad.sum()))
+        check(values.isna() | ~np.isfinite(values.astype(float)), column,
+              lambda i: f"{raw.iloc[i]!r} is not a number")
         return values.astype(float)
 
     def moment(column: str) -> pd.Series:
@@ -219,47 +219,33 @@ def validate_runs(frame: pd.DataFrame, *, source: str = "runs", csv: bool = Fals
             values = pd.Series(
                 [_parse_instant(v) for v in raw], index=frame.index, dtype="datetime64[ns, UTC]"
             )
-        bad = values.isna()
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0])
-            fail(i, column, f"{raw.iloc[i]!r} is not an ISO 8601 time "
-                 "(e.g. 2026-01-31T22:00:00+09:00)", int(bad.sum()))
+        check(values.isna(), column, lambda i: f"{raw.iloc[i]!r} is not an ISO 8601 time "
+              "(e.g. 2026-01-31T22:00:00+09:00)")
+        return values
+
+    def hours(column: str) -> pd.Series:
+        values = number(column)
+        check(values < 0, column, lambda i: f"must not be negative (got {values.iloc[i]:g})")
         return values
 
     out = pd.DataFrame({c: text(c) for c in ("job_id", "team", "kind")})
     gpus = number("gpus")
-    bad = (gpus <= 0) | (gpus != gpus.round())
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        fail(i, "gpus", f"must be a positive whole number (got {frame['gpus'].iloc[i]})",
-             int(bad.sum()))
+    check((gpus <= 0) | (gpus != gpus.round()), "gpus",
+          lambda i: f"must be a positive whole number (got {frame['gpus'].iloc[i]})")
     out["gpus"] = gpus.astype(int)
     out["start"] = moment("start")
     out["end"] = moment("end")
-    bad = out["end"] < out["start"]
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        fail(i, "end", f"{frame['end'].iloc[i]} is before start {frame['start'].iloc[i]}",
-             int(bad.sum()))
+    check(out["end"] < out["start"], "end",
+          lambda i: f"{frame['end'].iloc[i]} is before start {frame['start'].iloc[i]}")
     outcome = text("outcome").str.lower()
-    bad = ~outcome.isin(OUTCOMES)
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        fail(i, "outcome", f"{outcome.iloc[i]!r} is unknown; use one of {', '.join(OUTCOMES)}",
-             int(bad.sum()))
+    check(~outcome.isin(OUTCOMES), "outcome",
+          lambda i: f"{outcome.iloc[i]!r} is unknown; use one of {', '.join(OUTCOMES)}")
     out["outcome"] = outcome
     for column in ("gpu_hours", "lost_gpu_hours"):
-        values = number(column)
-        bad = values < 0
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0])
-            fail(i, column, f"must not be negative (got {values.iloc[i]:g})", int(bad.sum()))
-        out[column] = values
-    bad = out["lost_gpu_hours"] > out["gpu_hours"] * (1 + _TOLERANCE) + _TOLERANCE
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        fail(i, "lost_gpu_hours", f"({out['lost_gpu_hours'].iloc[i]:g}) is above gpu_hours "
-             f"({out['gpu_hours'].iloc[i]:g})", int(bad.sum()))
+        out[column] = hours(column)
+    check(out["lost_gpu_hours"] > out["gpu_hours"] * (1 + _TOLERANCE) + _TOLERANCE,
+          "lost_gpu_hours", lambda i: f"({out['lost_gpu_hours'].iloc[i]:g}) is above gpu_hours "
+          f"({out['gpu_hours'].iloc[i]:g})")
     return out
 
 
@@ -343,12 +329,19 @@ def useful(runs: pd.DataFrame) -> np.ndarray:
     return (runs["gpu_hours"] - runs["lost_gpu_hours"]).to_numpy(dtype=float)
 
 
-def month_figures(runs: pd.DataFrame, month: Month, tz: str) -> dict[str, float]:
-    """The month's figures before money: useful/held/lost GPU-hours, preemptions, jobs."""
+def _month_masks(
+    runs: pd.DataFrame, month: Month, tz: str
+) -> tuple[pd.DatetimeIndex, pd.Series, pd.Series]:
+    """The month's ``[start, end]`` edges (UTC), the runs that ended in it and those that
+    overlap it (see the module doc)."""
     start, end = month.start(tz), month.end(tz)
     edges = pd.DatetimeIndex([start, end])
-    ended = _in_period(runs["end"], start, end)
-    overlapping = _overlaps(runs, start, end)
+    return edges, _in_period(runs["end"], start, end), _overlaps(runs, start, end)
+
+
+def month_figures(runs: pd.DataFrame, month: Month, tz: str) -> dict[str, float]:
+    """The month's figures before money: useful/held/lost GPU-hours, preemptions, jobs."""
+    edges, ended, overlapping = _month_masks(runs, month, tz)
     return {
         "attempts": int(overlapping.sum()),
         "useful_gpu_hours": float(split_by_edges(runs, useful(runs), edges).sum()),
@@ -369,12 +362,19 @@ def monthly_summary(
     price: float,
     currency: str,
     idle: pd.Series | None = None,
+    computed: Mapping[Month, dict[str, float]] | None = None,
 ) -> pd.DataFrame:
-    """One row per month (``SUMMARY_COLUMNS``). ``idle``: idle GPU-hours by month label."""
-    previous = month_figures(runs, months[0].shift(-1), tz)["useful_gpu_hours"]
+    """One row per month (``SUMMARY_COLUMNS``). ``idle``: idle GPU-hours by month label;
+    ``computed``: ``month_figures`` already computed, by month (the others are computed)."""
+    known = computed or {}
+
+    def figures_of(month: Month) -> dict[str, float]:
+        return known[month] if month in known else month_figures(runs, month, tz)
+
+    previous = figures_of(months[0].shift(-1))["useful_gpu_hours"]
     rows, cumulative = [], 0.0
     for month in months:
-        figures = month_figures(runs, month, tz)
+        figures = figures_of(month)
         hours = figures["useful_gpu_hours"]
         savings = hours * price
         cumulative += savings
@@ -404,13 +404,20 @@ def monthly_summary(
 def breakdown(runs: pd.DataFrame, month: Month, tz: str, by: str, *, price: float) -> pd.DataFrame:
     """The month per ``by`` (``team`` or ``kind``): jobs run and finished, useful and lost
     GPU-hours, preemptions, share of the useful GPU-hours and savings; sorted by useful."""
-    start, end = month.start(tz), month.end(tz)
-    edges = pd.DatetimeIndex([start, end])
+    return _breakdown(_month_runs(runs, month, tz), by, price=price)
+
+
+def _month_runs(runs: pd.DataFrame, month: Month, tz: str) -> pd.DataFrame:
+    """The runs that overlap or ended in the month, with their useful GPU-hours in it
+    (``_useful``) and whether they ended in it (``_ended``) or overlap it (``_over``)."""
+    edges, ended, overlapping = _month_masks(runs, month, tz)
     part = split_by_edges(runs, useful(runs), edges)[:, 0]
-    ended = _in_period(runs["end"], start, end)
-    overlapping = _overlaps(runs, start, end)
     frame = runs.assign(_useful=part, _ended=ended, _over=overlapping)
-    frame = frame[overlapping | ended]
+    return frame[overlapping | ended]
+
+
+def _breakdown(frame: pd.DataFrame, by: str, *, price: float) -> pd.DataFrame:
+    """``breakdown`` of the runs of a month as ``_month_runs`` gives them."""
     rows = []
     for key, group in frame.groupby(by, sort=True):
         rows.append({
@@ -560,12 +567,14 @@ def build_report(
             f"{figures['preemptions']} preempted, {figures['lost_gpu_hours']:,.1f} GPU-hours lost)"
         )
     idle = idle_by_month(idle_daily) if idle_daily is not None else None
-    summary = monthly_summary(runs, span, tz, price=price, currency=currency, idle=idle)
+    summary = monthly_summary(runs, span, tz, price=price, currency=currency, idle=idle,
+                              computed={last: figures})
+    last_runs = _month_runs(runs, last, tz)
     return Report(
         month=last, months=span, tz=tz, pool=pool, price=price, currency=currency,
         summary=summary,
-        teams=breakdown(runs, last, tz, "team", price=price),
-        kinds=breakdown(runs, last, tz, "kind", price=price),
+        teams=_breakdown(last_runs, "team", price=price),
+        kinds=_breakdown(last_runs, "kind", price=price),
         daily=daily_usage(runs, span, tz),
         idle_daily=idle_daily, commands=list(commands), accuracy=accuracy,
     )
@@ -789,8 +798,8 @@ def write_charts(report: Report, out: Path, *, dpi: int = 100) -> dict[str, Path
         charts[title] = path
 
     # 1. daily useful GPU-hours of the report month, stacked by team
-    m0 = pd.Timestamp(report.month.year, report.month.month, 1)
-    days = report.daily[(report.daily.index >= m0) & (report.daily.index < m0 + pd.offsets.MonthBegin())]
+    dates = report.daily.index
+    days = report.daily[(dates.year == report.month.year) & (dates.month == report.month.month)]
     teams = [c for c in days.columns if c != "held"]
     fig = Figure(figsize=(10, 3.8))
     ax = fig.add_subplot()
@@ -852,7 +861,3 @@ def write_charts(report: Report, out: Path, *, dpi: int = 100) -> dict[str, Path
     ax.legend(loc="upper left", fontsize=8)
     save(fig, "monthly", "GPU-hours per month")
     return charts
-
-
-def utc_now() -> datetime:
-    return datetime.now(UTC)

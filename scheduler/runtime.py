@@ -60,7 +60,7 @@ import numpy as np
 import pandas as pd
 
 from forecast.errors import PermanentError
-from scheduler.types import UnitSpec
+from scheduler.types import UnitSpec, family_of
 
 if TYPE_CHECKING:
     from forecast.config import AdmissionConfig
@@ -99,11 +99,6 @@ def gpu_scale(past_gpus: float, gpus: float) -> float:
     return max(1.0, float(past_gpus) / float(gpus))
 
 
-def family_of(image: str, step: str) -> str:
-    """Same rule as ``UnitSpec.family``: image without its tag, ``#``, step."""
-    return f"{image.rsplit(':', 1)[0]}#{step}"
-
-
 def numeric_parameters(parameters: Mapping[str, Any] | tuple[tuple[str, str], ...]) -> dict:
     """The parameters that read as finite numbers, as floats."""
     items = parameters.items() if isinstance(parameters, Mapping) else parameters
@@ -118,6 +113,17 @@ def numeric_parameters(parameters: Mapping[str, Any] | tuple[tuple[str, str], ..
         if math.isfinite(number):
             out[str(name)] = number
     return out
+
+
+@dataclass(frozen=True)
+class _Fit:
+    """A fitted model of one family and parameter set, with what estimates need of its data."""
+
+    model: Any
+    """The fitted regressor; None without enough complete runs or without scikit-learn."""
+    n_runs: int
+    gpus_seen: tuple[float, ...]
+    gpus_max: float
 
 
 class RuntimeEstimator:
@@ -158,7 +164,8 @@ class RuntimeEstimator:
             fam: sub.head(max_runs).reset_index(drop=True)
             for fam, sub in frame.groupby("family", sort=True)
         }
-        self._models: dict[tuple[str, tuple[str, ...]], Any] = {}
+        self._tables: dict[str, tuple[pd.DataFrame, frozenset[str]]] = {}
+        self._models: dict[tuple[str, tuple[str, ...]], _Fit] = {}
 
     @classmethod
     def from_config(
@@ -168,13 +175,10 @@ class RuntimeEstimator:
         return cls(history, admission.runtime_quantile, admission.runtime_safety_factor,
                    default_s, **kwargs)
 
-    @property
-    def families(self) -> list[str]:
-        return list(self._families)
-
     def runs(self, family: str) -> pd.DataFrame:
         """The family's runs the estimator uses (most recent first)."""
-        return self._families.get(family, _empty_runs())
+        runs = self._families.get(family)
+        return _empty_runs() if runs is None else runs
 
     def estimate(self, unit: UnitSpec) -> Estimate:
         runs = self.runs(unit.family)
@@ -219,50 +223,67 @@ class RuntimeEstimator:
             wanted = {k: v for k, v in wanted.items() if v > 0}
         if not wanted:
             return None
-        table = pd.DataFrame(
-            [numeric_parameters(p) for p in runs["parameters"]], index=runs.index
-        )
-        features = tuple(
-            name for name in sorted(wanted)
-            if name in table.columns
-            and table[name].notna().sum() >= self.min_model_runs
-            and table[name].nunique() > 1
-            and not (loglinear and (table[name] <= 0).any())
-        )
+        usable = self._parameters(unit.family, runs)[1]
+        features = tuple(name for name in sorted(wanted) if name in usable)
         if not features:
-            return None
-        data = table.loc[:, list(features)].assign(gpus=runs["gpus"].astype(float))
-        data = data.dropna()
-        if len(data) < self.min_model_runs:
             return None
         key = (unit.family, features)
         if key not in self._models:
-            self._models[key] = self._fit(data, runs.loc[data.index, "runtime_s"])
-        fitted = self._models[key]
-        if fitted is None:
+            self._models[key] = self._fit_family(unit.family, runs, features)
+        fit = self._models[key]
+        if fit.model is None:  # too few complete runs, or no scikit-learn
             return None
         if loglinear:
             at_gpus, scale = float(unit.gpus), 1.0  # gpus is a fitted power: no nearest-seen
         else:
-            seen = sorted(set(data["gpus"]))
-            at_gpus = min(seen, key=lambda g: (abs(g - unit.gpus), -g))
+            at_gpus = min(fit.gpus_seen, key=lambda g: (abs(g - unit.gpus), -g))
             scale = gpu_scale(at_gpus, unit.gpus)
         x = pd.DataFrame([[wanted[f] for f in features] + [at_gpus]],
                          columns=[*features, "gpus"])
         if loglinear:
             x = np.log(x)
-        predicted = float(np.exp(fitted.predict(x)[0])) * scale
-        if loglinear and unit.gpus > data["gpus"].max():
+        predicted = float(np.exp(fit.model.predict(x)[0])) * scale
+        if loglinear and unit.gpus > fit.gpus_max:
             # no speed-up credited beyond the GPUs seen (the module's scaling rule)
-            top = x.assign(gpus=np.log(data["gpus"].max()))
-            predicted = max(predicted, float(np.exp(fitted.predict(top)[0])))
+            top = x.assign(gpus=np.log(fit.gpus_max))
+            predicted = max(predicted, float(np.exp(fit.model.predict(top)[0])))
         if not (math.isfinite(predicted) and predicted > 0):
             return None
         return Estimate(
-            predicted, "model", len(data),
-            f"q{self.quantile:g} {self.model} model of {len(data)} run(s) of {unit.family} "
+            predicted, "model", fit.n_runs,
+            f"q{self.quantile:g} {self.model} model of {fit.n_runs} run(s) of {unit.family} "
             f"on {', '.join(features)} and gpus",
         )
+
+    def _parameters(self, family: str, runs: pd.DataFrame) -> tuple[pd.DataFrame, frozenset[str]]:
+        """The family's numeric run parameters (a column each, NaN where a run lacks one) and
+        those the model may use: known for at least ``min_model_runs`` runs, varying, and
+        (loglinear) positive in every run. Built once per family."""
+        cached = self._tables.get(family)
+        if cached is None:
+            table = pd.DataFrame(
+                [numeric_parameters(p) for p in runs["parameters"]], index=runs.index
+            )
+            loglinear = self.model == "loglinear"
+            usable = frozenset(
+                name for name in table.columns
+                if table[name].notna().sum() >= self.min_model_runs
+                and table[name].nunique() > 1
+                and not (loglinear and (table[name] <= 0).any())
+            )
+            cached = self._tables[family] = (table, usable)
+        return cached
+
+    def _fit_family(self, family: str, runs: pd.DataFrame, features: tuple[str, ...]) -> _Fit:
+        """The model of ``runtime_s`` on ``features`` and gpus over the family's runs that
+        have them all (no model when fewer than ``min_model_runs``)."""
+        table = self._parameters(family, runs)[0]
+        data = table.loc[:, list(features)].assign(gpus=runs["gpus"].astype(float))
+        data = data.dropna()
+        if len(data) < self.min_model_runs:
+            return _Fit(None, len(data), (), math.nan)
+        model = self._fit(data, runs.loc[data.index, "runtime_s"])
+        return _Fit(model, len(data), tuple(sorted(set(data["gpus"]))), data["gpus"].max())
 
     def _fit(self, data: pd.DataFrame, runtime: pd.Series) -> Any:
         y = np.log(runtime.to_numpy(float))

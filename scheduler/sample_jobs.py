@@ -21,6 +21,7 @@ a lognormal factor with median 1.12 (users underestimate). Regenerate, byte for 
 from __future__ import annotations
 
 import argparse
+import calendar
 import math
 import random
 from collections.abc import Callable
@@ -32,6 +33,7 @@ from zoneinfo import ZoneInfo
 
 import yaml
 
+from scheduler.runtime import REGISTRY
 from scheduler.specs import format_duration
 
 SEED = 20251001
@@ -70,7 +72,6 @@ MIX: dict[str, float] = {
 }
 """Shares of the jobs that are not large pretraining runs."""
 OUTPUT = "s3://idlegpu-runs/{team}/{name}/{step}/{member}"
-REGISTRY = "registry.example.com/research/"
 BENCHMARKS = ("kmmlu", "haerae", "mmlu_pro", "gsm8k", "humaneval", "ifeval", "kobest", "math500")
 BASE_MODELS = ("dense-3b", "dense-7b", "dense-32b", "moe-16b")
 
@@ -365,8 +366,7 @@ def _submit_time(rng: _Rng, year: int, month: int, last_day: int) -> datetime:
 
 
 def _month_end(year: int, month: int) -> int:
-    following = date(year + month // 12, month % 12 + 1, 1)
-    return (following - timedelta(days=1)).day
+    return calendar.monthrange(year, month)[1]
 
 
 def _apportion(count: int) -> list[str]:

@@ -257,14 +257,10 @@ class Checkpoint(_Strict):
     @model_validator(mode="after")
     def _interval_when_enabled(self) -> Checkpoint:
         if self.enabled and self.interval is None:
-            raise PydanticCustomError(
-                "idlegpu_spec",
-                "{idlegpu_msg}",
-                {
-                    "idlegpu_msg": "required when checkpointing is enabled; set how often the "
-                    "job saves its state, e.g. interval: 30m",
-                    "idlegpu_field": "interval",
-                },
+            raise _custom(
+                "interval",
+                "required when checkpointing is enabled; set how often the job saves its state, "
+                "e.g. interval: 30m",
             )
         return self
 
@@ -624,11 +620,7 @@ class JobRequest(_Runnable):
         try:
             _build_units(self)
         except _RuleError as exc:
-            raise PydanticCustomError(
-                "idlegpu_spec",
-                "{idlegpu_msg}",
-                {"idlegpu_msg": exc.message, "idlegpu_field": exc.field},
-            ) from None
+            raise _custom(exc.field, exc.message) from None
         return self
 
     @property
