@@ -482,15 +482,16 @@ def forecast_accuracy(
     ``confidence`` quantile, and idle-window precision and recall in GPU-hours."""
     from forecast.backtest import backtest, score, window_quality
     from forecast.models import model_for
+    from forecast.schema import DS, REPLICAS, metric_rows
 
     m = Month.parse(month) if isinstance(month, str) else month
     tz = settings.pool.timezone
-    replicas = history[history["unique_id"].str.endswith("/replicas")]
-    last = replicas["ds"].max() - pd.Timedelta(hours=24)
+    replicas = metric_rows(history, REPLICAS)
+    last = replicas[DS].max() - pd.Timedelta(hours=24)
     days = pd.date_range(m.start(tz), m.end(tz), freq="D", inclusive="left")
     cutoffs = [d + pd.Timedelta(hours=cutoff_hour) for d in days]
     cutoffs = [c.tz_convert("UTC") for c in cutoffs
-               if c.tz_convert("UTC") <= last and c - pd.Timedelta(days=7) > replicas["ds"].min()]
+               if c.tz_convert("UTC") <= last and c - pd.Timedelta(days=7) > replicas[DS].min()]
     if not cutoffs:
         raise ReportError(f"the history does not cover {m.label} for a forecast accuracy check")
     qs = sorted({0.5, confidence})
