@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from datetime import date
 from zoneinfo import ZoneInfo
 
 import numpy as np
@@ -340,7 +339,3 @@ def _drop_gaps(frame: pd.DataFrame, pool: PoolTraffic, tz: ZoneInfo) -> pd.DataF
             hit = in_time & (frame[UNIQUE_ID] == which)
         drop |= np.asarray(hit)
     return frame[~drop]
-
-
-def sample_days(pool: PoolTraffic = SAMPLE_POOL) -> tuple[date, date]:
-    return date.fromisoformat(pool.start), date.fromisoformat(pool.end)

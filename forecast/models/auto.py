@@ -11,8 +11,9 @@ Its quantiles are calibrated by construction: while fitting, it replays itself a
 of the last three weeks (each replay sees only its past), collects the errors by lead time,
 hour of day and working/off day, and adds their empirical quantiles to the point forecast:
 split-conformal prediction per bucket. Integer series (replica counts) get integer quantiles
-(rounded up, toward the service) within their bounds (the autoscaler's min/max replicas when
-the config is given, else the range seen).
+(rounded down: the largest integer at or below each quantile, which keeps its coverage; see
+``finish_quantiles``) within their bounds (the autoscaler's min/max replicas when the config
+is given, else the range seen).
 
 Short histories: with less than a week, all days share one curve (documented fallback); less
 than one day of history is refused.
@@ -31,25 +32,32 @@ from forecast.models.base import (
     WEEK,
     Series,
     SeriesForecaster,
-    finish_quantiles,
     require_span,
-    to_frame,
 )
 
 LEAD_EDGES_H = (1.0, 6.0, 24.0)  # lead-time buckets: <1 h, 1-6 h, 6-24 h, >= 24 h
-MIN_BUCKET = 40
-LOOKBACK_HALF_LIVES = 5  # days older than this many half-lives weigh < 3 %: left out  # fewer errors than this in a bucket: use the coarser bucket
+MIN_BUCKET = 40  # fewer errors than this in a bucket: use the coarser bucket
+LOOKBACK_HALF_LIVES = 5  # days older than this many half-lives weigh < 3 %: left out
 
 
 def _bucket_key(lead: np.ndarray, hour: np.ndarray, off: np.ndarray) -> np.ndarray:
     return (lead.astype(np.int64) * 24 + hour) * 2 + off.astype(np.int64)
 
 
+def _coarse_key(key, level: int):
+    """A bucket key (int or array) at grouping ``level``: 0 (lead, hour, off day) as is,
+    1 (lead, off day), 2 (lead)."""
+    if level == 0:
+        return key
+    if level == 1:
+        return (key // 48) * 2 + key % 2
+    return key // 48
+
+
 class _Errors:
     """Calibration errors grouped by bucket, with coarser groupings for sparse buckets."""
 
     def __init__(self, keys: np.ndarray, errors: np.ndarray) -> None:
-        self.count = len(errors)
         self.all = errors
         self._keys = keys
         self._levels: dict[int, dict[int, np.ndarray]] = {}
@@ -58,8 +66,7 @@ class _Errors:
         """Errors by bucket: 0 (lead, hour, off day), 1 (lead, off day), 2 (lead); built lazily
         since the coarser ones are rarely needed."""
         if n not in self._levels:
-            keys = self._keys
-            coarse = (keys, (keys // 48) * 2 + keys % 2, keys // 48)[n].astype(np.int16)
+            coarse = _coarse_key(self._keys, n).astype(np.int16)
             order = np.argsort(coarse, kind="stable")  # radix sort on small integers
             sorted_keys, sorted_errors = coarse[order], self.all[order]
             uniq, starts, counts = np.unique(sorted_keys, return_index=True, return_counts=True)
@@ -72,14 +79,14 @@ class _Errors:
         self, qs: tuple[float, ...], lead: np.ndarray, hour: np.ndarray, off: np.ndarray
     ) -> np.ndarray:
         """Empirical error quantiles for each future step, from its finest well-filled bucket."""
-        if self.count == 0:
+        if len(self.all) == 0:
             return np.zeros((len(lead), len(qs)))
         fine, inverse = np.unique(_bucket_key(lead, hour, off), return_inverse=True)
         table = np.empty((len(fine), len(qs)))
         overall = None
         for i, key in enumerate(fine.tolist()):
-            for level, coarse in enumerate((key, (key // 48) * 2 + key % 2, key // 48)):
-                sample = self.level(level).get(coarse)
+            for level in range(3):
+                sample = self.level(level).get(_coarse_key(key, level))
                 if sample is not None and len(sample) >= MIN_BUCKET:
                     table[i] = np.quantile(sample, qs)
                     break
@@ -105,6 +112,7 @@ class _Fitted:
 
 class AutoForecaster(SeriesForecaster):
     name = "auto"
+    integer_quantiles = True
 
     def __init__(
         self,
@@ -129,18 +137,12 @@ class AutoForecaster(SeriesForecaster):
 
     # ---------------------------------------------------------------- fit
     def _fit_one(self, series: Series) -> _Fitted:
-        span = series.values.index[-1] - series.values.index[0] + series.step
-        require_span(series, series.values, DAY, self.name)
-        index = series.values.index
-        local = index.tz_convert(self.timezone)
-        slot_len = series.step
-        slots = ((local - local.normalize()) // slot_len).to_numpy().astype(int)
-        kinds = day_types(index, self.timezone, self.holiday_country)
-        if span < WEEK:
-            kinds = np.full_like(kinds, WORKING_DAY)  # too little for weekly shapes
+        span = require_span(series, series.values, DAY, self.name)
+        # too little for weekly shapes: one curve for every day
+        local, slots, kinds = self._calendar(series.values.index, series.step, span < WEEK)
         first_day = local[0].normalize()
         day_of = ((local.normalize() - first_day) // DAY).to_numpy().astype(int)
-        n_days, n_slots = day_of[-1] + 1, int(DAY / slot_len)
+        n_days, n_slots = day_of[-1] + 1, int(DAY / series.step)
         matrix = np.full((n_days, n_slots), np.nan)
         matrix[day_of, np.clip(slots, 0, n_slots - 1)] = series.values.to_numpy()
         day_kind = np.full(n_days, WORKING_DAY)
@@ -150,6 +152,18 @@ class AutoForecaster(SeriesForecaster):
         fitted.phi = self._residual_decay(fitted)
         fitted.errors = self._calibration_errors(fitted)
         return fitted
+
+    def _calendar(
+        self, index: pd.DatetimeIndex, step: pd.Timedelta, one_curve: bool
+    ) -> tuple[pd.DatetimeIndex, np.ndarray, np.ndarray]:
+        """Local times, slot of day and day type of every step of ``index``; with
+        ``one_curve`` every day counts as a working day."""
+        local = index.tz_convert(self.timezone)
+        slots = ((local - local.normalize()) // step).to_numpy().astype(int)
+        kinds = day_types(index, self.timezone, self.holiday_country)
+        if one_curve:
+            kinds = np.full_like(kinds, WORKING_DAY)
+        return local, slots, kinds
 
     def _profile(self, f: _Fitted, before_day: int) -> np.ndarray:
         """Day-type x slot curve from the complete days before ``before_day``."""
@@ -219,7 +233,8 @@ class AutoForecaster(SeriesForecaster):
         for day in range(first, last_day + 1):
             lo, hi = day_starts[day], day_starts[day + 1]
             complete = hi + max_lead <= n  # every replay of this day sees its whole future
-            cached = self.cache.get(("replays", f.key, day)) if self.cache is not None else None
+            cache_key = ("replays", f.key, day)
+            cached = self.cache.get(cache_key) if self.cache is not None else None
             if complete and cached is not None:
                 keys_out.append(cached[0])
                 errors_out.append(cached[1])
@@ -243,24 +258,21 @@ class AutoForecaster(SeriesForecaster):
                 keys_out.append(target_key[cutoff + 1 : stop][ok] + lead_key[:m][ok])
                 errors_out.append(err[ok])
             if complete and self.cache is not None and len(keys_out) > done:
-                self.cache[("replays", f.key, day)] = (
-                    np.concatenate(keys_out[done:]), np.concatenate(errors_out[done:])
-                )
-                del keys_out[done:], errors_out[done:]
-                keys_out.append(self.cache[("replays", f.key, day)][0])
-                errors_out.append(self.cache[("replays", f.key, day)][1])
+                # the day's replays as one cached chunk, which the output then shares
+                keys_out[done:] = [np.concatenate(keys_out[done:])]
+                errors_out[done:] = [np.concatenate(errors_out[done:])]
+                self.cache[cache_key] = (keys_out[done], errors_out[done])
         if not errors_out:
             return _Errors(np.zeros(0, dtype=np.int64), np.zeros(0))
         return _Errors(np.concatenate(keys_out), np.concatenate(errors_out))
 
     # ---------------------------------------------------------------- predict
-    def _predict_one(self, f: _Fitted, horizon: pd.Timedelta, qs: tuple[float, ...]) -> pd.DataFrame:
+    def _predict_one(
+        self, f: _Fitted, horizon: pd.Timedelta, qs: tuple[float, ...]
+    ) -> tuple[Series, pd.DatetimeIndex, np.ndarray]:
         index = f.series.future_index(horizon)
-        local = index.tz_convert(self.timezone)
-        slots = ((local - local.normalize()) // f.series.step).to_numpy().astype(int)
-        kinds = day_types(index, self.timezone, self.holiday_country)
-        if f.day_kind.max() == WORKING_DAY and (f.day_of[-1] + 1) < 7:
-            kinds = np.full_like(kinds, WORKING_DAY)
+        one_curve = f.day_kind.max() == WORKING_DAY and (f.day_of[-1] + 1) < 7
+        _, slots, kinds = self._calendar(index, f.series.step, one_curve)
         # complete days only, as in the calibration replays (a partial day is the current one)
         last_day_complete = f.slots[-1] == f.matrix.shape[1] - 1
         profile = self._profile(f, f.day_of[-1] + 1 if last_day_complete else max(1, f.day_of[-1]))
@@ -269,9 +281,7 @@ class AutoForecaster(SeriesForecaster):
         lead_bucket = np.digitize(leads * f.series.step / pd.Timedelta(hours=1), LEAD_EDGES_H)
         hour = np.floor(slots * f.series.step / pd.Timedelta(hours=1)).astype(int)
         offsets = f.errors.offsets(qs, lead_bucket, hour, kinds != WORKING_DAY)
-        arr = point[:, None] + offsets
-        arr = finish_quantiles(arr, f.series, qs, integer=True)
-        return to_frame(f.series.uid, index, self.name, arr, qs)
+        return f.series, index, point[:, None] + offsets
 
 
 def _trailing_nanmean(values: np.ndarray, window: int) -> np.ndarray:

@@ -136,8 +136,11 @@ def to_frame(
     return frame
 
 
-def require_span(series: Series, values: pd.Series, minimum: pd.Timedelta, model: str) -> None:
-    """Refuse a series whose (used part of its) history is shorter than ``minimum``."""
+def require_span(
+    series: Series, values: pd.Series, minimum: pd.Timedelta, model: str
+) -> pd.Timedelta:
+    """The span ``values`` (the used part of the series' history) covers; refuse the series
+    when it is shorter than ``minimum``."""
     span = values.index[-1] - values.index[0] + series.step if len(values) else pd.Timedelta(0)
     if span < minimum:
         days = minimum / DAY
@@ -146,17 +149,23 @@ def require_span(series: Series, values: pd.Series, minimum: pd.Timedelta, model
             f"series {series.uid} covers {span}; the {model} model needs at least {need} "
             "of history"
         )
+    return span
 
 
 class SeriesForecaster:
     """Base of idlegpu's forecasters: every series is fitted and predicted on its own.
 
     Subclasses set ``name`` and implement ``_fit_one(series) -> state`` and
-    ``_predict_one(state, horizon, quantiles) -> tidy frame``; ``_setup()`` may import their
-    library before any work, so a missing package fails before anything is computed.
+    ``_predict_one(state, horizon, quantiles) -> (series, future index, raw quantiles)``, the
+    raw quantiles an array of steps x quantiles; ``predict`` finishes them (``finish_quantiles``:
+    sorted, clipped to the bounds, rounded down on integer series when the class sets
+    ``integer_quantiles``) and builds the tidy frame. ``_setup()`` may import their library
+    once per fit, after the history is split into series and before any series is fitted, so a
+    missing package fails before any model is computed.
     """
 
     name = "base"
+    integer_quantiles = False  # round the quantiles of integer series (see finish_quantiles)
 
     def __init__(
         self,
@@ -175,7 +184,9 @@ class SeriesForecaster:
     def _fit_one(self, series: Series):
         raise NotImplementedError
 
-    def _predict_one(self, state, horizon: pd.Timedelta, qs: tuple[float, ...]) -> pd.DataFrame:
+    def _predict_one(
+        self, state, horizon: pd.Timedelta, qs: tuple[float, ...]
+    ) -> tuple[Series, pd.DatetimeIndex, np.ndarray]:
         raise NotImplementedError
 
     def fit(self, history: pd.DataFrame):
@@ -187,7 +198,12 @@ class SeriesForecaster:
     def predict(self, horizon: pd.Timedelta | str, quantiles: Sequence[float]) -> pd.DataFrame:
         span = parse_horizon(horizon)
         qs = validate_quantiles(quantiles)
-        return pd.concat([self._predict_one(f, span, qs) for f in self.fitted_], ignore_index=True)
+        frames = []
+        for state in self.fitted_:
+            series, index, arr = self._predict_one(state, span, qs)
+            arr = finish_quantiles(arr, series, qs, integer=self.integer_quantiles)
+            frames.append(to_frame(series.uid, index, self.name, arr, qs))
+        return pd.concat(frames, ignore_index=True)
 
 
 @runtime_checkable

@@ -49,9 +49,7 @@ from forecast.models.base import (
     WEEK,
     Series,
     SeriesForecaster,
-    finish_quantiles,
     require_span,
-    to_frame,
 )
 
 LAG_WEEKS = (1, 2)
@@ -108,7 +106,7 @@ class GBMForecaster(SeriesForecaster):
 
     # ---------------------------------------------------------------- fit
     def _setup(self) -> None:
-        _import_hgb()  # fail early, before any work, when scikit-learn is missing
+        _import_hgb()  # fail early, before any series is fitted, when scikit-learn is missing
 
     def _fit_one(self, series: Series) -> _Fitted:
         window = pd.Timedelta(days=self.max_days)
@@ -184,9 +182,7 @@ class GBMForecaster(SeriesForecaster):
     def _predict_one(self, f: _Fitted, horizon: pd.Timedelta, qs: tuple[float, ...]):
         index = f.series.future_index(horizon)
         if f.constant is not None:
-            arr = np.full((len(index), len(qs)), f.constant)
-            arr = finish_quantiles(arr, f.series, qs, integer=False)
-            return to_frame(f.series.uid, index, self.name, arr, qs)
+            return f.series, index, np.full((len(index), len(qs)), f.constant)
         n, steps = len(f.y), len(index)
         per_week = int(WEEK / f.series.step)
         y = np.concatenate([f.y, np.full(steps, np.nan)])
@@ -203,5 +199,4 @@ class GBMForecaster(SeriesForecaster):
             columns = [
                 y[n:] if q == 0.5 else self._model(f, q).predict(x_all) for q in qs
             ]
-        arr = finish_quantiles(np.column_stack(columns), f.series, qs, integer=False)
-        return to_frame(f.series.uid, index, self.name, arr, qs)
+        return f.series, index, np.column_stack(columns)

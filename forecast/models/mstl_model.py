@@ -44,8 +44,6 @@ from forecast.models.base import (
     WEEK,
     Series,
     SeriesForecaster,
-    finish_quantiles,
-    to_frame,
 )
 
 LEAD_EDGES_H = (1.0, 6.0, 24.0, 72.0)
@@ -182,8 +180,7 @@ class MSTLForecaster(SeriesForecaster):
             table = _bucket_table(f.error_table, int(b))
             if table is not None:
                 offsets[buckets == b] = np.interp(qs, GRID, table)
-        arr = finish_quantiles(point[:, None] + offsets, f.series, qs, integer=False)
-        return to_frame(f.series.uid, index, self.name, arr, qs)
+        return f.series, index, point[:, None] + offsets
 
 
 def _bucket_table(tables: dict[int, np.ndarray], bucket: int) -> np.ndarray | None:

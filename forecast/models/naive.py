@@ -13,9 +13,7 @@ from forecast.models.base import (
     WEEK,
     Series,
     SeriesForecaster,
-    finish_quantiles,
     require_span,
-    to_frame,
 )
 
 
@@ -39,7 +37,7 @@ class SeasonalNaiveForecaster(SeriesForecaster):
 
     def _predict_one(
         self, series: Series, horizon: pd.Timedelta, qs: tuple[float, ...]
-    ) -> pd.DataFrame:
+    ) -> tuple[Series, pd.DatetimeIndex, np.ndarray]:
         values = series.values
         lag = int(self.season / series.step)
         index = series.future_index(horizon)
@@ -58,5 +56,4 @@ class SeasonalNaiveForecaster(SeriesForecaster):
         changes = arr[lag:] - arr[:-lag]
         changes = changes[np.isfinite(changes)]
         offsets = np.quantile(changes, qs) if changes.size else np.zeros(len(qs))
-        out = finish_quantiles(point[:, None] + offsets[None, :], series, qs, integer=False)
-        return to_frame(series.uid, index, self.name, out, qs)
+        return series, index, point[:, None] + offsets[None, :]

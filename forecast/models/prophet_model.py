@@ -39,9 +39,7 @@ from forecast.models.base import (
     DAY,
     Series,
     SeriesForecaster,
-    finish_quantiles,
     require_span,
-    to_frame,
 )
 
 Z80 = 1.2815515655446004  # z(0.9): half-width of the 80 % interval in standard deviations
@@ -125,8 +123,7 @@ class ProphetForecaster(SeriesForecaster):
         values = series.values.dropna()
         if self.max_days is not None:
             values = values[values.index > series.last - pd.Timedelta(days=self.max_days)]
-        span = values.index[-1] - values.index[0] + series.step
-        require_span(series, values, DAY, self.name)
+        span = require_span(series, values, DAY, self.name)
         frame = pd.DataFrame(
             {"ds": _local_naive(values.index, self.timezone), "y": values.to_numpy()}
         )
@@ -147,7 +144,9 @@ class ProphetForecaster(SeriesForecaster):
         return _Fitted(series, model)
 
     # ---------------------------------------------------------------- predict
-    def _predict_one(self, f: _Fitted, horizon: pd.Timedelta, qs: tuple[float, ...]) -> pd.DataFrame:
+    def _predict_one(
+        self, f: _Fitted, horizon: pd.Timedelta, qs: tuple[float, ...]
+    ) -> tuple[Series, pd.DatetimeIndex, np.ndarray]:
         z = np.array([NormalDist().inv_cdf(q) for q in qs])
         index = f.series.future_index(horizon)
         naive = _local_naive(index, self.timezone)
@@ -166,6 +165,4 @@ class ProphetForecaster(SeriesForecaster):
         lower[order] = out["yhat_lower"].to_numpy()
         upper[order] = out["yhat_upper"].to_numpy()
         sigma = np.clip((upper - lower) / (2 * Z80), 0.0, None)
-        arr = yhat[:, None] + z[None, :] * sigma[:, None]
-        arr = finish_quantiles(arr, f.series, qs, integer=False)
-        return to_frame(f.series.uid, index, self.name, arr, qs)
+        return f.series, index, yhat[:, None] + z[None, :] * sigma[:, None]
