@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from forecast.calendar import holiday_names
+from forecast.calendar import holiday_names, hourly_by_day_kind
 from forecast.capacity import (
     FREE,
     daily_idle_gpu_hours,
@@ -119,16 +119,7 @@ def analyze_pool(history: pd.DataFrame, settings: Settings, *, min_hours: float 
 
 def typical_day(usage: pd.DataFrame, tz: str, holidays: dict[date, str]) -> pd.DataFrame:
     """Mean free GPUs by local hour on working days, weekends and public holidays."""
-    local = usage[FREE].tz_convert(tz)
-    is_holiday = pd.Index(local.index.date).isin(list(holidays))
-    kind = pd.Series("working day", index=local.index)
-    kind[local.index.day_of_week >= 5] = "weekend"
-    kind[is_holiday] = "holiday"
-    table = local.groupby([local.index.hour, kind]).mean().unstack()
-    order = [c for c in ("working day", "weekend", "holiday") if c in table.columns]
-    table = table[order].reindex(range(24))
-    table.index.name = "hour"
-    return table
+    return hourly_by_day_kind(usage[FREE].tz_convert(tz), holidays)
 
 
 def service_summary(usage: pd.DataFrame, settings: Settings) -> pd.DataFrame:

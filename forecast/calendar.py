@@ -44,3 +44,22 @@ def day_types(index, tz: str, country: str | None):
             marked = np.array(sorted(holidays), dtype="datetime64[D]")
             kinds = np.where(np.isin(days, marked), SUNDAY_OR_HOLIDAY, kinds)
     return kinds
+
+
+DAY_KINDS = ("working day", "weekend", "holiday")
+
+
+def hourly_by_day_kind(local, holidays):
+    """Mean of a series on a local-time index by hour of day (rows 0..23) and day kind
+    (columns, those present: working day, weekend, and public holiday for the dates in
+    ``holidays``)."""
+    import numpy as np
+    import pandas as pd
+
+    kind = np.where(local.index.day_of_week >= 5, "weekend", "working day").astype(object)
+    if holidays:
+        kind[pd.Index(local.index.date).isin(list(holidays))] = "holiday"
+    table = local.groupby([local.index.hour, kind]).mean().unstack()
+    table = table[[c for c in DAY_KINDS if c in table.columns]].reindex(range(24))
+    table.index.name = "hour"
+    return table

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from forecast.calendar import hourly_by_day_kind
 from forecast.capacity import step_hours
 from forecast.config import Settings, load_config
 from forecast.errors import ConfigError
@@ -80,15 +81,11 @@ def service_replica_profile(
     ``usage`` is ``pool_usage``'s frame; columns are ``(service, day kind)``.
     """
     local = usage.tz_convert(settings.pool.timezone)
-    kind = np.where(local.index.day_of_week >= 5, "weekend", "working day").astype(object)
-    if holidays:
-        kind[pd.Index(local.index.date).isin(list(holidays))] = "holiday"
-    frames = {}
-    for service in settings.services:
-        replicas = local[service.name] / service.gpus_per_replica
-        table = replicas.groupby([local.index.hour, kind]).mean().unstack()
-        order = [c for c in ("working day", "weekend", "holiday") if c in table.columns]
-        frames[service.name] = table[order].reindex(range(24))
+    frames = {
+        service.name: hourly_by_day_kind(local[service.name] / service.gpus_per_replica,
+                                         holidays)
+        for service in settings.services
+    }
     out = pd.concat(frames, axis=1, names=["service", "day"])
     out.index.name = "hour"
     return out
