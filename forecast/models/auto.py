@@ -108,6 +108,7 @@ class _Fitted:
     phi: float
     errors: _Errors
     key: tuple = ()  # identifies the series and its calendar, for the cache
+    one_curve: bool = False  # under a week of history: one curve for every day
 
 
 class AutoForecaster(SeriesForecaster):
@@ -139,7 +140,8 @@ class AutoForecaster(SeriesForecaster):
     def _fit_one(self, series: Series) -> _Fitted:
         span = require_span(series, series.values, DAY, self.name)
         # too little for weekly shapes: one curve for every day
-        local, slots, kinds = self._calendar(series.values.index, series.step, span < WEEK)
+        one_curve = span < WEEK
+        local, slots, kinds = self._calendar(series.values.index, series.step, one_curve)
         first_day = local[0].normalize()
         day_of = ((local.normalize() - first_day) // DAY).to_numpy().astype(int)
         n_days, n_slots = day_of[-1] + 1, int(DAY / series.step)
@@ -148,7 +150,8 @@ class AutoForecaster(SeriesForecaster):
         day_kind = np.full(n_days, WORKING_DAY)
         day_kind[day_of] = kinds
         fitted = _Fitted(series, slots, kinds, day_of, matrix, day_kind, 0.0, _Errors(
-            np.zeros(0, dtype=np.int64), np.zeros(0)), key=(series.uid, first_day, span >= WEEK))
+            np.zeros(0, dtype=np.int64), np.zeros(0)), key=(series.uid, first_day, span >= WEEK),
+            one_curve=one_curve)
         fitted.phi = self._residual_decay(fitted)
         fitted.errors = self._calibration_errors(fitted)
         return fitted
@@ -271,8 +274,7 @@ class AutoForecaster(SeriesForecaster):
         self, f: _Fitted, horizon: pd.Timedelta, qs: tuple[float, ...]
     ) -> tuple[Series, pd.DatetimeIndex, np.ndarray]:
         index = f.series.future_index(horizon)
-        one_curve = f.day_kind.max() == WORKING_DAY and (f.day_of[-1] + 1) < 7
-        _, slots, kinds = self._calendar(index, f.series.step, one_curve)
+        _, slots, kinds = self._calendar(index, f.series.step, f.one_curve)
         # complete days only, as in the calibration replays (a partial day is the current one)
         last_day_complete = f.slots[-1] == f.matrix.shape[1] - 1
         profile = self._profile(f, f.day_of[-1] + 1 if last_day_complete else max(1, f.day_of[-1]))
