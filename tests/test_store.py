@@ -79,6 +79,7 @@ def _reset_postgres(url: str) -> None:
     with engine.begin() as conn:
         METADATA.drop_all(conn)
         SCHEMA_VERSION_TABLE.drop(conn, checkfirst=True)
+        store_mod.STORE_META.drop(conn, checkfirst=True)
     engine.dispose()
 
 
@@ -449,6 +450,16 @@ def test_schema_is_versioned(url):
         submit(s, [spec(0, 0)])
     with JobStore(url) as s:  # reopening applies nothing twice
         assert s.schema_version() == SCHEMA_VERSION and len(s.queue()) == 1
+
+
+def test_each_store_has_its_own_lasting_id(url, tmp_path):
+    with JobStore(url) as s:
+        first = s.store_id()
+    with JobStore(url) as s:  # reopening keeps it
+        assert s.store_id() == first
+    with JobStore(f"sqlite:///{tmp_path / 'other.db'}") as other:
+        assert other.store_id() != first
+    assert len(first) == 8 and int(first, 16) >= 0
 
 
 def test_a_newer_database_is_refused(url):

@@ -57,6 +57,7 @@ are stored as UTC.
 from __future__ import annotations
 
 import re
+import secrets
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -363,9 +364,25 @@ def _v1_initial(conn: Connection) -> None:
     md.create_all(conn)
 
 
+_META_MD = sa.MetaData()
+STORE_META = sa.Table(
+    "store_meta", _META_MD,
+    sa.Column("key", sa.String(64), primary_key=True),
+    sa.Column("value", sa.Text, nullable=False),
+)
+
+
+def _v2_store_id(conn: Connection) -> None:
+    # a random identity per store: two daemons with different stores in one namespace must
+    # tell their Jobs apart (the default instance id is the pool name plus this)
+    STORE_META.create(conn)
+    conn.execute(sa.insert(STORE_META).values(key="store_id", value=secrets.token_hex(4)))
+
+
 Migration = tuple[str, Callable[[Connection], None]]
 MIGRATIONS: list[Migration] = [
     ("initial schema: requests, units, unit_deps, attempts, events", _v1_initial),
+    ("store_meta with the store's random id", _v2_store_id),
 ]
 """Applied in order at open, all pending ones in one transaction; version N = MIGRATIONS[N-1].
 Append only."""
@@ -614,6 +631,13 @@ class JobStore:
                 conn.execute(
                     sa.insert(SCHEMA_VERSION_TABLE).values(version=version, name=name)
                 )
+
+    def store_id(self) -> str:
+        """This store's random identity (8 hex digits), made once when it was created."""
+        with self._tx(write=False) as conn:
+            return conn.execute(
+                sa.select(STORE_META.c.value).where(STORE_META.c.key == "store_id")
+            ).scalar_one()
 
     def schema_version(self) -> int:
         with self._tx(write=False) as conn:
