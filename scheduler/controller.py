@@ -27,7 +27,14 @@ import numpy as np
 
 from forecast.errors import IdlegpuError
 from scheduler.policy import decide
-from scheduler.ports import Cluster, ClusterJob, JobPhase, JobRejectedError, SignalSource
+from scheduler.ports import (
+    Cluster,
+    ClusterJob,
+    JobPhase,
+    JobRejectedError,
+    SignalSource,
+    StopKind,
+)
 from scheduler.types import (
     Action,
     Decision,
@@ -71,12 +78,22 @@ class Controller:
         *,
         fair_share_days: float = 7.0,
         pending_timeout_s: float | None = 900.0,
+        stop_timeout_s: float | None = 1200.0,
+        max_unscheduled_attempts: int | None = 4,
+        recheck: Callable[[object], None] | None = None,
         dry_run: bool = False,
     ) -> None:
         """``pending_timeout_s``: an admitted Job whose pod no node has placed after this long
-        is stopped and its unit requeued (None: wait forever). ``dry_run``: decide and show
-        what would be applied, but change nothing: the store is only read and the cluster
-        (itself in dry-run) only records manifests."""
+        is stopped and its unit requeued (None: wait forever). ``stop_timeout_s``: a stopped
+        Job whose pods still have not ended this long after the stop (a dead node never
+        confirms) is given up on: its unit is released and the Job deleted (None: wait for
+        ever). ``max_unscheduled_attempts``: after this many attempts in a row that never ran,
+        the last of them unplaceable, the unit fails with the reason instead of reserving
+        GPUs again every ``pending_timeout_s``. ``recheck(row)``: the daemon's own admission
+        rules, run on each stored unit right before its Job is created (raises
+        ``IdlegpuError``: the unit fails with the reason). ``dry_run``: decide and show what
+        would be applied, but change nothing: the store is only read and the cluster (itself
+        in dry-run) only records manifests."""
         self.store = store
         self.cluster = cluster
         self.signals = signals
@@ -85,8 +102,10 @@ class Controller:
         self.settings = settings
         self.fair_share_days = fair_share_days
         self.pending_timeout_s = pending_timeout_s
+        self.stop_timeout_s = stop_timeout_s
+        self.max_unscheduled_attempts = max_unscheduled_attempts
+        self.recheck = recheck
         self.dry_run = dry_run
-        self._planned_stops: set[str] = set()  # Job names stopped on purpose (checkpointed)
         # units told to stop whose GPUs are not back yet: never counted twice against a need
         self._stopping: dict[str, int] = {}
         self._last_seen: datetime | None = None  # time of the newest good reading
@@ -161,7 +180,8 @@ class Controller:
                 report.errors.append(f"{row.id}: {exc}")
         for row in self.store.to_stop():  # cancelled while holding GPUs
             name = self.cluster.job_name(row.id, row.attempts)
-            self._stop(name, "cancelled by user", report)
+            if name in jobs and jobs[name].stop_kind is None:
+                self._stop(name, "cancelled by user", StopKind.CANCEL, now, report)
         self._delete_released(jobs, report)
         return True
 
@@ -171,17 +191,14 @@ class Controller:
         before a crash) means no attempt is ever forgotten."""
         current = {self.cluster.job_name(row.id, row.attempts) for row in self.store.holding()}
         for job in jobs.values():
-            if job.phase is JobPhase.SUSPENDED and job.name not in current:
-                try:
-                    self.cluster.delete(job.name)
-                    report.deleted.append(job.name)
-                except IdlegpuError as exc:
-                    report.errors.append(f"{job.name}: delete failed ({exc})")
+            if job.phase in (JobPhase.SUSPENDED, JobPhase.STOPPING) and job.name not in current:
+                self._delete(job.name, report)
 
     def _missing_job(self, row, name: str, now: datetime, report: PassReport) -> None:
         if row.state is JobState.ADMITTED:
             # admitted, then the process died (or the cluster was down) before the Job existed
             try:
+                self._recheck(row)
                 self.cluster.apply(row.id, row.attempts, row.spec, team=row.team,
                                    stop_by=row.stop_by, now=now)
             except JobRejectedError as exc:
@@ -195,49 +212,104 @@ class Controller:
     def _follow(self, row, job: ClusterJob, now: datetime, report: PassReport) -> None:
         if job.phase.is_over():
             self._stopping.pop(row.id, None)
-        elif job.message.startswith("suspending"):  # told to stop before a restart of ours
-            self._stopping.setdefault(row.id, row.gpus)
-        if job.phase is JobPhase.RUNNING and row.state is JobState.ADMITTED:
-            self.store.started(row.id, job.started_at or now)
+        elif job.stop_kind is not None:  # told to stop (maybe by a process before this one)
+            self._stopping.setdefault(row.id, row.gpus if job.phase is JobPhase.STOPPING else 0)
+        if job.phase is JobPhase.STOPPING:
+            # its pods still terminate: never recorded started, never released while they
+            # hold GPUs, unless they never end (a dead node never confirms)
+            if self._stop_overdue(job, now):
+                self._release_stopped(row, job, now, report, overdue=True)
+                self._delete(job.name, report)
+        elif job.phase is JobPhase.RUNNING and row.state is JobState.ADMITTED:
+            self.store.started(row.id, self._on_our_clock(job.started_at, row, now))
             report.started.append(row.id)
         elif (job.phase is JobPhase.PENDING and row.state is JobState.RUNNING
-              and row.id not in self._stopping):
+              and job.stop_kind is None):
             # it ran, and now its pod waits again: the kube-scheduler evicted it for a serving
             # pod (our PriorityClass) or its node failed, and the Job made a new pod that waits
             # for GPUs. Stop it; the unit goes back to the queue and resumes from its checkpoint
             # when the policy finds room, rather than squatting on the first GPUs to free up.
-            if self._stop(job.name, "its pod was evicted or lost; back to the queue", report):
+            if self._stop(job.name, "its pod was evicted or lost; back to the queue",
+                          StopKind.REQUEUE, now, report):
                 self._stopping[row.id] = 0  # it holds no GPUs any more
         elif (job.phase is JobPhase.PENDING and row.state is JobState.ADMITTED
-              and self._pending_too_long(row, now) and row.id not in self._stopping):
+              and self._pending_too_long(row, now) and job.stop_kind is None):
             # the pool had the GPUs but no node could place the pod (GPUs spread over nodes, a
             # taint, a quota): give the capacity back to the plan rather than wait all night
             minutes = (self.pending_timeout_s or 0) / 60
             if self._stop(job.name, f"not scheduled within {minutes:.0f} min; back to the "
-                          "queue", report):
+                          "queue", StopKind.UNSCHEDULED, now, report):
                 self._stopping[row.id] = 0
         elif job.phase is JobPhase.SUCCEEDED:
-            self.store.finished(row.id, job.finished_at or now)
+            self.store.finished(row.id, self._on_our_clock(job.finished_at, row, now))
             report.finished.append(row.id)
         elif job.phase is JobPhase.FAILED:
-            self.store.failed(row.id, job.finished_at or now, job.message or "the Job failed")
+            self.store.failed(row.id, self._on_our_clock(job.finished_at, row, now),
+                              job.message or "the Job failed")
             report.failed.append(row.id)
-        elif job.phase in (JobPhase.SUSPENDED, JobPhase.DISRUPTED) and (
-                row.state is JobState.ADMITTED):
-            # stopped before it ever ran: back to the queue, not a preemption, nothing lost
-            self.store.requeue_admitted(row.id, now, reason=job.message or "stopped before "
-                                        "it started")
-            self._planned_stops.discard(job.name)
-            report.released.append(row.id)
         elif job.phase in (JobPhase.SUSPENDED, JobPhase.DISRUPTED):
-            planned = job.name in self._planned_stops and row.checkpointable
-            if planned and row.started_at is not None:
-                done = row.work_done_s + (now - row.started_at).total_seconds()
-                self.store.checkpointed(row.id, now, done)
-            self.store.preempted(row.id, now, lost_gpu_seconds=0.0 if planned else None,
-                                 reason="stopped as planned" if planned else "preempted")
-            self._planned_stops.discard(job.name)
+            self._release_stopped(row, job, now, report)
+
+    def _release_stopped(self, row, job: ClusterJob, now: datetime, report: PassReport, *,
+                         overdue: bool = False) -> None:
+        """A stopped Job's unit goes back to the queue. What the stop meant is read back from
+        the Job (its stop kind), not remembered, so a restart or the other replica counts a
+        planned stop as planned."""
+        self._stopping.pop(row.id, None)
+        why = job.message or "stopped"
+        if overdue:
+            why = (f"its pods did not end within {self.stop_timeout_s / 60:.0f} min of the stop "
+                   f"(node lost?); released: {why}")
+        if row.state is JobState.ADMITTED:
+            # stopped before it ever ran: back to the queue, not a preemption, nothing lost;
+            # unless it never ran time after time because no node can place it
+            if job.stop_kind is StopKind.UNSCHEDULED and self._unplaceable(row):
+                self.store.failed(row.id, now, (
+                    f"no node could place its pod in {self.max_unscheduled_attempts} attempts "
+                    f"of {(self.pending_timeout_s or 0) / 60:.0f} min each (asks {row.gpus} "
+                    f"GPUs, cpu {row.spec.cpu:g}, memory {row.spec.memory}); make the request "
+                    f"fit one node of the pool"))
+                report.failed.append(row.id)
+                return
+            self.store.requeue_admitted(row.id, now, reason=why)
             report.released.append(row.id)
+            return
+        planned = job.stop_kind is StopKind.PLANNED and row.checkpointable
+        if planned and row.started_at is not None:
+            stopped = min(job.stopped_at or now, now)  # it checkpoints when told to stop
+            ran = max(0.0, (stopped - row.started_at).total_seconds())
+            self.store.checkpointed(row.id, now, row.work_done_s + ran)
+        self.store.preempted(row.id, now, lost_gpu_seconds=0.0 if planned else None,
+                             reason="stopped as planned" if planned else why)
+        report.released.append(row.id)
+
+    def _unplaceable(self, row) -> bool:
+        """This attempt and the ones before it in a row never ran."""
+        if self.max_unscheduled_attempts is None:
+            return False
+        never_ran = 1
+        for attempt in sorted(self.store.attempts(row.id), key=lambda a: -a.number):
+            if attempt.open:
+                continue
+            if attempt.started_at is not None or attempt.outcome != "requeued":
+                break
+            never_ran += 1
+        return never_ran >= self.max_unscheduled_attempts
+
+    def _stop_overdue(self, job: ClusterJob, now: datetime) -> bool:
+        if self.stop_timeout_s is None or job.stopped_at is None:
+            return False
+        return (now - job.stopped_at).total_seconds() > self.stop_timeout_s
+
+    @staticmethod
+    def _on_our_clock(when: datetime | None, row, now: datetime) -> datetime:
+        """A time the cluster reported, kept within what this unit's attempt can have seen:
+        not before its admission, not after this pass (None: this pass)."""
+        if when is None:
+            return now
+        if row.admitted_at is not None and when < row.admitted_at:
+            return row.admitted_at
+        return min(when, now)
 
     def _pending_too_long(self, row, now: datetime) -> bool:
         if self.pending_timeout_s is None or row.admitted_at is None:
@@ -286,9 +358,8 @@ class Controller:
             if decision.action is Action.PREEMPT:
                 row = self.store.unit(decision.job_id)
                 name = self.cluster.job_name(row.id, row.attempts)
-                if decision.planned:
-                    self._planned_stops.add(name)
-                if self._stop(name, decision.reason, report):
+                kind = StopKind.PLANNED if decision.planned else StopKind.PREEMPT
+                if self._stop(name, decision.reason, kind, now, report):
                     self._stopping[row.id] = row.gpus
             elif decision.action is Action.ADMIT:
                 self._admit(now, decision, report)
@@ -307,6 +378,7 @@ class Controller:
             report.errors.append(f"{decision.job_id}: not admitted ({exc})")
             return
         try:
+            self._recheck(row)
             name = self.cluster.apply(row.id, attempt, row.spec, team=row.team,
                                       stop_by=decision.stop_by, now=now)
             report.created.append(name)
@@ -323,12 +395,30 @@ class Controller:
             self.store.failed(unit_id, now, f"the cluster refused its Job: {exc}")
             report.failed.append(unit_id)
 
-    def _stop(self, name: str, reason: str, report: PassReport) -> bool:
+    def _recheck(self, row) -> None:
+        """The daemon's own admission rules on the stored unit: a store written by a
+        submitter with other rules (or by hand) never gets past them."""
+        if self.recheck is None:
+            return
         try:
-            self.cluster.stop(name, reason=reason)
+            self.recheck(row)
+        except IdlegpuError as exc:
+            raise JobRejectedError(str(exc)) from exc
+
+    def _stop(self, name: str, reason: str, kind: StopKind, now: datetime,
+              report: PassReport) -> bool:
+        try:
+            self.cluster.stop(name, reason=reason, kind=kind, now=now)
             report.stopped.append(name)
             return True
         except IdlegpuError as exc:
             report.errors.append(f"{name}: stop failed ({exc})")
             return False
+
+    def _delete(self, name: str, report: PassReport) -> None:
+        try:
+            self.cluster.delete(name)
+            report.deleted.append(name)
+        except IdlegpuError as exc:
+            report.errors.append(f"{name}: delete failed ({exc})")
 

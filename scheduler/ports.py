@@ -27,7 +27,8 @@ class JobPhase(StrEnum):
     RUNNING = "running"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
-    SUSPENDED = "suspended"  # stopped by us (checkpoint-and-stop or preemption)
+    STOPPING = "stopping"  # told to stop; its pods still terminate and hold their GPUs
+    SUSPENDED = "suspended"  # stopped by us (checkpoint-and-stop or preemption), pods gone
     DISRUPTED = "disrupted"  # evicted by the cluster (DisruptionTarget), not a failure
 
     def is_over(self) -> bool:
@@ -35,8 +36,23 @@ class JobPhase(StrEnum):
                         JobPhase.DISRUPTED)
 
 
+class StopKind(StrEnum):
+    """Why we stopped a Job. Written on the Job with the stop itself, so whoever sees the
+    Job end (this process after a restart, the other replica) knows what the stop meant."""
+
+    PLANNED = "planned"  # checkpoint-and-stop before the forecast ramp: no work is lost
+    PREEMPT = "preempt"  # the live backstop took the GPUs back: work since the checkpoint lost
+    REQUEUE = "requeue"  # its pod was evicted or lost and waits again: back to the queue
+    UNSCHEDULED = "unscheduled"  # no node placed its pod in time: back to the queue
+    CANCEL = "cancel"  # a user cancelled it
+
+
 @dataclass(frozen=True)
 class ClusterJob:
+    """One Job of ours as the cluster reports it. Times are on the daemon's clock (the
+    adapter maps the server's clock onto it); ``started_at`` is when the workload really
+    started (its container), not when the Job was created or its pod was scheduled."""
+
     name: str
     unit_id: str
     attempt: int
@@ -46,6 +62,10 @@ class ClusterJob:
     started_at: datetime | None = None
     finished_at: datetime | None = None
     message: str = ""
+    stop_kind: StopKind | None = None
+    """Set once we stopped it (the first stop's kind stands)."""
+    stopped_at: datetime | None = None
+    """When we told it to stop (daemon clock)."""
 
 
 class Cluster(Protocol):
@@ -58,9 +78,10 @@ class Cluster(Protocol):
         Raises ``JobRejectedError`` when the Job itself is refused, another ``IdlegpuError``
         when the cluster cannot take it now."""
 
-    def stop(self, name: str, *, reason: str) -> None:
-        """Stop a Job so it checkpoints (SIGTERM, grace period) and frees its GPUs; a Job
-        that is already gone is fine."""
+    def stop(self, name: str, *, reason: str, kind: StopKind, now: datetime) -> None:
+        """Stop a Job so it checkpoints (SIGTERM, grace period) and frees its GPUs, recording
+        ``kind`` and ``now`` on the Job in the same write (a Job stopped before keeps its
+        first kind and time); a Job that is already gone is fine."""
 
     def delete(self, name: str) -> None:
         """Remove a stopped Job of ours and its pods (a suspended Job is never cleaned up by
@@ -68,7 +89,8 @@ class Cluster(Protocol):
         is already gone is fine."""
 
     def observe(self) -> list[ClusterJob]:
-        """Every Job this system manages, with its phase."""
+        """Every Job this instance of the daemon owns, with its phase (never another
+        instance's, even in the same namespace)."""
 
 
 class SignalSource(Protocol):

@@ -9,7 +9,8 @@
         kube.on_next("POST", kill_client)   # a crash of the client mid-request (see on_next)
         kube.requests                       # every request: Request(method, path, query, body)
 
-Serves ``/apis/batch/v1/namespaces/{ns}/jobs`` (GET list with ``labelSelector`` equality,
+Serves an always empty pod list (``/api/v1/namespaces/{ns}/pods``) and
+``/apis/batch/v1/namespaces/{ns}/jobs`` (GET list with ``labelSelector`` equality,
 inequality and existence terms, POST create with 409 on an existing name and 422 on missing
 required fields) and ``/apis/batch/v1/namespaces/{ns}/jobs/{name}`` (GET, PATCH with JSON merge
 patch, DELETE), filling ``metadata.uid``, ``resourceVersion`` (one counter, bumped by every
@@ -39,6 +40,7 @@ from urllib.parse import parse_qs, urlsplit
 import kubernetes
 
 _JOBS = re.compile(r"^/apis/batch/v1/namespaces/([^/]+)/jobs(?:/([^/]+))?$")
+_PODS = re.compile(r"^/api/v1/namespaces/([^/]+)/pods$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
@@ -312,6 +314,9 @@ current-context: fake
             return 200, {"kind": "APIResourceList", "groupVersion": "batch/v1", "resources": [
                 {"name": "jobs", "singularName": "job", "namespaced": True, "kind": "Job",
                  "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"]}]}
+        if _PODS.match(path) and method == "GET":
+            # no pods here (no Job controller): the daemon times work from the Job status
+            return 200, {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": []}
         match = _JOBS.match(path)
         if not match:
             return 404, _status(404, "NotFound", "the server could not find the requested "
@@ -421,6 +426,12 @@ current-context: fake
                                 f"the fake supports merge patches only, not {kind!r}")
         if not isinstance(body, dict):
             return 400, _status(400, "BadRequest", "a merge patch must be an object")
+        wanted = (body.get("metadata") or {}).get("resourceVersion")
+        if wanted is not None and wanted != job["metadata"]["resourceVersion"]:
+            # a precondition, as on a real server: the object changed since it was read
+            return 409, _status(409, "Conflict", (
+                f'Operation cannot be fulfilled on jobs.batch "{name}": the object has been '
+                f'modified; please apply your changes to the latest version and try again'))
         patched = merge_patch(job, body)
         if patched.get("spec", {}).get("template") != job.get("spec", {}).get("template"):
             return self._invalid(name, [("spec.template", "Invalid value: field is immutable")])

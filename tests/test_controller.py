@@ -1,5 +1,6 @@
 """reconcile_once() with a real SQLite store, an in-memory cluster and scripted signals."""
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import numpy as np
@@ -38,12 +39,13 @@ class MemoryCluster:
             self.created.append(name)
         return name
 
-    def stop(self, name, *, reason):
+    def stop(self, name, *, reason, kind, now):
         self.stops.append((name, reason))
-        if name in self.jobs:
+        if name in self.jobs:  # like the real one: the first stop's kind and time stand
             job = self.jobs[name]
-            self.jobs[name] = ClusterJob(job.name, job.unit_id, job.attempt, JobPhase.SUSPENDED,
-                                         job.gpus, job.created_at, job.started_at)
+            self.jobs[name] = replace(job, phase=JobPhase.SUSPENDED,
+                                      stop_kind=job.stop_kind or kind,
+                                      stopped_at=job.stopped_at or now)
 
     def delete(self, name):
         self.deleted.append(name)
@@ -54,9 +56,9 @@ class MemoryCluster:
 
     def set_phase(self, name, phase, at):
         job = self.jobs[name]
-        self.jobs[name] = ClusterJob(job.name, job.unit_id, job.attempt, phase, job.gpus,
-                                     job.created_at, at if phase is JobPhase.RUNNING else
-                                     job.started_at, at if phase.is_over() else None)
+        self.jobs[name] = replace(
+            job, phase=phase, started_at=at if phase is JobPhase.RUNNING else job.started_at,
+            finished_at=at if phase.is_over() else None)
 
 
 class Signals:

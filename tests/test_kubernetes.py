@@ -25,12 +25,13 @@ from scheduler.adapters.kubernetes import (
     job_name,
     label_value,
 )
-from scheduler.ports import Cluster, JobPhase
+from scheduler.ports import Cluster, JobPhase, StopKind
 from scheduler.types import UnitSpec
 
 NS = "research"
 NOW = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 STOP_BY = NOW + timedelta(hours=5)
+HOUR = timedelta(hours=1)
 NODE_SELECTOR = {"pool": "inference-gpu"}
 TOLERATIONS = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
 DNS_1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -270,7 +271,7 @@ def test_dry_run_makes_no_api_call(kube: FakeKube, caplog: pytest.LogCaptureFixt
     cluster = cluster_for(kube, dry_run=True)
     with caplog.at_level(logging.INFO, logger="scheduler.adapters.kubernetes"):
         name = cluster.apply("req7-0-1", 1, make_spec(), team="nlp", stop_by=None, now=NOW)
-        cluster.stop(name, reason="test")
+        cluster.stop(name, reason="test", kind=StopKind.PREEMPT, now=NOW)
     assert name == "idlegpu-req7-0-1-a1"
     assert kube.requests == [] and kube.jobs == {}
     assert cluster.last_manifests[-1]["metadata"]["name"] == name
@@ -298,44 +299,75 @@ def test_invalid_manifest_names_the_field(kube: FakeKube, cluster: KubernetesClu
 # --- stop -----------------------------------------------------------------------------------
 
 
-def test_stop_suspends_with_a_merge_patch(kube: FakeKube, cluster: KubernetesCluster) -> None:
+def test_stop_records_its_kind_and_time_with_the_suspend(kube: FakeKube,
+                                                          cluster: KubernetesCluster) -> None:
     name = cluster.apply("req7-0-1", 1, make_spec(), team="nlp", stop_by=None, now=NOW)
     rv = kube.job(name, NS)["metadata"]["resourceVersion"]
-    cluster.stop(name, reason="window closes at 14:00")
+    cluster.stop(name, reason="window closes at 14:00", kind=StopKind.PLANNED,
+                 now=NOW + timedelta(hours=4))
     job = kube.job(name, NS)
     assert job["spec"]["suspend"] is True
     assert job["metadata"]["annotations"]["idlegpu.io/stop-reason"] == "window closes at 14:00"
+    assert job["metadata"]["annotations"]["idlegpu.io/stop-kind"] == "planned"
+    assert job["metadata"]["annotations"]["idlegpu.io/stopped-at"] == "2026-03-02T13:00:00Z"
     assert job["metadata"]["resourceVersion"] != rv
     patch = [r for r in kube.requests if r.method == "PATCH"][-1]
     assert patch.content_type == "application/merge-patch+json"
-    assert patch.body == {"metadata": {"annotations": {
-        "idlegpu.io/stop-reason": "window closes at 14:00"}}, "spec": {"suspend": True}}
-    cluster.stop(name, reason="again")  # idempotent
-    assert kube.job(name, NS)["spec"]["suspend"] is True
+    assert patch.body == {"metadata": {"resourceVersion": rv, "annotations": {
+        "idlegpu.io/stop-reason": "window closes at 14:00", "idlegpu.io/stop-kind": "planned",
+        "idlegpu.io/stopped-at": "2026-03-02T13:00:00Z"}}, "spec": {"suspend": True}}
+    # a second stop (the backstop, the other replica) does not rewrite what the stop meant
+    cluster.stop(name, reason="live pressure", kind=StopKind.PREEMPT, now=NOW + 5 * HOUR)
+    job = kube.job(name, NS)
+    assert job["metadata"]["annotations"]["idlegpu.io/stop-kind"] == "planned"
+    assert job["metadata"]["annotations"]["idlegpu.io/stopped-at"] == "2026-03-02T13:00:00Z"
+    assert kube.count("PATCH") == 1
+    (seen,) = cluster.observe()
+    assert seen.stop_kind is StopKind.PLANNED and seen.stopped_at == NOW + timedelta(hours=4)
+
+
+def test_a_stop_racing_another_stop_keeps_the_first(kube: FakeKube, cluster: KubernetesCluster,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    name = cluster.apply("req7-0-1", 1, make_spec(), team="nlp", stop_by=None, now=NOW)
+    other_replica = cluster_for(kube)
+    read = cluster._get
+
+    def read_then_lose_the_race(job_name: str) -> dict | None:
+        job = read(job_name)
+        if kube.count("PATCH") == 0:  # the other replica stops it right after our read
+            other_replica.stop(job_name, reason="window closes", kind=StopKind.PLANNED, now=NOW)
+        return job
+
+    monkeypatch.setattr(cluster, "_get", read_then_lose_the_race)
+    cluster.stop(name, reason="live pressure", kind=StopKind.PREEMPT, now=NOW + HOUR)
+    annotations = kube.job(name, NS)["metadata"]["annotations"]
+    assert annotations["idlegpu.io/stop-kind"] == "planned"  # ours was refused (409), re-read
+    assert annotations["idlegpu.io/stop-reason"] == "window closes"
+    assert kube.count("PATCH") == 2
 
 
 def test_stop_of_a_missing_job_is_fine(kube: FakeKube, cluster: KubernetesCluster) -> None:
-    cluster.stop("idlegpu-gone-a1", reason="preempt")
-    assert kube.count("PATCH") == 1
+    cluster.stop("idlegpu-gone-a1", reason="preempt", kind=StopKind.PREEMPT, now=NOW)
+    assert kube.count("GET") == 1 and kube.count("PATCH") == 0
 
 
-def test_stop_of_a_finished_job_that_refuses_suspension_is_fine(
+def test_stop_of_a_finished_job_sends_nothing_and_a_refusal_is_raised(
         kube: FakeKube, cluster: KubernetesCluster) -> None:
     name = cluster.apply("req7-0-1", 1, make_spec(), team="nlp", stop_by=None, now=NOW)
     kube.set_status(name, {"succeeded": 1, "conditions": [
         {"type": "Complete", "status": "True"}]})
-    kube.fail_next(1, 422)
-    cluster.stop(name, reason="late")
-    kube.set_status(name, {"active": 1, "ready": 1})
-    kube.fail_next(1, 422)
-    with pytest.raises(ClusterRejectedError):
-        cluster.stop(name, reason="late")
+    cluster.stop(name, reason="late", kind=StopKind.PLANNED, now=NOW)
+    assert kube.count("PATCH") == 0  # it holds no GPUs
+    kube.set_status(name, {"active": 1, "ready": 1, "conditions": []})
+    kube.forbid("patch")
+    with pytest.raises(ClusterPermissionError):
+        cluster.stop(name, reason="late", kind=StopKind.PLANNED, now=NOW)
 
 
 def test_delete_removes_the_job_with_its_pods_and_a_missing_one_is_fine(
         kube: FakeKube, cluster: KubernetesCluster) -> None:
     name = cluster.apply("req7-0-1", 1, make_spec(), team="nlp", stop_by=None, now=NOW)
-    cluster.stop(name, reason="preempt")
+    cluster.stop(name, reason="preempt", kind=StopKind.PREEMPT, now=NOW)
     kube.fail_next(1, 503)  # retried like every call
     cluster.delete(name)
     with pytest.raises(KeyError):
@@ -370,7 +402,7 @@ STATUSES = {
     "suspended": ({"conditions": [{"type": "Suspended", "status": "True",
                                    "message": "Job suspended"}]}, JobPhase.SUSPENDED),
     "terminating": ({"active": 0, "terminating": 1, "conditions": [
-        {"type": "Suspended", "status": "True"}]}, JobPhase.RUNNING),
+        {"type": "Suspended", "status": "True"}]}, JobPhase.STOPPING),
 }
 
 
@@ -386,12 +418,17 @@ def test_observe_maps_statuses(kube: FakeKube, cluster: KubernetesCluster) -> No
         job = seen[f"{case}-0-0"]
         assert job.phase is phase, case
         assert job.name == names[case] and job.attempt == 1 and job.gpus == i + 1
-        assert job.created_at is not None and job.created_at.tzinfo is not None
-    assert seen["running-0-0"].started_at == datetime(2026, 3, 2, 9, 1, tzinfo=UTC)
-    assert seen["succeeded-0-0"].finished_at == datetime(2026, 3, 2, 11, 0, tzinfo=UTC)
-    assert seen["failed-0-0"].finished_at == datetime(2026, 3, 2, 10, 0, tzinfo=UTC)
+        assert job.created_at == NOW  # our own clock, from the created-at annotation
+    # the Job's startTime is the server's moment of Job start, before any pod ran: not used
+    assert seen["running-0-0"].started_at is None
+    # server times come back on the daemon's clock: shifted by (our creation - theirs)
+    created = datetime.fromisoformat(
+        kube.job(names["succeeded"], NS)["metadata"]["creationTimestamp"].replace("Z", "+00:00"))
+    shift = NOW - created
+    assert seen["succeeded-0-0"].finished_at == datetime(2026, 3, 2, 11, 0, tzinfo=UTC) + shift
     assert "exit code 1" in seen["failed-0-0"].message
-    assert seen["terminating-0-0"].message.startswith("suspending")
+    assert seen["terminating-0-0"].message.startswith("stopping")
+    assert not JobPhase.STOPPING.is_over()
 
 
 def test_observe_after_stop_reports_suspended(kube: FakeKube,
@@ -399,9 +436,25 @@ def test_observe_after_stop_reports_suspended(kube: FakeKube,
     name = cluster.apply("req7-0-1", 2, make_spec(), team="nlp", stop_by=None, now=NOW)
     kube.set_status(name, {"active": 1, "ready": 1})
     assert [j.phase for j in cluster.observe()] == [JobPhase.RUNNING]
-    cluster.stop(name, reason="preempt")
+    cluster.stop(name, reason="preempt", kind=StopKind.PREEMPT, now=NOW)
     (job,) = cluster.observe()
     assert job.phase is JobPhase.SUSPENDED and job.phase.is_over() and job.attempt == 2
+    assert job.stop_kind is StopKind.PREEMPT and job.message == "preempt"
+
+
+def test_a_stopped_job_that_ends_failed_is_a_stop_not_a_failure(
+        kube: FakeKube, cluster: KubernetesCluster) -> None:
+    # servers that fail a suspended Job whose pod exited 143 (our FailJob rule matches, since
+    # a pod deleted through the API gets no DisruptionTarget): still our stop
+    name = cluster.apply("req7-0-1", 1, make_spec(), team="nlp", stop_by=None, now=NOW)
+    cluster.stop(name, reason="window closes", kind=StopKind.PLANNED, now=NOW + HOUR)
+    kube.set_status(name, {"failed": 1, "conditions": [
+        {"type": "Failed", "status": "True", "reason": "PodFailurePolicy",
+         "message": "Container job for pod x failed with exit code 143 matching FailJob rule",
+         "lastTransitionTime": "2026-03-02T10:00:05Z"}]})
+    (job,) = cluster.observe()
+    assert job.phase is JobPhase.DISRUPTED and job.stop_kind is StopKind.PLANNED
+    assert "stopped (planned)" in job.message and "143" in job.message
 
 
 def test_observe_honours_the_label_selector(kube: FakeKube, cluster: KubernetesCluster) -> None:
@@ -413,9 +466,22 @@ def test_observe_honours_the_label_selector(kube: FakeKube, cluster: KubernetesC
         "spec": {"template": {}}}, namespace="other")
     jobs = cluster.observe()
     assert [j.name for j in jobs] == ["idlegpu-req7-0-1-a1"]
-    (listing,) = [r for r in kube.requests if r.method == "GET"]
-    assert listing.query["labelSelector"] == "app.kubernetes.io/managed-by=idlegpu"
-    assert listing.path == f"/apis/batch/v1/namespaces/{NS}/jobs"
+    listings = [r for r in kube.requests if r.method == "GET"]
+    assert [r.path for r in listings] == [f"/apis/batch/v1/namespaces/{NS}/jobs",
+                                          f"/api/v1/namespaces/{NS}/pods"]
+    assert {r.query["labelSelector"] for r in listings} == {"app.kubernetes.io/managed-by=idlegpu"}
+
+
+def test_an_instance_sees_and_adopts_only_its_own_jobs(kube: FakeKube) -> None:
+    ours, theirs = cluster_for(kube, instance="pool-a-1234"), cluster_for(kube, instance="b")
+    mine = ours.apply("u-0-0", 1, make_spec(), team="nlp", stop_by=None, now=NOW)
+    theirs.apply("v-0-0", 1, make_spec(), team="nlp", stop_by=None, now=NOW)
+    assert kube.job(mine, NS)["metadata"]["labels"]["idlegpu.io/instance"] == "pool-a-1234"
+    assert [j.unit_id for j in ours.observe()] == ["u-0-0"]
+    assert [j.unit_id for j in theirs.observe()] == ["v-0-0"]
+    assert kube.requests[-2].query["labelSelector"].endswith(",idlegpu.io/instance=b")
+    with pytest.raises(JobConflictError, match="this idlegpu instance"):
+        theirs.apply("u-0-0", 1, make_spec(), team="nlp", stop_by=None, now=NOW)
 
 
 # --- errors and retries ---------------------------------------------------------------------
@@ -438,7 +504,7 @@ def test_timeouts_are_retried(kube: FakeKube) -> None:
     cluster = cluster_for(kube, request_timeout_s=0.2)
     kube.fail_next(1, "timeout")
     assert cluster.observe() == []
-    assert kube.count("GET") == 2
+    assert kube.count("GET") == 3  # the Jobs twice (one timed out), then the pods
 
 
 def test_persistent_5xx_raises_cluster_unavailable(kube: FakeKube) -> None:
@@ -460,7 +526,7 @@ def test_unreachable_server_raises_cluster_unavailable(kube: FakeKube) -> None:
     cluster = KubernetesCluster(client, namespace=NS, retries=1, backoff_s=0.0,
                                 request_timeout_s=1.0)
     with pytest.raises(ClusterUnavailableError, match="after 2 attempt") as err:
-        cluster.stop("idlegpu-x-a1", reason="r")
+        cluster.stop("idlegpu-x-a1", reason="r", kind=StopKind.PREEMPT, now=NOW)
     assert "\n" not in str(err.value)
 
 
@@ -476,14 +542,17 @@ def test_forbidden_names_the_missing_permission(kube: FakeKube, cluster: Kuberne
         elif verb == "delete":
             cluster.delete("idlegpu-req7-0-1-a1")
         else:
-            cluster.stop("idlegpu-req7-0-1-a1", reason="r")
+            kube.allow("create")
+            name = cluster.apply("req7-0-1", 1, make_spec(), team="nlp", stop_by=None, now=NOW)
+            cluster.stop(name, reason="r", kind=StopKind.PREEMPT, now=NOW)
     message = str(err.value)
     assert f"Kubernetes denied '{verb}' on jobs.batch in namespace research" in message
     assert "Role" in message and "\n" not in message
-    assert "verbs get, list, create, patch, delete" in message
+    assert "jobs.batch: get, list, create, patch, delete; pods: get, list" in message
     assert f'cannot {verb} resource "jobs"' in message
     assert isinstance(err.value, PermanentError)
-    assert kube.count() == 1  # never retried
+    method = {"create": "POST", "list": "GET", "patch": "PATCH", "delete": "DELETE"}[verb]
+    assert kube.count(method) == 1  # never retried
 
 
 def test_from_config_reads_a_kubeconfig(kube: FakeKube, tmp_path: object) -> None:

@@ -36,7 +36,7 @@ import os
 import re
 import time
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import kubernetes
@@ -44,7 +44,7 @@ import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from forecast.errors import PermanentError, TemporaryError
-from scheduler.ports import ClusterJob, JobPhase, JobRejectedError
+from scheduler.ports import ClusterJob, JobPhase, JobRejectedError, StopKind
 from scheduler.types import UnitSpec
 
 log = logging.getLogger(__name__)
@@ -60,6 +60,10 @@ ANN_TEAM = "idlegpu.io/team"
 ANN_STOP_BY = "idlegpu.io/stop-by"
 ANN_CREATED_AT = "idlegpu.io/created-at"
 ANN_STOP_REASON = "idlegpu.io/stop-reason"
+ANN_STOP_KIND = "idlegpu.io/stop-kind"
+ANN_STOPPED_AT = "idlegpu.io/stopped-at"
+LABEL_INSTANCE = "idlegpu.io/instance"
+JOB_NAME_LABELS = ("batch.kubernetes.io/job-name", "job-name")  # set on pods by the Job controller
 ANN_STEP = "idlegpu.io/step"
 GPU_RESOURCE = "nvidia.com/gpu"
 RESUME_ENV = "IDLEGPU_RESUME"
@@ -239,14 +243,23 @@ class KubernetesCluster:
         service_account: str | None = None,
         run_as_user: int | None = None,
         ttl_seconds_after_finished: int | None = None,
+        instance: str | None = None,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
+        """``instance``: the identity of the daemon instance that owns these Jobs (a label on
+        each); ``observe`` and adoption see only this instance's Jobs, so two daemons (two
+        pools, or two stores) can share a namespace. None: every idlegpu Job (one daemon)."""
         if api_client is None and not dry_run:
             raise ValueError("an api_client is needed unless dry_run=True")
         if retries < 0:
             raise ValueError("retries must be >= 0")
         self.api_client = api_client
         self.batch = kubernetes.client.BatchV1Api(api_client) if api_client else None
+        self.core = kubernetes.client.CoreV1Api(api_client) if api_client else None
+        self.instance = instance
+        self.selector = SELECTOR + (f",{LABEL_INSTANCE}={label_value(instance)}"
+                                    if instance else "")
+        self._pods_readable = True
         self.namespace = namespace
         self.node_selector = dict(node_selector or {})
         self.tolerations = [dict(t) for t in (tolerations or [])]
@@ -321,6 +334,8 @@ class KubernetesCluster:
             LABEL_TEAM: label_value(team),
             LABEL_ATTEMPT: str(attempt),
         }
+        if self.instance:
+            labels[LABEL_INSTANCE] = label_value(self.instance)
         annotations = {
             ANN_UNIT_ID: unit_id,
             ANN_TEAM: team,
@@ -452,24 +467,46 @@ class KubernetesCluster:
             self._adopt(name, unit_id, attempt)
         return name
 
-    def stop(self, name: str, *, reason: str) -> None:
+    def stop(self, name: str, *, reason: str, kind: StopKind, now: datetime) -> None:
+        """Suspend the Job, writing why (``kind``, ``reason``) and when (``now``, the daemon's
+        clock) in the same patch, so a restart or the other replica reads the stop back. A Job
+        stopped before keeps its first kind and time: the patch is conditional on the
+        ``resourceVersion`` read, and a lost race is read again."""
         if self.dry_run:
             self.dry_run_stops.append((name, reason))
-            log.info("dry run: would suspend Job %s/%s (%s)", self.namespace, name, reason)
+            log.info("dry run: would suspend Job %s/%s (%s: %s)", self.namespace, name,
+                     kind.value, reason)
             return
-        patch = {"metadata": {"annotations": {ANN_STOP_REASON: reason[:1024]}},
-                 "spec": {"suspend": True}}
-        try:
-            self._call("patch", lambda **kw: self.batch.patch_namespaced_job(
-                name, self.namespace, patch, _content_type=_MERGE_PATCH, **kw))
-        except _NotFound:
-            log.info("Job %s/%s is already gone", self.namespace, name)
-        except ClusterRejectedError:
-            # a Job that already finished may refuse suspension; it holds no GPUs either way
+        for _ in range(3):
             job = self._get(name)
-            if job is None or _finished_condition(job) is not None:
+            if job is None:
+                log.info("Job %s/%s is already gone", self.namespace, name)
                 return
-            raise
+            if _finished_condition(job) is not None:
+                return  # it ended already and holds no GPUs
+            meta = job.get("metadata") or {}
+            if (meta.get("annotations") or {}).get(ANN_STOP_KIND):
+                if (job.get("spec") or {}).get("suspend"):
+                    return  # stopped before: the first stop stands
+                patch: dict[str, Any] = {"spec": {"suspend": True}}
+            else:
+                patch = {"metadata": {"annotations": {
+                    ANN_STOP_REASON: reason[:1024], ANN_STOP_KIND: kind.value,
+                    ANN_STOPPED_AT: _iso(now)}}, "spec": {"suspend": True}}
+            patch.setdefault("metadata", {})["resourceVersion"] = meta.get("resourceVersion")
+            try:
+                self._call("patch", lambda **kw: self.batch.patch_namespaced_job(
+                    name, self.namespace, patch, _content_type=_MERGE_PATCH, **kw))
+                return
+            except _NotFound:
+                log.info("Job %s/%s is already gone", self.namespace, name)
+                return
+            except ClusterRejectedError as exc:
+                if exc.status == 409:  # changed since we read it (it may have just ended)
+                    continue
+                raise
+        raise ClusterUnavailableError(
+            f"Job {self.namespace}/{name} kept changing while being stopped; retry", delay=1.0)
 
     def delete(self, name: str) -> None:
         if self.dry_run:
@@ -483,19 +520,48 @@ class KubernetesCluster:
             pass
 
     def observe(self) -> list[ClusterJob]:
+        """This instance's Jobs with their phase, and with their pods' real start (container
+        start) and whether pods still terminate; server times mapped onto the daemon's clock
+        through each Job's creation (see ``_clock_offset``)."""
         if self.batch is None:
             return []
         body = self._call("list", lambda **kw: self.batch.list_namespaced_job(
-            self.namespace, label_selector=SELECTOR, **kw))
+            self.namespace, label_selector=self.selector, **kw))
+        pods = self._pods_by_job()
         jobs = []
         for item in body.get("items") or []:
             labels = item.get("metadata", {}).get("labels") or {}
             if labels.get(MANAGED_BY) != MANAGER:  # a server that ignores labelSelector
                 continue
-            job = _to_cluster_job(item)
+            if self.instance and labels.get(LABEL_INSTANCE) != label_value(self.instance):
+                continue
+            job = _to_cluster_job(item, None if pods is None else
+                                  pods.get(item["metadata"].get("name"), []))
             if job is not None:
                 jobs.append(job)
         return sorted(jobs, key=lambda j: j.name)
+
+    def _pods_by_job(self) -> dict[str, list[dict[str, Any]]] | None:
+        """Our pods by their Job's name; None when pods cannot be read (an older Role without
+        pods get/list: the Job status alone is used, with a warning once)."""
+        if self.core is None or not self._pods_readable:
+            return None
+        try:
+            body = self._call("list", lambda **kw: self.core.list_namespaced_pod(
+                self.namespace, label_selector=self.selector, **kw), resource="pods")
+        except ClusterPermissionError as exc:
+            self._pods_readable = False
+            log.warning("cannot read pods (%s): work is timed from when the daemon sees a Job "
+                        "running, and stopping Jobs from their status alone; grant pods get, "
+                        "list (deploy/role.yaml)", exc)
+            return None
+        found: dict[str, list[dict[str, Any]]] = {}
+        for pod in body.get("items") or []:
+            labels = (pod.get("metadata") or {}).get("labels") or {}
+            owner = next((labels[k] for k in JOB_NAME_LABELS if labels.get(k)), None)
+            if owner:
+                found.setdefault(owner, []).append(pod)
+        return found
 
     # --- internals -----------------------------------------------------------------------
 
@@ -517,13 +583,15 @@ class KubernetesCluster:
         owner = (meta.get("annotations") or {}).get(ANN_UNIT_ID)
         if (labels.get(MANAGED_BY) != MANAGER or labels.get(LABEL_UNIT) != label_value(unit_id)
                 or (owner is not None and owner != unit_id)
-                or labels.get(LABEL_ATTEMPT) != str(attempt)):
+                or labels.get(LABEL_ATTEMPT) != str(attempt)
+                or (self.instance and labels.get(LABEL_INSTANCE) != label_value(self.instance))):
             raise JobConflictError(
                 f"Job {self.namespace}/{name} already exists and is not unit {unit_id} attempt "
-                f"{attempt} of idlegpu (labels {labels}); delete or rename it")
+                f"{attempt} of this idlegpu instance ({self.instance or 'any'}; labels {labels}); "
+                f"delete or rename it")
         log.info("adopted existing Job %s/%s for unit %s", self.namespace, name, unit_id)
 
-    def _call(self, verb: str, fn: Callable[..., Any]) -> Any:
+    def _call(self, verb: str, fn: Callable[..., Any], resource: str = "jobs.batch") -> Any:
         """Run one API call with retries; return its JSON body as a dict."""
         attempts = self.retries + 1
         last = ""
@@ -538,15 +606,15 @@ class KubernetesCluster:
                 if exc.status in _RETRYABLE_STATUS:
                     last = f"HTTP {exc.status} {_status_message(exc) or exc.reason or ''}".strip()
                     continue
-                raise self._error(verb, exc) from None
+                raise self._error(verb, exc, resource) from None
             except (urllib3.exceptions.HTTPError, OSError) as exc:
                 last = " ".join(f"{type(exc).__name__}: {exc}".split())
                 continue
         raise ClusterUnavailableError(
-            f"Kubernetes API unavailable: {verb} jobs.batch in namespace {self.namespace} failed "
+            f"Kubernetes API unavailable: {verb} {resource} in namespace {self.namespace} failed "
             f"after {attempts} attempt(s): {last[:300]}")
 
-    def _error(self, verb: str, exc: ApiException) -> Exception:
+    def _error(self, verb: str, exc: ApiException, resource: str) -> Exception:
         message = _status_message(exc)
         if exc.status == 404:
             return _NotFound(message)
@@ -554,19 +622,19 @@ class KubernetesCluster:
             return _Conflict(message)
         if exc.status == 401:
             return ClusterPermissionError(
-                f"Kubernetes rejected the credentials for '{verb}' on jobs.batch in namespace "
+                f"Kubernetes rejected the credentials for '{verb}' on {resource} in namespace "
                 f"{self.namespace} (HTTP 401): {message or exc.reason}; check the kubeconfig "
                 f"user or the service account token")
         if exc.status == 403:
             return ClusterPermissionError(
-                f"Kubernetes denied '{verb}' on jobs.batch in namespace {self.namespace} "
+                f"Kubernetes denied '{verb}' on {resource} in namespace {self.namespace} "
                 f"(HTTP {exc.status}): {message or exc.reason}; grant the idlegpu service "
-                f"account a Role with verbs get, list, create, patch, delete on resource jobs in API "
-                f"group batch there (see deploy/)")
+                f"account the Role of deploy/role.yaml there (jobs.batch: get, list, create, "
+                f"patch, delete; pods: get, list)")
         fields = _status_fields(exc)
         what = f" (fields: {', '.join(fields)})" if fields else ""
         return ClusterRejectedError(
-            f"Kubernetes rejected '{verb}' on jobs.batch in namespace {self.namespace} "
+            f"Kubernetes rejected '{verb}' on {resource} in namespace {self.namespace} "
             f"(HTTP {exc.status}){what}: {message or exc.reason}",
             status=exc.status or 0, fields=fields)
 
@@ -616,16 +684,49 @@ def _finished_condition(job: dict[str, Any]) -> dict[str, Any] | None:
     return conds.get("Complete") or conds.get("Failed")
 
 
-def _phase(job: dict[str, Any]) -> tuple[JobPhase, str]:
+def _pod_holds_gpus(pod: dict[str, Any]) -> bool:
+    """A pod not yet ended holds its node's GPUs, even once deleted (its grace period, or a
+    dead node that never confirms the end)."""
+    return ((pod.get("status") or {}).get("phase") or "Pending") not in ("Succeeded", "Failed")
+
+
+def _pod_ready(pod: dict[str, Any]) -> bool:
+    return any(c.get("type") == "Ready" and str(c.get("status")) == "True"
+               for c in (pod.get("status") or {}).get("conditions") or [])
+
+
+def _container_start(pod: dict[str, Any]) -> datetime | None:
+    """When the job's container started (running, or ran and ended), on the server's clock."""
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        if cs.get("name") != CONTAINER_NAME:
+            continue
+        state = cs.get("state") or {}
+        for key in ("running", "terminated"):
+            started = _parse_time((state.get(key) or {}).get("startedAt"))
+            if started is not None:
+                return started
+    return None
+
+
+def _phase(job: dict[str, Any], pods: list[dict[str, Any]] | None) -> tuple[JobPhase, str]:
+    """The Job's phase for the controller. ``pods`` (None: not readable) decides when a
+    stopped Job is really stopped: a suspended Job reports ``Suspended`` before its pods are
+    gone, and pods still terminating hold their GPUs."""
     spec = job.get("spec") or {}
     status = job.get("status") or {}
     conds = _conditions(job)
+    annotations = (job.get("metadata") or {}).get("annotations") or {}
+    stopped = annotations.get(ANN_STOP_KIND)
     if (status.get("succeeded") or 0) > 0 or "Complete" in conds:
         return JobPhase.SUCCEEDED, (conds.get("Complete") or {}).get("message", "")
     if "Failed" in conds:
         cond = conds["Failed"]
         text = f"{cond.get('reason', '')}: {cond.get('message', '')}".strip(": ")
-        annotations = (job.get("metadata") or {}).get("annotations") or {}
+        if stopped:
+            # our stop ended it: a workload that exits 143 on SIGTERM matches the FailJob
+            # rule on servers that fail a suspended Job (the Job controller deletes the pods
+            # through the API, which adds no DisruptionTarget for the Ignore rule)
+            return JobPhase.DISRUPTED, f"stopped ({stopped}), then the Job ended: {text}"
         if cond.get("reason") == "DeadlineExceeded" and ANN_STOP_BY in annotations:
             # the safety net of a planned stop fired (the daemon was not there): a stop, not a
             # failure of the job; the work since its last checkpoint may be lost
@@ -636,16 +737,20 @@ def _phase(job: dict[str, Any]) -> tuple[JobPhase, str]:
             return JobPhase.DISRUPTED, text
         return JobPhase.FAILED, text
     if spec.get("suspend") or "Suspended" in conds:
-        terminating = status.get("terminating") or 0
-        active = status.get("active") or 0
-        if terminating or (active and "Suspended" not in conds):
-            # pods still in their grace period hold their GPUs
-            return JobPhase.RUNNING, f"suspending: {terminating or active} pod(s) terminating"
-        return JobPhase.SUSPENDED, (conds.get("Suspended") or {}).get("message", "") or (
-            (job.get("metadata", {}).get("annotations") or {}).get(ANN_STOP_REASON, ""))
+        holding = status.get("terminating") or 0
+        if pods is not None:
+            holding = max(holding, sum(1 for pod in pods if _pod_holds_gpus(pod)))
+        else:
+            holding = max(holding, status.get("active") or 0)
+        if holding:
+            return JobPhase.STOPPING, f"stopping: {holding} pod(s) still terminating"
+        return JobPhase.SUSPENDED, annotations.get(ANN_STOP_REASON) or (
+            conds.get("Suspended") or {}).get("message", "")
     ready = status.get("ready")
     active = status.get("active") or 0
-    if (ready or 0) > 0 or (active > 0 and ready is None):
+    if (ready or 0) > 0 or any(_pod_ready(pod) for pod in pods or ()):
+        return JobPhase.RUNNING, ""
+    if active > 0 and ready is None:  # a server older than status.ready (1.24)
         return JobPhase.RUNNING, ""
     if active > 0:
         return JobPhase.PENDING, "pod not ready yet"
@@ -664,7 +769,19 @@ def _gpus(job: dict[str, Any]) -> int:
     return total
 
 
-def _to_cluster_job(job: dict[str, Any]) -> ClusterJob | None:
+def _clock_offset(meta: dict[str, Any]) -> timedelta:
+    """Daemon clock minus server clock, from the Job's creation: the daemon wrote its own time
+    of creation (``created-at``), the server its ``creationTimestamp``. A replayed daemon
+    (``--now``) and a server with a skewed clock both come out on the daemon's clock."""
+    ours = _parse_time((meta.get("annotations") or {}).get(ANN_CREATED_AT))
+    theirs = _parse_time(meta.get("creationTimestamp"))
+    if ours is None or theirs is None:
+        return timedelta(0)
+    return ours - theirs
+
+
+def _to_cluster_job(job: dict[str, Any],
+                    pods: list[dict[str, Any]] | None = None) -> ClusterJob | None:
     meta = job.get("metadata") or {}
     labels = meta.get("labels") or {}
     annotations = meta.get("annotations") or {}
@@ -675,19 +792,32 @@ def _to_cluster_job(job: dict[str, Any]) -> ClusterJob | None:
         attempt = int(labels.get(LABEL_ATTEMPT, "0"))
     except ValueError:
         attempt = 0
-    phase, message = _phase(job)
+    phase, message = _phase(job, pods)
     status = job.get("status") or {}
-    finished = status.get("completionTime")
+    finished = _parse_time(status.get("completionTime"))
     if finished is None and phase in (JobPhase.FAILED, JobPhase.DISRUPTED):
-        finished = (_conditions(job).get("Failed") or {}).get("lastTransitionTime")
+        finished = _parse_time((_conditions(job).get("Failed") or {}).get("lastTransitionTime"))
+    offset = _clock_offset(meta)
+    # the newest pod's container start: when this attempt's work really began
+    starts = sorted((p.get("metadata", {}).get("creationTimestamp") or "", start)
+                    for p in pods or () if (start := _container_start(p)) is not None)
+    started = starts[-1][1] if starts else None
+    stop_kind = annotations.get(ANN_STOP_KIND)
+    try:
+        kind = StopKind(stop_kind) if stop_kind else None
+    except ValueError:  # written by a newer idlegpu: a stop all the same
+        kind = StopKind.PREEMPT
     return ClusterJob(
         name=meta["name"],
         unit_id=unit_id,
         attempt=attempt,
         phase=phase,
         gpus=_gpus(job),
-        created_at=_parse_time(meta.get("creationTimestamp")),
-        started_at=_parse_time(status.get("startTime")),
-        finished_at=_parse_time(finished),
+        created_at=_parse_time(annotations.get(ANN_CREATED_AT)) or _parse_time(
+            meta.get("creationTimestamp")),
+        started_at=None if started is None else started + offset,
+        finished_at=None if finished is None else finished + offset,
         message=" ".join(str(message).split()),
+        stop_kind=kind,
+        stopped_at=_parse_time(annotations.get(ANN_STOPPED_AT)),
     )
