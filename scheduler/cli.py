@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -758,7 +758,10 @@ def run(
                 f"restart; store: {_store_url(settings, store)}"
             )
             return
-        replay_clock = {"clock": _replay_clock(moment, speed)} if now is not None else {}
+        from scheduler.clock import ReplayClock, WallClock
+
+        # a replay's clock runs --speed times faster, and so does every period of the daemon
+        clock = ReplayClock(moment, speed) if now is not None else WallClock()
         daemon = Daemon(
             controller,
             reconcile_seconds=settings.daemon.reconcile_seconds,
@@ -767,7 +770,7 @@ def run(
             refresh_hour=settings.daemon.forecast_refresh_hour,
             monthly_report=lambda at: write_last_month_report(settings, job_store, at),
             timezone=settings.pool.timezone,
-            **replay_clock,
+            clock=clock,
         )
         import logging
 
@@ -785,14 +788,6 @@ def run(
         daemon.run(metrics_port=settings.daemon.metrics_port)
     finally:
         job_store.close()
-
-
-def _replay_clock(start: datetime, speed: float):
-    """A clock that starts at ``start`` now and runs ``speed`` times faster than real time."""
-    import time
-
-    origin = time.monotonic()
-    return lambda: start + timedelta(seconds=(time.monotonic() - origin) * speed)
 
 
 def _cluster(settings, *, dry_run: bool, kubeconfig: str | None, context: str | None):

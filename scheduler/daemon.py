@@ -2,10 +2,13 @@
 
 Jobs (fixed ids, ``max_instances=1``, ``coalesce=True``): the reconcile pass every
 ``daemon.reconcile_seconds``, the live backstop every ``daemon.backstop_seconds``, the forecast
-refresh every evening at ``daemon.forecast_refresh_hour`` (local), and last month's report on
-the 1st. The reconcile pass also refreshes the forecast when the daemon's clock has passed a
-refresh hour since the last refresh: a daemon that was down at that hour (or replays history
-in accelerated time, where wall-clock triggers mean nothing) still gets its nightly forecast.
+refresh every evening at ``daemon.forecast_refresh_hour`` (local), and last month's report at
+06:00 on the 1st. Every period is one of the daemon's clock (``scheduler.clock``): the real
+time, or a replay's, which runs ``speed`` times faster, so the interval triggers fire every
+period/speed real seconds, and the evening refresh and the monthly report are checks made
+every reconcile period against the clock ("has 17:00 passed since the last forecast?"), not
+wall-clock crons. The reconcile pass makes the refresh check too, so the pass that first sees
+17:00 (or the first pass of a daemon that was down then) runs on tonight's forecast.
 A failed refresh (Prometheus down) is logged and counted; the pass goes on with the forecast it
 has, which the policy refuses to admit on once it is older than ``max_forecast_age``.
 The daemon serves its own Prometheus metrics and a health endpoint, and stops gracefully on
@@ -19,13 +22,14 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from forecast.errors import IdlegpuError
+from scheduler.clock import Clock, as_clock, real_seconds, refresh_due, report_due
 from scheduler.controller import Controller, PassReport
 from scheduler.types import Action
 
@@ -66,26 +70,33 @@ class Daemon:
         refresh_forecast: Callable[[datetime], None] | None = None,
         refresh_hour: int = 17,
         monthly_report: Callable[[datetime], None] | None = None,
+        report_hour: int = 6,
         timezone: str = "UTC",
-        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        clock: Clock | Callable[[], datetime] | None = None,
     ) -> None:
+        """``clock``: a ``scheduler.clock`` clock (default the real time) or a plain
+        ``() -> datetime`` (taken as real-time speed)."""
         self.controller = controller
         self.reconcile_seconds = reconcile_seconds
         self.backstop_seconds = backstop_seconds
         self.refresh_forecast = refresh_forecast
         self.refresh_hour = refresh_hour
         self.monthly_report = monthly_report
+        self.report_hour = report_hour
         self.timezone = timezone
-        self.clock = clock
+        self.clock = as_clock(clock)
         self.metrics = DaemonMetrics()
         self.last_pass: datetime | None = None
         self.forecast_made: datetime | None = None
+        # the monthly report is due once 06:00 on a 1st passes after this (the last report, or
+        # the start: like a cron, a daemon started later that month does not write it)
+        self.report_since: datetime | None = None
+        self._refresh_lock = threading.Lock()
         self._server = None
 
     # ------------------------------------------------------------------ jobs
     def reconcile(self) -> PassReport | None:
-        if self.refresh_due(self.clock()):
-            self.refresh()
+        self.refresh_if_due()
         return self._pass("reconcile", self.controller.reconcile_once)
 
     def backstop(self) -> PassReport | None:
@@ -96,7 +107,7 @@ class Daemon:
         and counted, and the pass does not count as run, so /healthz turns 503 once that has
         lasted three reconcile periods."""
         try:
-            report = run(self.clock())
+            report = run(self.clock.now())
         except IdlegpuError as exc:
             self.metrics.passes.labels(kind).inc()
             self.metrics.errors.inc()
@@ -109,7 +120,10 @@ class Daemon:
         """Refresh the forecast now; False (logged, counted) when it failed."""
         if self.refresh_forecast is None:
             return False
-        now = self.clock()
+        with self._refresh_lock:
+            return self._refresh(self.clock.now())
+
+    def _refresh(self, now: datetime) -> bool:
         try:
             self.refresh_forecast(now)
         except IdlegpuError as exc:
@@ -125,19 +139,40 @@ class Daemon:
         """True when no forecast was made yet, or a refresh hour passed since the last one."""
         if self.refresh_forecast is None:
             return False
-        if self.forecast_made is None:
-            return True
-        from zoneinfo import ZoneInfo
+        return refresh_due(now, self.forecast_made, self.timezone, self.refresh_hour)
 
-        local = now.astimezone(ZoneInfo(self.timezone))
-        boundary = local.replace(hour=self.refresh_hour, minute=0, second=0, microsecond=0)
-        if boundary > local:
-            boundary -= timedelta(days=1)
-        return self.forecast_made < boundary
+    def refresh_if_due(self) -> bool:
+        """Refresh when due (the scheduled check, and the start of every reconcile pass);
+        False when it was not due or failed. Checked again under the lock: the check job and
+        a pass that meet at 17:00 refresh once."""
+        with self._refresh_lock:
+            now = self.clock.now()
+            return self.refresh_due(now) and self._refresh(now)
 
     def report(self) -> None:
+        """Write last month's report now (the monthly job, or on demand)."""
         if self.monthly_report is not None:
-            self.monthly_report(self.clock())
+            now = self.clock.now()
+            self.monthly_report(now)
+            self.report_since = now
+
+    def report_due(self, now: datetime) -> bool:
+        if self.monthly_report is None:
+            return False
+        if self.report_since is None:
+            self.report_since = now
+        return report_due(now, self.report_since, self.timezone, self.report_hour)
+
+    def report_if_due(self) -> bool:
+        if not self.report_due(self.clock.now()):
+            return False
+        try:
+            self.report()
+        except (IdlegpuError, OSError) as exc:  # retried at the next check
+            self.metrics.errors.inc()
+            log.error("last month's report failed: %s", exc)
+            return False
+        return True
 
     def _record(self, report: PassReport, kind: str) -> None:
         m = self.metrics
@@ -172,30 +207,35 @@ class Daemon:
 
     # ------------------------------------------------------------------ scheduling
     def scheduler(self, *, blocking: bool = True):
+        """The jobs, every period in the clock's time: a replay at ``speed`` 60 runs its
+        reconcile pass every second, 60 per replayed hour, as the real daemon does per hour."""
         from apscheduler.schedulers.background import BackgroundScheduler
         from apscheduler.schedulers.blocking import BlockingScheduler
-        from apscheduler.triggers.cron import CronTrigger
         from apscheduler.triggers.interval import IntervalTrigger
 
+        if self.report_since is None:
+            self.report_since = self.clock.now()
         sched = (BlockingScheduler if blocking else BackgroundScheduler)(timezone=self.timezone)
         common = {"max_instances": 1, "coalesce": True, "replace_existing": True,
                   "misfire_grace_time": 30}
-        sched.add_job(self.reconcile, IntervalTrigger(seconds=self.reconcile_seconds),
-                      id="reconcile", **common)
-        sched.add_job(self.backstop, IntervalTrigger(seconds=self.backstop_seconds),
-                      id="backstop", **common)
-        sched.add_job(self.refresh, CronTrigger(hour=self.refresh_hour, minute=0),
+
+        def every(seconds: float) -> IntervalTrigger:
+            return IntervalTrigger(seconds=real_seconds(self.clock, seconds))
+
+        sched.add_job(self.reconcile, every(self.reconcile_seconds), id="reconcile", **common)
+        sched.add_job(self.backstop, every(self.backstop_seconds), id="backstop", **common)
+        sched.add_job(self.refresh_if_due, every(self.reconcile_seconds),
                       id="forecast-refresh", **common)
-        sched.add_job(self.report, CronTrigger(day=1, hour=6, minute=0), id="monthly-report",
+        sched.add_job(self.report_if_due, every(self.reconcile_seconds), id="monthly-report",
                       **common)
         return sched
 
     # ------------------------------------------------------------------ endpoints
     def healthy(self) -> bool:
-        """Alive when a pass ran within three reconcile periods."""
+        """Alive when a pass ran within three reconcile periods (of the clock's time)."""
         if self.last_pass is None:
             return False
-        return (self.clock() - self.last_pass).total_seconds() <= 3 * self.reconcile_seconds
+        return (self.clock.now() - self.last_pass).total_seconds() <= 3 * self.reconcile_seconds
 
     def wsgi(self, environ, start_response):
         path = environ.get("PATH_INFO", "")

@@ -1,11 +1,13 @@
 """The daemon: scheduled passes, its metrics and health endpoints, a graceful stop."""
 
+import time
 import urllib.error
 import urllib.request
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from test_controller import T0, setup  # noqa: F401  (the fixture)
 
+from scheduler.clock import ReplayClock
 from scheduler.daemon import Daemon, wait_until
 
 
@@ -48,6 +50,91 @@ def test_jobs_are_registered_once_with_safe_options(setup):  # noqa: F811
     jobs = {job.id: job for job in sched.get_jobs()}
     assert set(jobs) == {"reconcile", "backstop", "forecast-refresh", "monthly-report"}
     assert all(job.max_instances == 1 and job.coalesce for job in jobs.values())
+    assert jobs["reconcile"].trigger.interval.total_seconds() == 60
+    assert jobs["backstop"].trigger.interval.total_seconds() == 15
+
+
+def test_a_replayed_daemon_keeps_every_period_in_replayed_time(setup):  # noqa: F811
+    _, _, _, controller, _ = setup
+    clock = ReplayClock(datetime(2026, 1, 28, 8, 0, tzinfo=UTC), speed=60)
+    daemon = Daemon(controller, reconcile_seconds=60, backstop_seconds=15, clock=clock)
+    jobs = {job.id: job for job in daemon.scheduler(blocking=False).get_jobs()}
+    # real seconds between runs: the period over the speed
+    assert jobs["reconcile"].trigger.interval.total_seconds() == 1.0
+    assert jobs["backstop"].trigger.interval.total_seconds() == 0.25
+    assert jobs["forecast-refresh"].trigger.interval.total_seconds() == 1.0
+    assert jobs["monthly-report"].trigger.interval.total_seconds() == 1.0
+
+
+def run_replayed(controller, start, speed, seconds, **kwargs):
+    """Run a replayed daemon (background scheduler, health endpoint) for ``seconds`` real
+    seconds; returns (daemon, replayed hours run, /healthz codes after the first pass)."""
+    clock = ReplayClock(start, speed)
+    daemon = Daemon(controller, clock=clock, timezone="Asia/Seoul", **kwargs)
+    port = daemon.serve(0, host="127.0.0.1")
+    codes: list[int] = []
+    try:
+        first = clock.now()
+        daemon.reconcile()  # what run() does first
+        sched = daemon.scheduler(blocking=False)
+        sched.start()
+        end = time.monotonic() + seconds
+        try:
+            while time.monotonic() < end:
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz") as r:
+                        codes.append(r.status)
+                except urllib.error.HTTPError as exc:
+                    codes.append(exc.code)
+                time.sleep(0.1)
+        finally:
+            sched.shutdown(wait=True)
+        hours = (clock.now() - first).total_seconds() / 3600
+    finally:
+        daemon.close()
+    return daemon, hours, codes
+
+
+def test_a_60x_replay_passes_60_times_an_hour_and_refreshes_at_17(setup):  # noqa: F811
+    from zoneinfo import ZoneInfo
+
+    _, _, _, controller, _ = setup
+    made: list[datetime] = []
+    seoul = ZoneInfo("Asia/Seoul")
+    start = datetime(2026, 1, 28, 16, 58, tzinfo=seoul)
+    daemon, hours, codes = run_replayed(
+        controller, start, 60, 12, reconcile_seconds=60, backstop_seconds=15,
+        refresh_forecast=made.append, refresh_hour=17)
+    passes = daemon.metrics.passes.labels("reconcile")._value.get()
+    backstops = daemon.metrics.passes.labels("backstop")._value.get()
+    rate = (passes - 1) / hours  # the scheduled ones (the first runs at the start)
+    print(f"\nreplay at 60x: {passes:.0f} reconcile and {backstops:.0f} backstop passes in "
+          f"{hours * 60:.1f} replayed minutes = {rate:.1f} reconcile passes per replayed hour")
+    assert 50 <= rate <= 66, rate  # the real daemon: 60 an hour
+    assert backstops / hours >= 180  # 240 an hour at 15 s
+    assert codes and set(codes) == {200}, codes  # healthy all along after the first pass
+    # the forecast made at the start, then again at the replayed 17:00 (within a period)
+    assert made[0] - start < timedelta(seconds=30)
+    evening = made[1:]
+    assert len(evening) == 1, made
+    at = evening[0].astimezone(seoul)
+    assert at.replace(hour=17, minute=0, second=0, microsecond=0) <= at < at.replace(
+        hour=17, minute=1, second=30), at
+
+
+def test_a_replay_writes_last_months_report_on_the_replayed_1st(setup):  # noqa: F811
+    from zoneinfo import ZoneInfo
+
+    _, _, _, controller, _ = setup
+    seoul = ZoneInfo("Asia/Seoul")
+    written: list[datetime] = []
+    start = datetime(2026, 2, 1, 5, 59, tzinfo=seoul)
+    daemon, hours, _ = run_replayed(controller, start, 60, 4, reconcile_seconds=60,
+                                    monthly_report=written.append)
+    assert len(written) == 1, written  # not at the start (like a cron), once at 06:00
+    at = written[0].astimezone(seoul)
+    assert datetime(2026, 2, 1, 6, 0, tzinfo=seoul) <= at < datetime(2026, 2, 1, 6, 1, 30,
+                                                                       tzinfo=seoul), at
 
 
 def test_the_forecast_is_refreshed_when_a_refresh_hour_passed_and_failures_keep_it(setup):  # noqa: F811
