@@ -9,11 +9,12 @@ import pytest
 from forecast.errors import TemporaryError
 from scheduler.adapters.store import JobStore
 from scheduler.controller import Controller
-from scheduler.ports import ClusterJob, JobPhase
+from scheduler.ports import ClusterJob, JobPhase, StopKind
 from scheduler.specs import expand_units, validate_request
 from scheduler.types import FreeProfile, JobState, PolicySettings, ServingSignals
 
 T0 = datetime(2026, 1, 28, 11, 0, tzinfo=UTC)  # 20:00 in Seoul
+H = timedelta(hours=1)
 
 
 class MemoryCluster:
@@ -78,6 +79,7 @@ REQUEST = {
     "command": ["python", "generate.py"], "args": ["--shard", "{shard}"],
     "sweep": {"shard": [0, 1]}, "gpus": 8, "runtime_estimate": "2h",
     "output": "s3://runs/{team}/{name}/{shard}",
+    "checkpoint": {"enabled": True, "interval": "30m", "resume_args": ["--resume"]},
 }
 
 
@@ -274,3 +276,113 @@ def test_a_unit_cancelled_between_reading_the_queue_and_admitting_it_is_skipped(
     assert len(report.created) == 1  # the pass went on with the next decision
     assert store.unit(first).state is JobState.CANCELLED
     assert store.unit(second).state is JobState.ADMITTED
+
+
+# --------------------------------------------------------------------------- stops on the Job
+
+
+def new_controller(store, cluster, signals, forecast, **kw):
+    """A fresh process on the same store and cluster (a restart, or the other replica)."""
+    return Controller(store, cluster, signals, forecast,
+                      lambda spec: spec.runtime_estimate_s * 1.3, PolicySettings(), **kw)
+
+
+def test_a_planned_stop_seen_by_another_process_stays_planned(setup):
+    store, cluster, signals, controller, _ = setup
+    start_both(controller, cluster)
+    unit = store.queue()[0]
+    name = cluster.job_name(unit.id, 1)
+    # stopped as planned by this process, which then dies before it sees the Job stopped
+    cluster.stop(name, reason="window closes", kind=StopKind.PLANNED, now=T0 + 2 * H)
+    other = new_controller(store, cluster, signals, controller.forecast)
+    report = other.reconcile_once(T0 + 2 * H + timedelta(minutes=5))
+    assert unit.id in report.released
+    row = store.unit(unit.id)
+    assert row.state is JobState.QUEUED and row.preemptions == 1
+    # the work up to the stop is kept, not what ran on while the process was gone
+    assert row.work_done_s == pytest.approx(2 * 3600)
+    (attempt,) = store.attempts(unit.id)
+    assert attempt.lost_gpu_seconds == 0.0
+
+
+def test_a_live_preemption_counts_the_work_since_the_checkpoint_as_lost(setup):
+    store, cluster, signals, controller, _ = setup
+    start_both(controller, cluster)
+    unit = store.queue()[0]
+    cluster.stop(cluster.job_name(unit.id, 1), reason="KV cache full", kind=StopKind.PREEMPT,
+                 now=T0 + H)
+    controller.reconcile_once(T0 + H + timedelta(minutes=1))
+    (attempt,) = store.attempts(unit.id)
+    assert attempt.lost_gpu_seconds > 0 and store.unit(unit.id).work_done_s == 0
+
+
+def test_a_stopping_job_holds_its_gpus_and_is_never_recorded_started(setup):
+    store, cluster, signals, controller, _ = setup
+    controller.reconcile_once(T0)  # both admitted, neither ran
+    unit = store.queue()[0]
+    name = cluster.job_name(unit.id, 1)
+    cluster.stop(name, reason="window closes", kind=StopKind.PLANNED, now=T0 + H)
+    cluster.set_phase(name, JobPhase.STOPPING, T0 + H)
+    report = controller.reconcile_once(T0 + H + timedelta(minutes=1))
+    assert unit.id not in report.started and store.unit(unit.id).state is JobState.ADMITTED
+    assert not report.released and name in cluster.jobs
+    assert report.signals is not None
+    cluster.set_phase(name, JobPhase.SUSPENDED, T0 + H + timedelta(minutes=2))
+    report = controller.reconcile_once(T0 + H + timedelta(minutes=3))
+    assert unit.id in report.released and store.unit(unit.id).state is JobState.QUEUED
+    assert [a.started_at for a in store.attempts(unit.id)] == [None]  # never ran
+    assert name in report.deleted
+
+
+def test_a_stop_whose_pods_never_end_is_released_after_the_timeout(setup):
+    store, cluster, signals, controller, forecast = setup
+    start_both(controller, cluster)
+    unit = store.queue()[0]
+    name = cluster.job_name(unit.id, 1)
+    cluster.stop(name, reason="window closes", kind=StopKind.PLANNED, now=T0 + H)
+    cluster.set_phase(name, JobPhase.STOPPING, T0 + H)  # its node died: pods stay Terminating
+    report = controller.reconcile_once(T0 + H + timedelta(minutes=15))
+    assert store.unit(unit.id).state is JobState.RUNNING and not report.released
+    report = controller.reconcile_once(T0 + H + timedelta(minutes=21))  # 1200 s default
+    assert unit.id in report.released and name in report.deleted
+    assert store.unit(unit.id).state is JobState.QUEUED
+
+
+def test_a_unit_no_node_can_place_fails_after_the_cap(setup):
+    store, cluster, signals, controller, _ = setup
+    controller = new_controller(store, cluster, signals, controller.forecast,
+                                pending_timeout_s=900, max_unscheduled_attempts=3)
+    now = T0
+    unit = None
+    for attempt in range(1, 4):
+        signals.value = ServingSignals(observed_at=now)
+        controller.reconcile_once(now)
+        unit = unit or store.queue()[0].id
+        assert store.unit(unit).attempts == attempt  # admitted again, pod never placed
+        report = controller.reconcile_once(now + timedelta(minutes=16))
+        assert cluster.job_name(unit, attempt) in report.stopped
+        report = controller.reconcile_once(now + timedelta(minutes=17))
+        now += timedelta(minutes=18)
+        signals.value = ServingSignals(observed_at=now)
+    row = store.unit(unit)
+    assert row.state is JobState.FAILED
+    assert "no node could place its pod in 3 attempts" in row.reason
+    assert all(a.started_at is None for a in store.attempts(unit))
+    assert unit in report.failed
+
+
+def test_the_daemon_rechecks_each_unit_before_creating_its_job(setup):
+    store, cluster, signals, controller, _ = setup
+    from scheduler.specs import SpecError
+
+    def refuse_datagen(row):
+        if row.kind == "datagen":
+            raise SpecError("the daemon's admission rules refuse it: image not allowed")
+
+    controller = new_controller(store, cluster, signals, controller.forecast,
+                                recheck=refuse_datagen)
+    report = controller.reconcile_once(T0)
+    assert not cluster.created and sorted(report.failed) == sorted(r.id for r in store.queue(
+        include_terminal=True))
+    assert all("the daemon's admission rules refuse it" in row.reason
+               for row in store.queue(include_terminal=True))
