@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -700,7 +701,6 @@ def run(
     last month's report on the 1st. --once runs a single pass; with --now and --history it
     replays a past moment against recorded history (without --once, the daemon itself runs
     from that moment on, --speed times faster than real time)."""
-    import yaml
     from rich.table import Table
 
     from forecast.config import load_config
@@ -735,7 +735,9 @@ def run(
                             dry_run=dry_run)
     try:
         if once:
-            with console.status("forecasting and deciding..."):
+            # --dry-run: the manifests alone on stdout (kubectl apply -f -), the rest on stderr
+            out = err_console if dry_run else console
+            with out.status("forecasting and deciding..."):
                 forecast.refresh(moment)
                 report = controller.reconcile_once(moment)
             local = moment.astimezone(settings.pool.tz)
@@ -745,14 +747,13 @@ def run(
                 table.add_column(col, justify="right" if col == "GPUs" else "left")
             for d in report.plan.decisions:
                 table.add_row(d.action.value, d.job_id, str(d.gpus), d.reason)
-            console.print(table)
+            out.print(table)
             for error in report.errors:
                 err_console.print(f"[yellow]warning:[/] {error}")
             if dry_run:
-                for manifest in getattr(cluster, "last_manifests", []):
-                    console.print("---")
-                    console.print(yaml.safe_dump(manifest, sort_keys=False), highlight=False)
-            console.print(
+                sys.stdout.write(manifest_stream(getattr(cluster, "last_manifests", [])))
+                sys.stdout.flush()
+            out.print(
                 f"{len(report.created)} Job(s) {'would be ' if dry_run else ''}created, "
                 f"{len(report.stopped)} stopped, {len(report.recreated)} recreated after a "
                 f"restart; store: {_store_url(settings, store)}"
@@ -788,6 +789,45 @@ def run(
         daemon.run(metrics_port=settings.daemon.metrics_port)
     finally:
         job_store.close()
+
+
+# A plain scalar that some YAML reader takes for something else than a string: YAML 1.1
+# (PyYAML; go-yaml v2, which kubectl's sigs.k8s.io/yaml uses) or YAML 1.2 (core schema).
+# Matched case-insensitively against the whole string; broader than any one schema on purpose.
+_NOT_PLAIN = re.compile(r"""(?ix)
+    ~ | null | true | false | yes | no | on | off | y | n | <<? | = | \s*
+  | [-+]? \.? (?: inf (?:inity)? | nan )                               # .inf, -.Inf, .NaN
+  | [-+]? (?: 0 [box] [0-9a-f_]+                                       # 0x1F, 0o17, 0b101
+            | [0-9][0-9_]* (?: \.[0-9_]* )? (?: e [-+]? [0-9_]+ )?      # 17, 017, 1_000, 2e-05
+            | \.[0-9_]+ (?: e [-+]? [0-9_]+ )? )                         # .5, .5e3
+  | [-+]? [0-9][0-9_]* (?: :[0-5]?[0-9] )+ (?: \.[0-9_]* )?           # 1:30 (base 60, YAML 1.1)
+  | [0-9]{4} - [0-9]{1,2} - [0-9]{1,2} (?: [Tt\s] .* )?                # 2026-01-28[T20:00:00Z]
+""")
+
+
+def yaml_needs_quotes(text: str) -> bool:
+    """True when ``text`` written as a plain YAML scalar would not read back as this string
+    in a YAML 1.1 or YAML 1.2 reader (a number, bool, null, timestamp, merge key...)."""
+    return _NOT_PLAIN.fullmatch(text) is not None
+
+
+def manifest_stream(manifests) -> str:
+    """The manifests as one multi-document YAML stream (``---`` before each) that kubectl
+    reads back exactly: every string a YAML 1.1 or 1.2 reader would take for a number, bool,
+    null or timestamp is single-quoted, no anchors or aliases."""
+    import yaml
+
+    class Dumper(yaml.SafeDumper):
+        def ignore_aliases(self, data) -> bool:
+            return True
+
+    def text(dumper, data: str):
+        style = "'" if yaml_needs_quotes(data) else None
+        return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
+
+    Dumper.add_representer(str, text)
+    return yaml.dump_all(list(manifests), Dumper=Dumper, sort_keys=False, explicit_start=True,
+                         allow_unicode=True, width=1 << 20) if manifests else ""
 
 
 def _cluster(settings, *, dry_run: bool, kubeconfig: str | None, context: str | None):
