@@ -1,7 +1,12 @@
-"""deploy/: every manifest validates against the Kubernetes schemas, and the RBAC is minimal."""
+"""deploy/: every manifest validates against the Kubernetes schemas, the RBAC is minimal, every
+pod is hardened, and the deployed config describes the sample pool. (tests/test_deploy_real.py
+applies the same manifests to a real API server.)"""
 
 import json
+import os
+import re
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import kubernetes_validate
 import pytest
@@ -10,24 +15,49 @@ import yaml
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
 MANIFESTS = sorted(p for p in DEPLOY.glob("*.yaml")
                    if p.name not in ("kustomization.yaml", "idlegpu.yaml"))
+K8S_VERSION = "1.36"
+SYSTEM, JOBS = "idlegpu-system", "idlegpu-jobs"
+PSA_LEVELS = ("enforce", "audit", "warn")
+
+
+def docs(kind: str | None = None) -> list[dict]:
+    found = [d for p in MANIFESTS for d in yaml.safe_load_all(p.read_text()) if d]
+    return [d for d in found if kind is None or d["kind"] == kind]
+
+
+def one(kind: str, name: str) -> dict:
+    (found,) = [d for d in docs(kind) if d["metadata"]["name"] == name]
+    return found
+
+
+def pod_templates() -> dict[str, dict]:
+    return {f"{d['kind']}/{d['metadata']['name']}": d["spec"]["template"]
+            for d in docs() if d["kind"] in ("Deployment", "StatefulSet", "DaemonSet", "Job")}
+
+
+def daemon_container() -> dict:
+    (container,) = one("Deployment", "idlegpu")["spec"]["template"]["spec"]["containers"]
+    return container
 
 
 @pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
 def test_manifest_is_valid_for_kubernetes(path):
     for doc in yaml.safe_load_all(path.read_text()):
-        kubernetes_validate.validate(doc, "1.30", strict=True)
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
 
 
 def test_bad_manifests_are_caught():
-    deployment = yaml.safe_load((DEPLOY / "deployment.yaml").read_text())
+    deployment = one("Deployment", "idlegpu")
     deployment["spec"]["replicas"] = "one"
     with pytest.raises(kubernetes_validate.ValidationError):
-        kubernetes_validate.validate(deployment, "1.30", strict=True)
+        kubernetes_validate.validate(deployment, K8S_VERSION, strict=True)
 
 
 def test_kustomization_lists_every_manifest():
     kustomization = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())
     assert sorted(kustomization["resources"]) == sorted(p.name for p in MANIFESTS)
+    # two namespaces: a kustomize-wide `namespace:` would move everything into one
+    assert "namespace" not in kustomization
 
 
 def test_kustomize_reads_only_files_inside_deploy():
@@ -40,43 +70,220 @@ def test_kustomize_reads_only_files_inside_deploy():
         assert path.is_file() and path.parent == DEPLOY, name
 
 
-def test_the_deployed_config_is_the_sample_pool_run_in_cluster():
-    from forecast.config import load_config
+def test_every_namespaced_object_names_one_of_the_two_namespaces():
+    kustomization = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())
+    cluster_scoped = {"Namespace", "PriorityClass"}
+    for doc in docs():
+        where = doc["metadata"].get("namespace")
+        assert (where is None) == (doc["kind"] in cluster_scoped), doc["metadata"]["name"]
+        assert where in (None, SYSTEM, JOBS)
+    (config_map,) = kustomization["configMapGenerator"]
+    assert config_map["namespace"] == SYSTEM  # next to the Deployment that mounts it
 
+
+def test_both_namespaces_enforce_the_restricted_pod_security_standard():
+    namespaces = {d["metadata"]["name"]: d["metadata"]["labels"] for d in docs("Namespace")}
+    assert set(namespaces) == {SYSTEM, JOBS}
+    for labels in namespaces.values():
+        for level in PSA_LEVELS:
+            assert labels[f"pod-security.kubernetes.io/{level}"] == "restricted"
+
+
+def test_the_deployed_config_is_the_sample_pool_run_in_cluster(monkeypatch):
+    from forecast.config import ENV_PREFIX, load_config
+
+    for name in [n for n in os.environ if n.startswith(ENV_PREFIX)]:
+        monkeypatch.delenv(name)
     deployed = load_config(DEPLOY / "idlegpu.yaml")
     sample = load_config(DEPLOY.parent / "idlegpu.yaml")
     assert deployed.cluster.in_cluster
-    deployment = yaml.safe_load((DEPLOY / "deployment.yaml").read_text())
-    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert deployed.cluster.namespace == JOBS  # where the Role lets the daemon create Jobs
+    container = daemon_container()
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
-    assert deployed.store.url == f"sqlite:///{mounts['store']}/idlegpu.db"  # on the PVC
-    assert deployed.daemon.reports_dir.startswith(mounts["store"])
     assert container["args"] == ["run", "--config", f"{mounts['config']}/idlegpu.yaml"]
+    assert deployed.daemon.reports_dir.startswith(mounts["reports"])
+    assert deployed.daemon.metrics_port == container["ports"][0]["containerPort"]
+
+    # the store: PostgreSQL at the Service of deploy/postgres.yaml; the file names it without a
+    # password, the URL with one comes from the Secret through the environment and wins
+    store = urlsplit(deployed.store.url)
+    assert store.scheme == "postgresql+psycopg" and store.password is None
+    service = one("Service", "idlegpu-postgres")
+    assert store.hostname == f"{service['metadata']['name']}.{SYSTEM}.svc"
+    assert store.port == service["spec"]["ports"][0]["port"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["IDLEGPU_STORE__URL"]["valueFrom"]["secretKeyRef"] == {
+        "name": "idlegpu-store", "key": "url"}
+    secret_url = deployed.store.url.replace("idlegpu@", "idlegpu:s3cret@")
+    monkeypatch.setenv("IDLEGPU_STORE__URL", secret_url)
+    assert load_config(DEPLOY / "idlegpu.yaml").store.url == secret_url
+
     # the two copies describe the same pool; only where things are differs
     where = {"prometheus": {"url"}, "store": {"url"}, "cluster": {"in_cluster"},
              "daemon": {"reports_dir"}}
+    monkeypatch.delenv("IDLEGPU_STORE__URL")
     assert deployed.model_dump(exclude=where) == sample.model_dump(exclude=where)
 
 
-def test_role_grants_only_what_the_daemon_uses():
-    role = yaml.safe_load((DEPLOY / "role.yaml").read_text())
-    grants = {(g, r): set(rule["verbs"]) for rule in role["rules"]
-              for g in rule["apiGroups"] for r in rule["resources"]}
-    assert grants == {
+def test_secrets_reach_the_daemon_only_through_the_environment():
+    from forecast.config import PrometheusConfig
+
+    env = {e["name"]: e for e in daemon_container()["env"]}
+    assert "bearer_token" in PrometheusConfig.model_fields  # IDLEGPU_PROMETHEUS__BEARER_TOKEN
+    assert env["IDLEGPU_PROMETHEUS__BEARER_TOKEN"]["valueFrom"]["secretKeyRef"] == {
+        "name": "idlegpu-prometheus", "key": "token", "optional": True}
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert not docs("Secret")  # credentials are never committed
+    text = (DEPLOY / "idlegpu.yaml").read_text()
+    assert "bearer_token:" not in text.replace("# bearer_token:", "")
+
+
+def grants(role: dict) -> dict[tuple[str, str], set[str]]:
+    return {(g, r): set(rule["verbs"]) for rule in role["rules"]
+            for g in rule["apiGroups"] for r in rule["resources"]}
+
+
+def test_roles_grant_only_what_the_daemon_uses():
+    roles = {(d["metadata"]["namespace"], d["metadata"]["name"]): d for d in docs("Role")}
+    assert set(roles) == {(JOBS, "idlegpu"), (SYSTEM, "idlegpu-leader-election")}
+    assert grants(roles[JOBS, "idlegpu"]) == {
         ("batch", "jobs"): {"get", "list", "create", "patch", "delete"},
+        ("", "pods"): {"get", "list"},
     }
-    assert role["kind"] == "Role"  # namespaced, never a ClusterRole
+    assert grants(roles[SYSTEM, "idlegpu-leader-election"]) == {
+        ("coordination.k8s.io", "leases"): {"get", "create", "update"},
+    }
+    assert not docs("ClusterRole") and not docs("ClusterRoleBinding")
+
+
+def test_role_bindings_bind_the_daemon_account_of_idlegpu_system():
+    (account,) = docs("ServiceAccount")
+    assert account["metadata"]["namespace"] == SYSTEM
+    assert account["automountServiceAccountToken"] is False  # only the daemon's pods opt in
+    bindings = {d["metadata"]["namespace"]: d for d in docs("RoleBinding")}
+    assert set(bindings) == {JOBS, SYSTEM}
+    for namespace, binding in bindings.items():
+        role = one("Role", binding["roleRef"]["name"])
+        assert role["metadata"]["namespace"] == namespace and binding["roleRef"]["kind"] == "Role"
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "idlegpu",
+                                        "namespace": SYSTEM}]
+    deployment = one("Deployment", "idlegpu")
+    assert deployment["metadata"]["namespace"] == SYSTEM
+    assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == "idlegpu"
 
 
 def test_best_effort_priority_class_never_preempts():
-    pc = yaml.safe_load((DEPLOY / "priorityclass.yaml").read_text())
+    pc = one("PriorityClass", "idlegpu-best-effort")
     assert pc["value"] < 0 and pc["preemptionPolicy"] == "Never"
+    assert pc["globalDefault"] is False
 
 
-def test_one_daemon_replica_recreated_never_two():
-    deployment = yaml.safe_load((DEPLOY / "deployment.yaml").read_text())
-    assert deployment["spec"]["replicas"] == 1
-    assert deployment["spec"]["strategy"]["type"] == "Recreate"
+def test_two_daemon_replicas_never_both_down():
+    deployment = one("Deployment", "idlegpu")
+    assert deployment["spec"]["replicas"] == 2  # leader election on a Lease picks the active one
+    assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    pdb = one("PodDisruptionBudget", "idlegpu")
+    assert pdb["spec"]["maxUnavailable"] == 1
+    assert pdb["spec"]["selector"] == deployment["spec"]["selector"]
+
+
+@pytest.mark.parametrize("name", sorted(pod_templates()))
+def test_every_pod_is_hardened(name):
+    spec = pod_templates()[name]["spec"]
+    pod_ctx = spec["securityContext"]
+    assert pod_ctx["runAsNonRoot"] is True and pod_ctx["runAsUser"] > 0
+    assert pod_ctx["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert spec["enableServiceLinks"] is False
+    # a token only where the API is used: the daemon
+    assert spec["automountServiceAccountToken"] is (name == "Deployment/idlegpu")
+    for container in spec["containers"]:
+        ctx = container["securityContext"]
+        assert ctx["allowPrivilegeEscalation"] is False and ctx["privileged"] is False
+        assert ctx["readOnlyRootFilesystem"] is True
+        assert ctx["capabilities"] == {"drop": ["ALL"]}
+        resources = container["resources"]
+        assert set(resources["requests"]) == set(resources["limits"]) == {"cpu", "memory"}
+
+
+def test_the_daemon_is_probed_on_healthz():
+    container = daemon_container()
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+
+
+def test_the_store_is_postgres_15_on_its_own_volume():
+    postgres = one("StatefulSet", "idlegpu-postgres")
+    assert postgres["metadata"]["namespace"] == SYSTEM
+    (container,) = postgres["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == "postgres:15"
+    (claim,) = postgres["spec"]["volumeClaimTemplates"]
+    assert {"name": claim["metadata"]["name"], "mountPath": "/var/lib/postgresql/data"} in \
+        container["volumeMounts"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["POSTGRES_PASSWORD"]["valueFrom"]["secretKeyRef"] == {
+        "name": "idlegpu-store", "key": "password"}
+    assert env["PGDATA"]["value"].startswith("/var/lib/postgresql/data/")
+    assert postgres["spec"]["persistentVolumeClaimRetentionPolicy"]["whenDeleted"] == "Retain"
+    service = one("Service", "idlegpu-postgres")
+    assert postgres["spec"]["serviceName"] == service["metadata"]["name"]
+    assert service["spec"]["selector"] == postgres["spec"]["selector"]["matchLabels"]
+
+
+def policies(namespace: str) -> dict[str, dict]:
+    return {d["metadata"]["name"]: d["spec"] for d in docs("NetworkPolicy")
+            if d["metadata"]["namespace"] == namespace}
+
+
+def selects(selector: dict, labels: dict) -> bool:
+    assert set(selector) <= {"matchLabels"}, selector  # the tests read matchLabels only
+    return all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items())
+
+
+def test_idlegpu_system_admits_only_prometheus_and_the_daemon():
+    system = policies(SYSTEM)
+    assert system["default-deny-ingress"] == {"podSelector": {}, "policyTypes": ["Ingress"]}
+    daemon = one("Deployment", "idlegpu")["spec"]["template"]["metadata"]["labels"]
+    postgres = one("StatefulSet", "idlegpu-postgres")["spec"]["template"]["metadata"]["labels"]
+    allowed = {}
+    for spec in system.values():
+        assert spec["policyTypes"] == ["Ingress"]
+        for rule in spec.get("ingress", []):
+            for target, labels in (("daemon", daemon), ("postgres", postgres)):
+                if selects(spec["podSelector"], labels):
+                    allowed.setdefault(target, []).append(rule)
+    assert allowed == {
+        "daemon": [{"from": [{"namespaceSelector": {"matchLabels": {
+            "kubernetes.io/metadata.name": "monitoring"}}}],
+            "ports": [{"protocol": "TCP", "port": 9464}]}],
+        "postgres": [{"from": [{"podSelector": {"matchLabels": daemon}}],
+                      "ports": [{"protocol": "TCP", "port": 5432}]}],
+    }
+
+
+def inference_namespace() -> str:
+    """The vLLM Deployments' namespace, as the deployed config's replicas query names it."""
+    from forecast.config import load_config
+
+    query = load_config(DEPLOY / "idlegpu.yaml").query_templates["replicas"].query
+    (namespace,) = re.findall(r'namespace="([^"]+)"', query)
+    return namespace
+
+
+def test_research_pods_reach_neither_inference_nor_the_daemon():
+    (spec,) = policies(JOBS).values()
+    assert spec["podSelector"] == {} and spec["policyTypes"] == ["Egress"]
+    dns, namespaces, internet = spec["egress"]
+    assert "to" not in dns and {p["port"] for p in dns["ports"]} == {53}
+    (peer,) = namespaces["to"]
+    assert "podSelector" not in peer  # all pods of the namespaces selected
+    assert peer["namespaceSelector"] == {"matchExpressions": [{
+        "key": "kubernetes.io/metadata.name", "operator": "NotIn",
+        "values": [inference_namespace(), SYSTEM]}]}
+    (block,) = internet["to"]
+    assert block["ipBlock"]["cidr"] == "0.0.0.0/0"
+    for private in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/16"):
+        assert private in block["ipBlock"]["except"]
+    assert "ports" not in namespaces and "ports" not in internet
 
 
 def test_grafana_dashboard_uses_the_daemon_metrics():
