@@ -318,7 +318,7 @@ def _daemon_job() -> dict[str, Any]:
         priority_class=c.priority_class, active_deadline_seconds=c.active_deadline_seconds,
         ttl_seconds_after_finished=c.ttl_seconds_after_finished, backoff_limit=c.backoff_limit,
         service_account=c.service_account, run_as_user=c.run_as_user,
-        grace_seconds=settings.admission.grace_seconds, dry_run=True)
+        grace_seconds=settings.admission.grace_seconds, instance="5f3c2a1b", dry_run=True)
     spec = UnitSpec(
         step="train", step_index=0, member=0, image="registry.example.com/llm/train:1.2",
         command=("python", "-m", "train"), args=("--epochs", "3"),
