@@ -153,6 +153,17 @@ class PrometheusConfig(_Strict):
     """Sent as ``Authorization: Bearer``; prefer ``IDLEGPU_PROMETHEUS__BEARER_TOKEN``."""
 
 
+class TeamVolumes(_Strict):
+    """What one team's jobs may mount or reference (``admission.team_volumes.<team>``): exact
+    names, or shell patterns such as ``ckpt-nlp-*``. An ``empty_dir`` needs no entry."""
+
+    persistent_volume_claims: list[str] = Field(default_factory=list)
+    secrets: list[str] = Field(default_factory=list)
+    """Secrets for volumes, ``env_from`` and ``value_from``."""
+    config_maps: list[str] = Field(default_factory=list)
+    """ConfigMaps for volumes, ``env_from`` and ``value_from``."""
+
+
 class AdmissionConfig(_Strict):
     """How research jobs are admitted to and preempted from the pool."""
 
@@ -182,6 +193,39 @@ class AdmissionConfig(_Strict):
     allowed_registries: list[str] = Field(default_factory=lambda: ["registry.example.com/"])
     """Image prefixes jobs may use (e.g. ``registry.example.com/research/``)."""
     max_gpus_per_job: int = Field(default=64, gt=0)
+    team_volumes: dict[str, TeamVolumes] = Field(default_factory=dict)
+    """Per team, the PersistentVolumeClaims, Secrets and ConfigMaps its jobs may mount or
+    reference; the entry ``"*"`` applies to every team. Default: none (``empty_dir`` only)."""
+    max_cpu_per_gpu: float = Field(default=16.0, gt=0, allow_inf_nan=False)
+    """CPU cores a unit may ask for per GPU it asks for."""
+    max_memory_per_gpu: str = "128Gi"
+    """Memory a unit may ask for per GPU (a Kubernetes quantity)."""
+    max_ephemeral_storage_per_gpu: str = "200Gi"
+    """Node-local disk (``ephemeral_storage``, disk ``empty_dir`` size) per GPU."""
+    max_cpu_without_gpus: float = Field(default=8.0, gt=0, allow_inf_nan=False)
+    """CPU cap of a unit that asks for no GPU (absolute)."""
+    max_memory_without_gpus: str = "64Gi"
+    """Memory cap of a unit that asks for no GPU (absolute)."""
+    max_ephemeral_storage_without_gpus: str = "100Gi"
+    """Node-local disk cap of a unit that asks for no GPU (absolute)."""
+
+    @field_validator("max_memory_per_gpu", "max_ephemeral_storage_per_gpu",
+                     "max_memory_without_gpus", "max_ephemeral_storage_without_gpus")
+    @classmethod
+    def _quantity(cls, value: str) -> str:
+        if not re.fullmatch(r"\d+(\.\d+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|K|M|G|T|P|E)?", value.strip()):
+            raise ValueError(f"{value!r} is not a Kubernetes quantity; write e.g. 128Gi")
+        return value.strip()
+
+    @field_validator("team_volumes")
+    @classmethod
+    def _team_names(cls, value: dict[str, TeamVolumes]) -> dict[str, TeamVolumes]:
+        for team in value:
+            if team != "*" and not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", team):
+                raise ValueError(
+                    f"{team!r} is not a team name; use the team as jobs write it (lowercase "
+                    "letters, digits and '-') or \"*\" for every team")
+        return value
 
 
 class ClusterConfig(_Strict):

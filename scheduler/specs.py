@@ -15,9 +15,21 @@ unit; left out they are 8 CPUs and 64Gi per GPU.
 
 Requests run on a GPU pool shared with production inference, so settings that reach outside
 the container are refused: ``privileged``, ``host_network``, ``host_pid``, ``host_ipc``,
-``allow_privilege_escalation``, ``capabilities.add`` and ``host_path`` volumes. Images must
-come from an allowed registry (``admission.allowed_registries``) and carry a version tag or a
-digest so a rerun runs the same code.
+``allow_privilege_escalation``, ``capabilities.add``, ``host_path`` volumes and environment
+variables named ``NVIDIA_*``. Images must come from an allowed registry
+(``admission.allowed_registries``) and carry a version tag or a digest so a rerun runs the same
+code. ``cpu``, ``memory`` and ``ephemeral_storage`` are capped per GPU
+(``admission.max_*_per_gpu``).
+
+``volumes`` mount PersistentVolumeClaims, ConfigMaps, Secrets and ``empty_dir`` scratch space
+(on disk, or ``medium: Memory`` for ``/dev/shm``); ``env_from`` and ``env`` values of the form
+``{value_from: {secret: NAME, key: KEY}}`` read Secrets and ConfigMaps by reference. Claims,
+Secrets and ConfigMaps must be on the team's list in ``admission.team_volumes`` (``"*"``: every
+team); by default only ``empty_dir`` may be mounted.
+
+The rules that can be checked on a stored unit are re-applied by :func:`recheck_unit` with the
+daemon's own config, right before its Job is created: the store holds whatever a submitter's
+process accepted under the submitter's config.
 
 Validation takes the admission limits through pydantic's validation context::
 
@@ -31,8 +43,10 @@ problem is a :class:`SpecError` whose message reads ``<file>: <field.path>: <pro
 from __future__ import annotations
 
 import difflib
+import fnmatch
 import itertools
 import math
+import posixpath
 import re
 import string
 import types
@@ -40,6 +54,7 @@ import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -49,8 +64,10 @@ from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
+    Discriminator,
     Field,
     PlainValidator,
+    Tag,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -60,7 +77,14 @@ from pydantic_core import PydanticCustomError
 
 from forecast.config import AdmissionConfig
 from forecast.errors import PermanentError
-from scheduler.types import UnitSpec
+from scheduler.types import (
+    REF_KINDS,
+    VOLUME_KINDS,
+    EnvFromSource,
+    EnvKeyRef,
+    UnitSpec,
+    UnitVolume,
+)
 
 __all__ = [
     "BUILTIN_PLACEHOLDERS",
@@ -69,11 +93,15 @@ __all__ = [
     "Capabilities",
     "Checkpoint",
     "EmptyDir",
+    "EnvFrom",
+    "EphemeralStorage",
     "JobKind",
     "JobRequest",
+    "KeyRef",
     "SpecError",
     "StepSpec",
     "TraceEntry",
+    "ValueFrom",
     "Volume",
     "admission_context",
     "check_image",
@@ -84,6 +112,8 @@ __all__ = [
     "load_trace",
     "parse_duration",
     "parse_memory",
+    "quantity_bytes",
+    "recheck_unit",
     "render",
     "scalar_text",
     "validate_request",
@@ -101,6 +131,13 @@ BUILTIN_PLACEHOLDERS: tuple[str, ...] = ("name", "team", "step", "member", "gpus
 """Placeholders every template may use besides the parameters (``output`` not in ``output``)."""
 PARAM_ENV_PREFIX = "IDLEGPU_PARAM_"
 RESERVED_ENV_PREFIX = "IDLEGPU_"
+NVIDIA_ENV_PREFIX = "NVIDIA_"
+_NVIDIA_WHY = (
+    "NVIDIA_* variables steer the NVIDIA container runtime: with its default settings "
+    "NVIDIA_VISIBLE_DEVICES=all exposes every GPU of the node, including the ones serving "
+    "production inference; remove it (the GPUs the job asked for are already visible)"
+)
+RECHECK_PREFIX = "the daemon's admission rules refuse it: "
 DEFAULT_CPU_PER_GPU = 8.0
 DEFAULT_MEMORY_GI_PER_GPU = 64
 MAX_SWEEP_MEMBERS = 256
@@ -110,6 +147,8 @@ MAIN_STEP = "main"
 _DEFAULT_ADMISSION = AdmissionConfig()
 _LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_OBJECT_NAME = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+_KEY = r"^[-._a-zA-Z0-9]+$"
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)([wdhms])")
 _DURATION_UNITS = {"w": 604800.0, "d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
 _MEMORY = re.compile(r"^(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|K|M|G|T|P|E)?$")
@@ -186,6 +225,28 @@ def parse_memory(value: Any) -> str:
     return text
 
 
+def quantity_bytes(text: str) -> Decimal:
+    """Bytes in a Kubernetes memory/storage quantity such as ``"64Gi"`` or ``"1.5Ti"``
+    (``ValueError`` for anything else)."""
+    match = _MEMORY.match(str(text).strip())
+    if not match:
+        raise ValueError(f"{text!r} is not a Kubernetes quantity; write e.g. 64Gi")
+    number, suffix = match.groups()
+    try:
+        return Decimal(number) * _MEMORY_FACTORS[suffix]
+    except InvalidOperation:
+        raise ValueError(f"{text!r} is not a Kubernetes quantity; write e.g. 64Gi") from None
+
+
+def _format_bytes(value: Decimal) -> str:
+    """``value`` bytes in the largest binary unit that holds it whole (``384Gi``)."""
+    for suffix in ("Ei", "Pi", "Ti", "Gi", "Mi", "Ki"):
+        factor = _MEMORY_FACTORS[suffix]
+        if value >= factor and value % factor == 0:
+            return f"{int(value // factor)}{suffix}"
+    return str(int(value))
+
+
 def _parse_cpu(value: Any) -> Any:
     if isinstance(value, str) and re.fullmatch(r"\d+m", value.strip()):
         return int(value.strip()[:-1]) / 1000
@@ -228,7 +289,8 @@ Duration = Annotated[float, BeforeValidator(parse_duration)]
 """Seconds; written in files as ``"36h"``, ``"90m"``, ``"2d"`` or a number of seconds."""
 Memory = Annotated[str, BeforeValidator(parse_memory)]
 Cpu = Annotated[float, BeforeValidator(_parse_cpu), Field(gt=0, allow_inf_nan=False)]
-EnvMap = dict[str, Annotated[str, BeforeValidator(_env_value)]]
+ObjectName = Annotated[str, Field(max_length=253, pattern=_OBJECT_NAME)]
+"""The name of a PersistentVolumeClaim, Secret or ConfigMap in the jobs' namespace."""
 
 
 def _to_utc(value: datetime | None) -> datetime | None:
@@ -283,23 +345,78 @@ class Capabilities(_Strict):
 
 
 class EmptyDir(_Strict):
+    """Scratch space that lives as long as the pod: on the node's disk (counted as
+    ephemeral storage), or with ``medium: Memory`` in RAM (tmpfs, counted as the unit's memory;
+    the usual ``/dev/shm`` of PyTorch data loaders)."""
+
     medium: Literal["", "Memory"] = ""
     size_limit: Memory | None = None
+    """Largest size, e.g. ``64Gi``; the pod is evicted when it writes more."""
+
+
+def _mount_path(value: str) -> str:
+    parts = value.split("/")
+    if ".." in parts:
+        raise ValueError(f"{value!r} contains '..'; write the absolute path without it")
+    norm = posixpath.normpath(value)
+    if norm.startswith("//"):
+        norm = "/" + norm.lstrip("/")
+    if norm == "/":
+        raise ValueError("a volume cannot be mounted over the container's root; mount it at "
+                         "a directory such as /data")
+    for system in ("/proc", "/sys", "/dev"):
+        if (norm == system or norm.startswith(system + "/")) and not (
+                norm == "/dev/shm" or norm.startswith("/dev/shm/")):
+            raise ValueError(
+                f"{value!r} is under {system}, which the container runtime provides; mount "
+                "the volume elsewhere (/dev/shm is fine)"
+            )
+    return norm
+
+
+def _sub_path_problem(value: str) -> str | None:
+    if value.startswith("/"):
+        return f"{value!r} is absolute; write a path relative to the volume's root, e.g. ckpt/run1"
+    if ".." in value.split("/"):
+        return f"{value!r} contains '..'; write a path inside the volume, e.g. ckpt/run1"
+    if not value.strip("/"):
+        return f"{value!r} is empty; leave sub_path out to mount the whole volume"
+    return None
 
 
 class Volume(_Strict):
     """A volume mounted into the job's container: exactly one of ``persistent_volume_claim``
-    (claim name), ``config_map`` (name), ``secret`` (name) or ``empty_dir``."""
+    (claim name), ``config_map`` (name), ``secret`` (name) or ``empty_dir``.
+
+    Claims, Secrets and ConfigMaps must be on the team's list in ``admission.team_volumes``;
+    an ``empty_dir`` is always allowed. Secret and ConfigMap volumes are mounted read-only.
+    """
 
     name: str = Field(max_length=63, pattern=_LABEL.pattern)
+    """Unique within the unit: lowercase letters, digits and ``-``."""
     mount_path: str = Field(pattern=r"^/")
+    """Absolute path in the container, unique within the unit (not under /proc, /sys, /dev
+    except /dev/shm)."""
     read_only: bool = False
-    persistent_volume_claim: str | None = None
-    config_map: str | None = None
-    secret: str | None = None
+    sub_path: str | None = None
+    """Mount only this directory of the volume (relative, templated like ``args``, e.g.
+    ``"{name}/{member}"`` so every member of a sweep gets its own directory of one claim)."""
+    persistent_volume_claim: ObjectName | None = None
+    config_map: ObjectName | None = None
+    secret: ObjectName | None = None
     empty_dir: EmptyDir | None = None
     host_path: Any = None
     """Refused: a hostPath exposes the node's filesystem to the job."""
+
+    _mount = field_validator("mount_path")(classmethod(lambda cls, v: _mount_path(v)))
+
+    @field_validator("sub_path")
+    @classmethod
+    def _relative_sub_path(cls, value: str | None) -> str | None:
+        problem = None if value is None else _sub_path_problem(value)
+        if problem:
+            raise ValueError(problem)
+        return value
 
     @model_validator(mode="before")
     @classmethod
@@ -333,16 +450,150 @@ class Volume(_Strict):
             )
         return self
 
+    @property
+    def kind(self) -> str:
+        return next(s for s in VOLUME_KINDS if getattr(self, s) is not None)
+
+
+def _one_reference(model: BaseModel, what: str) -> None:
+    if (model.secret is None) == (model.config_map is None):  # type: ignore[attr-defined]
+        both = "both" if model.secret is not None else "neither"  # type: ignore[attr-defined]
+        raise ValueError(f"{what} names {both} secret and config_map; set exactly one of them")
+
+
+def _check_prefix(value: str) -> str:
+    if value.upper().startswith(NVIDIA_ENV_PREFIX):
+        raise ValueError(f"the prefix {value!r} would make NVIDIA_* variables; {_NVIDIA_WHY}")
+    if value.upper().startswith(RESERVED_ENV_PREFIX):
+        raise ValueError(
+            f"the prefix {value!r} uses the reserved prefix {RESERVED_ENV_PREFIX}; choose "
+            "another one"
+        )
+    return value
+
+
+class EnvFrom(_Strict):
+    """Every key of a Secret or ConfigMap as an environment variable (``envFrom``): set one of
+    ``secret`` or ``config_map``. The values never pass through idlegpu. Variables set in
+    ``env`` take precedence over these."""
+
+    secret: ObjectName | None = None
+    config_map: ObjectName | None = None
+    prefix: str = Field(default="", pattern=r"^([A-Za-z_][A-Za-z0-9_]*)?$")
+    """Put in front of every key, e.g. ``WANDB_``."""
+    optional: bool = False
+    """Start even when the Secret or ConfigMap does not exist."""
+
+    _prefix = field_validator("prefix")(classmethod(lambda cls, v: _check_prefix(v)))
+
+    @model_validator(mode="after")
+    def _one_source(self) -> EnvFrom:
+        _one_reference(self, "an env_from entry")
+        return self
+
+    @property
+    def kind(self) -> str:
+        return "secret" if self.secret is not None else "config_map"
+
+    @property
+    def ref(self) -> str:
+        return self.secret if self.secret is not None else self.config_map  # type: ignore[return-value]
+
+
+class KeyRef(_Strict):
+    """One key of a Secret or ConfigMap: ``{secret: wandb, key: api-key}``."""
+
+    secret: ObjectName | None = None
+    config_map: ObjectName | None = None
+    key: str = Field(max_length=253, pattern=_KEY)
+    optional: bool = False
+    """Leave the variable unset when the key or object does not exist."""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> KeyRef:
+        _one_reference(self, "value_from")
+        return self
+
+    @property
+    def kind(self) -> str:
+        return "secret" if self.secret is not None else "config_map"
+
+    @property
+    def ref(self) -> str:
+        return self.secret if self.secret is not None else self.config_map  # type: ignore[return-value]
+
+
+class ValueFrom(_Strict):
+    """An ``env`` value read from a Secret or ConfigMap by the kubelet (``valueFrom``):
+    ``WANDB_API_KEY: {value_from: {secret: wandb, key: api-key}}``."""
+
+    value_from: KeyRef
+
+
+class EphemeralStorage(_Strict):
+    """Node-local disk of a unit: the container's writable layer, its logs and disk
+    ``empty_dir`` volumes. A single quantity sets request and limit; ``{request, limit}`` a
+    smaller request. The pod is evicted when it uses more than the limit."""
+
+    request: Memory | None = None
+    """What the scheduler reserves on the node; default: the limit."""
+    limit: Memory
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_quantity(cls, data: Any) -> Any:
+        if isinstance(data, str | int) and not isinstance(data, bool):
+            return {"request": data, "limit": data}
+        return data
+
+    @model_validator(mode="after")
+    def _request_within_limit(self) -> EphemeralStorage:
+        if self.request is not None and quantity_bytes(self.request) > quantity_bytes(self.limit):
+            raise _custom(
+                "request",
+                f"the request {self.request} is above the limit {self.limit}; ask for at most "
+                "the limit",
+            )
+        return self
+
+
+def _env_kind(value: Any) -> str:
+    return "env-ref" if isinstance(value, Mapping | ValueFrom) else "env-text"
+
+
+EnvValue = Annotated[
+    Annotated[Annotated[str, BeforeValidator(_env_value)], Tag("env-text")]
+    | Annotated[ValueFrom, Tag("env-ref")],
+    Discriminator(_env_kind),
+]
+"""A templated string, or ``{value_from: {secret|config_map: NAME, key: KEY}}``."""
+_ENV_TAGS = ("env-text", "env-ref")
+EnvMap = dict[str, EnvValue]
+
 
 # --------------------------------------------------------------------------------------------
 # Validators shared by jobs and steps
 
 
+def _admission_of(context: Any) -> AdmissionConfig:
+    """The admission limits of a validation context: its ``admission`` (an
+    ``AdmissionConfig``, else the defaults), with ``allowed_registries`` and
+    ``max_gpus_per_job`` overridden when the context names them."""
+    if not isinstance(context, Mapping):
+        return _DEFAULT_ADMISSION
+    base = context.get("admission")
+    base = base if isinstance(base, AdmissionConfig) else _DEFAULT_ADMISSION
+    update: dict[str, Any] = {}
+    if "allowed_registries" in context:
+        update["allowed_registries"] = list(context["allowed_registries"])
+    if "max_gpus_per_job" in context:
+        update["max_gpus_per_job"] = int(context["max_gpus_per_job"])
+    return base.model_copy(update=update) if update else base
+
+
 def _admission(info: ValidationInfo) -> tuple[list[str], int]:
-    context = info.context if isinstance(info.context, Mapping) else {}
-    registries = context.get("allowed_registries", _DEFAULT_ADMISSION.allowed_registries)
-    max_gpus = context.get("max_gpus_per_job", _DEFAULT_ADMISSION.max_gpus_per_job)
-    return list(registries), int(max_gpus)
+    admission = _admission_of(info.context)
+    return list(admission.allowed_registries), int(admission.max_gpus_per_job)
 
 
 def _registry_prefix(prefix: str) -> str:
@@ -413,13 +664,15 @@ def _check_parameter_names(names: Sequence[str], what: str) -> None:
             )
 
 
-def _check_env(value: dict[str, str]) -> dict[str, str]:
+def _check_env(value: dict[str, Any]) -> dict[str, Any]:
     for key in value:
         if not _IDENT.match(key):
             raise ValueError(
                 f"environment variable name {key!r} is invalid; use letters, digits and '_' "
                 "(not starting with a digit)"
             )
+        if key.upper().startswith(NVIDIA_ENV_PREFIX):
+            raise _custom(key, f"environment variable {key!r} is refused: {_NVIDIA_WHY}")
         if key.upper().startswith(RESERVED_ENV_PREFIX):
             raise ValueError(
                 f"environment variable {key!r} uses the reserved prefix {RESERVED_ENV_PREFIX}; "
@@ -516,7 +769,7 @@ class _Runnable(_PodSettings):
 
     @field_validator("env", check_fields=False)
     @classmethod
-    def _env(cls, value: dict[str, str]) -> dict[str, str]:
+    def _env(cls, value: dict[str, Any]) -> dict[str, Any]:
         return _check_env(value)
 
     @field_validator("sweep", check_fields=False)
@@ -542,8 +795,9 @@ class _Runnable(_PodSettings):
 class StepSpec(_Runnable):
     """One step of a pipeline: runs after every member of the step before it has succeeded.
 
-    Every field but ``name`` and ``sweep`` overrides the job-level value of the same name;
-    ``parameters`` and ``env`` are merged into the job's, key by key.
+    Every field but ``name`` and ``sweep`` overrides the job-level value of the same name
+    (``volumes`` and ``env_from`` replace the job's lists); ``parameters`` and ``env`` are
+    merged into the job's, key by key.
     """
 
     name: str = Field(max_length=30, pattern=_LABEL.pattern)
@@ -564,6 +818,8 @@ class StepSpec(_Runnable):
     max_preemptions: int | None = Field(default=None, ge=0)
     output: str | None = None
     volumes: list[Volume] | None = None
+    env_from: list[EnvFrom] | None = None
+    ephemeral_storage: EphemeralStorage | None = None
     sweep: dict[str, list[Scalar]] | None = None
     """Fan the step out: one parallel member per point of the cartesian product of these
     values (first key slowest, last key fastest)."""
@@ -590,7 +846,11 @@ class JobRequest(_Runnable):
     """Hyper-parameters, data and model paths: strings, numbers or booleans. Each one is
     a placeholder and the environment variable ``IDLEGPU_PARAM_<NAME>``."""
     env: EnvMap = Field(default_factory=dict)
-    """Extra environment variables; values are templated."""
+    """Extra environment variables: templated strings, or values read from a Secret or
+    ConfigMap, ``{value_from: {secret: NAME, key: KEY}}`` (never put a secret itself here).
+    Names starting with ``NVIDIA_`` are refused."""
+    env_from: list[EnvFrom] = Field(default_factory=list)
+    """Secrets and ConfigMaps whose every key becomes an environment variable."""
     gpus: int | None = None
     """GPUs per unit, allocated together (gang); required here unless every step sets it."""
     cpu: Cpu | None = None
@@ -610,15 +870,19 @@ class JobRequest(_Runnable):
     output: str | None = None
     """Storage location of the results, templated: ``s3://bucket/{team}/{name}/{step}/{member}``."""
     volumes: list[Volume] = Field(default_factory=list)
+    """Volumes mounted into every unit: claims, Secrets and ConfigMaps allowed for the team
+    (``admission.team_volumes``), and ``empty_dir`` scratch space."""
+    ephemeral_storage: EphemeralStorage | None = None
+    """Node-local disk per unit (``"100Gi"``, or ``{request: 50Gi, limit: 100Gi}``)."""
     sweep: dict[str, list[Scalar]] | None = None
     """A sweep of the single step of a request without ``steps``."""
     steps: list[StepSpec] | None = Field(default=None, min_length=1)
     """Pipeline steps run in order; without them the request is one step named ``main``."""
 
     @model_validator(mode="after")
-    def _request_is_consistent(self) -> JobRequest:
+    def _request_is_consistent(self, info: ValidationInfo) -> JobRequest:
         try:
-            _build_units(self)
+            _admit_units(self, _build_units(self), _admission_of(info.context))
         except _RuleError as exc:
             raise _custom(exc.field, exc.message) from None
         return self
@@ -654,7 +918,7 @@ class _Step:
     command: list[str]
     args: list[str]
     parameters: dict[str, Any]
-    env: dict[str, str]
+    env: dict[str, Any]
     gpus: int | None
     cpu: float | None
     memory: str | None
@@ -664,43 +928,60 @@ class _Step:
     deadline: datetime | None
     max_preemptions: int | None
     output: str | None
+    volumes: list[Volume]
+    env_from: list[EnvFrom]
+    ephemeral_storage: EphemeralStorage | None
     sweep: dict[str, list[Any]] | None
     where: dict[str, str]
     env_where: dict[str, str]
 
 
-def _resolve(req: JobRequest) -> list[_Step]:
-    fields = (
-        "kind", "image", "command", "args", "gpus", "cpu", "memory", "runtime_estimate",
-        "checkpoint", "priority", "deadline", "max_preemptions", "output",
+_STEP_FIELDS = (
+    "kind", "image", "command", "args", "gpus", "cpu", "memory", "runtime_estimate",
+    "checkpoint", "priority", "deadline", "max_preemptions", "output", "volumes", "env_from",
+    "ephemeral_storage",
+)
+
+
+def _step(index: int, name: str, value: Mapping[str, Any], parameters: dict[str, Any],
+          env: dict[str, Any], sweep: dict[str, list[Any]] | None, where: dict[str, str],
+          env_where: dict[str, str]) -> _Step:
+    return _Step(
+        index=index, name=name, kind=value["kind"], image=value["image"],
+        command=list(value["command"]), args=list(value["args"]), parameters=parameters,
+        env=env, gpus=value["gpus"], cpu=value["cpu"], memory=value["memory"],
+        runtime=value["runtime_estimate"], checkpoint=value["checkpoint"],
+        priority=value["priority"], deadline=value["deadline"],
+        max_preemptions=value["max_preemptions"], output=value["output"],
+        volumes=list(value["volumes"] or ()), env_from=list(value["env_from"] or ()),
+        ephemeral_storage=value["ephemeral_storage"], sweep=sweep, where=where,
+        env_where=env_where,
     )
+
+
+def _resolve(req: JobRequest) -> list[_Step]:
     if not req.steps:
-        where = {f: f for f in (*fields, "parameters", "sweep")}
+        where = {f: f for f in (*_STEP_FIELDS, "parameters", "sweep")}
         where["resume_args"] = "checkpoint.resume_args"
-        return [_Step(
-            0, MAIN_STEP, req.kind, req.image, list(req.command), list(req.args),
-            dict(req.parameters), dict(req.env), req.gpus, req.cpu, req.memory,
-            req.runtime_estimate, req.checkpoint, req.priority, req.deadline, req.max_preemptions,
-            req.output, req.sweep, where, {k: f"env.{k}" for k in req.env},
+        return [_step(
+            0, MAIN_STEP, {f: getattr(req, f) for f in _STEP_FIELDS}, dict(req.parameters),
+            dict(req.env), req.sweep, where, {k: f"env.{k}" for k in req.env},
         )]
     steps = []
     for i, step in enumerate(req.steps):
         here = f"steps.{i}"
         value: dict[str, Any] = {}
         where: dict[str, str] = {}
-        for f in fields:
+        for f in _STEP_FIELDS:
             own = getattr(step, f)
             value[f] = own if own is not None else getattr(req, f)
             where[f] = f"{here}.{f}" if own is not None else f
         where["resume_args"] = f"{where['checkpoint']}.resume_args"
         where["parameters"] = f"{here}.parameters"
         where["sweep"] = f"{here}.sweep"
-        steps.append(_Step(
-            i, step.name, value["kind"], value["image"], list(value["command"]),
-            list(value["args"]), {**req.parameters, **step.parameters}, {**req.env, **step.env},
-            value["gpus"], value["cpu"], value["memory"], value["runtime_estimate"],
-            value["checkpoint"], value["priority"], value["deadline"], value["max_preemptions"],
-            value["output"], step.sweep, where,
+        steps.append(_step(
+            i, step.name, value, {**req.parameters, **step.parameters}, {**req.env, **step.env},
+            step.sweep, where,
             {k: f"{here}.env.{k}" if k in step.env else f"env.{k}"
              for k in {**req.env, **step.env}},
         ))
@@ -767,6 +1048,52 @@ def _in_step(exc: ValueError, where: str, step: _Step, req: JobRequest) -> str:
     return f"in step {step.name!r}: {exc}" if inherited else str(exc)
 
 
+def _in_step_text(message: str, where: str, step: _Step, req: JobRequest) -> str:
+    inherited = req.steps and not where.startswith("steps.")
+    return f"in step {step.name!r}: {message}" if inherited else message
+
+
+def _unit_volume(volume: Volume, values: Mapping[str, str], where: str, step: _Step,
+                 req: JobRequest) -> UnitVolume:
+    sub_path = None
+    if volume.sub_path is not None:
+        sub_path = _render_one(volume.sub_path, values, f"{where}.sub_path", step, req)
+    kind = volume.kind
+    empty = volume.empty_dir
+    return UnitVolume(
+        name=volume.name, kind=kind, mount_path=volume.mount_path,
+        source="" if kind == "empty_dir" else getattr(volume, kind),
+        read_only=volume.read_only or kind in ("secret", "config_map"), sub_path=sub_path,
+        medium=empty.medium if empty is not None else "",
+        size_limit=empty.size_limit if empty is not None else None,
+    )
+
+
+def _request_path(field: str, step: _Step) -> str:
+    """The request path of a unit-relative ``field`` (``volumes.1.sub_path``, ``cpu``,
+    ``env.NAME.value_from.secret``) in ``step``: its own, or the job-level one it inherits."""
+    head, _, rest = field.partition(".")
+    if head == "env":
+        name, _, tail = rest.partition(".")
+        base = step.env_where.get(name, f"env.{name}")
+        return f"{base}.{tail}" if tail else base
+    base = step.where.get(head, head)
+    return f"{base}.{rest}" if rest else base
+
+
+def _admit_units(req: JobRequest, units: Sequence[UnitSpec], admission: AdmissionConfig) -> None:
+    """Raise ``_RuleError`` (at the request's field) for the first unit the admission limits
+    refuse: resource caps and the team's volume and secret allow-lists."""
+    steps = {s.index: s for s in _resolve(req)}
+    for unit in units:
+        problems = _admission_problems(unit, req.team, admission)
+        if problems:
+            field, message = problems[0]
+            step = steps[unit.step_index]
+            where = _request_path(field, step)
+            raise _RuleError(where, _in_step_text(message, where, step, req))
+
+
 def _build_units(req: JobRequest) -> list[UnitSpec]:
     steps = _resolve(req)
     names = [s.name for s in steps]
@@ -828,8 +1155,17 @@ def _build_units(req: JobRequest) -> list[UnitSpec]:
             args = _render_all(step.args, values, step.where["args"], step, req)
             env_user = {
                 key: _render_one(text, values, step.env_where[key], step, req)
-                for key, text in step.env.items()
+                for key, text in step.env.items() if isinstance(text, str)
             }
+            env_refs = tuple(
+                EnvKeyRef(name=key, kind=ref.value_from.kind, source=ref.value_from.ref,
+                          key=ref.value_from.key, optional=ref.value_from.optional)
+                for key, ref in step.env.items() if isinstance(ref, ValueFrom)
+            )
+            volumes = tuple(
+                _unit_volume(v, values, f"{step.where['volumes']}.{i}", step, req)
+                for i, v in enumerate(step.volumes)
+            )
             resume: tuple[str, ...] = ()
             if checkpointable:
                 resume = _render_all(
@@ -866,7 +1202,25 @@ def _build_units(req: JobRequest) -> list[UnitSpec]:
                 output=output,
                 depends_on=previous,
                 kind=step.kind,
+                volumes=volumes,
+                env_from=tuple(
+                    EnvFromSource(kind=e.kind, name=e.ref, prefix=e.prefix, optional=e.optional)
+                    for e in step.env_from
+                ),
+                env_refs=env_refs,
+                ephemeral_storage_request=(
+                    None if step.ephemeral_storage is None
+                    else step.ephemeral_storage.request or step.ephemeral_storage.limit
+                ),
+                ephemeral_storage_limit=(
+                    None if step.ephemeral_storage is None else step.ephemeral_storage.limit
+                ),
             ))
+            problems = _structure_problems(units[-1])
+            if problems:
+                field, message = problems[0]
+                where = _request_path(field, step)
+                raise _RuleError(where, _in_step_text(message, where, step, req))
             this_step.append((step.index, member))
             if len(units) > MAX_UNITS:
                 raise _RuleError(
@@ -891,6 +1245,258 @@ def expand_units(request: JobRequest) -> list[UnitSpec]:
         return _build_units(request)
     except _RuleError as exc:  # only reachable for a request built without validation
         raise SpecError(f"{request.name}: {exc.field}: {exc.message}") from None
+
+
+# --------------------------------------------------------------------------------------------
+# Rules on units: applied at submission and again by the daemon (recheck_unit)
+
+_REF_WORDS = {
+    "persistent_volume_claim": ("persistent volume claim", "persistent_volume_claims"),
+    "secret": ("secret", "secrets"),
+    "config_map": ("config map", "config_maps"),
+}
+_HOST_PATH = (
+    "hostPath volumes are not allowed (they expose the node's filesystem, shared with "
+    "production inference); use a persistent_volume_claim, or read and write cloud storage"
+)
+
+
+def _nvidia(name: str) -> bool:
+    return name.upper().startswith(NVIDIA_ENV_PREFIX)
+
+
+def _bytes_or_none(text: str | None) -> Decimal | None:
+    try:
+        return None if text is None else quantity_bytes(text)
+    except ValueError:
+        return None
+
+
+def _structure_problems(unit: UnitSpec) -> list[tuple[str, str]]:
+    """``(unit-relative field, problem; fix)`` for every rule a unit breaks whatever the
+    admission limits: NVIDIA_* variables, volume kinds (never hostPath), names and mount paths
+    unique, relative sub-paths, sizes that fit the unit."""
+    problems: list[tuple[str, str]] = []
+    for name, _ in unit.env:
+        if _nvidia(name):
+            problems.append((f"env.{name}", (f"environment variable {name!r} is refused: "
+                             f"{_NVIDIA_WHY}")))
+    for ref in unit.env_refs:
+        where = f"env.{ref.name}"
+        if _nvidia(ref.name):
+            problems.append((where, (f"environment variable {ref.name!r} is refused: "
+                             f"{_NVIDIA_WHY}")))
+        if ref.kind not in REF_KINDS:
+            problems.append((f"{where}.value_from", (f"{ref.kind!r} cannot be referenced; "
+                             "read the value from a secret or config_map")))
+    for i, env in enumerate(unit.env_from):
+        if env.kind not in REF_KINDS:
+            problems.append((f"env_from.{i}", (f"{env.kind!r} cannot be referenced; import a "
+                             "secret or config_map")))
+        try:
+            _check_prefix(env.prefix)
+        except ValueError as exc:
+            problems.append((f"env_from.{i}.prefix", str(exc)))
+
+    memory = _bytes_or_none(unit.memory)
+    if memory is None:
+        problems.append(("memory", (f"{unit.memory!r} is not a memory quantity; use a "
+                         "Kubernetes quantity such as 64Gi")))
+    limit = _bytes_or_none(unit.ephemeral_storage_limit)
+    request = _bytes_or_none(unit.ephemeral_storage_request)
+    if (unit.ephemeral_storage_limit is not None and limit is None) or (
+            unit.ephemeral_storage_request is not None and request is None):
+        problems.append(("ephemeral_storage", "not a Kubernetes quantity; use e.g. 100Gi"))
+    elif request is not None and limit is None:
+        problems.append(("ephemeral_storage.limit", ("a request without a limit lets the unit "
+                         "fill the node's disk; set a limit")))
+    elif request is not None and limit is not None and request > limit:
+        problems.append(("ephemeral_storage.request",
+                         (f"the request {unit.ephemeral_storage_request} is above the limit "
+                         f"{unit.ephemeral_storage_limit}; ask for at most the limit")))
+
+    names: dict[str, int] = {}
+    paths: dict[str, int] = {}
+    for i, volume in enumerate(unit.volumes):
+        here = f"volumes.{i}"
+        if volume.kind == "host_path":
+            problems.append((f"{here}.host_path", _HOST_PATH))
+            continue
+        if volume.kind not in VOLUME_KINDS:
+            problems.append((here, (f"unknown volume kind {volume.kind!r}; use one of "
+                             f"{', '.join(VOLUME_KINDS)}")))
+            continue
+        if not _LABEL.match(volume.name) or len(volume.name) > 63:
+            problems.append((f"{here}.name", (f"{volume.name!r} is not a volume name; use "
+                             "lowercase letters, digits and '-' (at most 63)")))
+        elif volume.name in names:
+            problems.append((f"{here}.name", (f"volume name {volume.name!r} is also the name of "
+                             f"volumes.{names[volume.name]}; give every volume its own name")))
+        names.setdefault(volume.name, i)
+        try:
+            path = _mount_path(volume.mount_path) if volume.mount_path.startswith("/") else None
+        except ValueError as exc:
+            problems.append((f"{here}.mount_path", str(exc)))
+            path = ""
+        if path is None:
+            problems.append((f"{here}.mount_path", (f"{volume.mount_path!r} is not absolute; "
+                             "use an absolute path such as /data")))
+        elif path and path in paths:
+            problems.append((f"{here}.mount_path", (f"{path} is also the mount path of "
+                             f"volumes.{paths[path]}; mount every volume at its own path")))
+        if path:
+            paths.setdefault(path, i)
+        if volume.sub_path is not None:
+            problem = _sub_path_problem(volume.sub_path)
+            if problem:
+                problems.append((f"{here}.sub_path", problem))
+        if volume.kind != "empty_dir":
+            if not re.match(_OBJECT_NAME, volume.source) or len(volume.source) > 253:
+                problems.append((f"{here}.{volume.kind}", (f"{volume.source!r} is not the name "
+                                 "of a Kubernetes object; use lowercase letters, digits, '-' "
+                                 "and '.'")))
+            if volume.medium or volume.size_limit is not None:
+                problems.append((f"{here}.empty_dir", ("medium and size_limit are for "
+                                 "empty_dir volumes only; remove them")))
+            continue
+        if volume.medium not in ("", "Memory"):
+            problems.append((f"{here}.empty_dir.medium", (f"{volume.medium!r} is not a medium; "
+                             "use Memory, or leave it out for the node's disk")))
+        size = _bytes_or_none(volume.size_limit)
+        if volume.size_limit is not None and size is None:
+            problems.append((f"{here}.empty_dir.size_limit", (f"{volume.size_limit!r} is not a "
+                             "Kubernetes quantity; use e.g. 16Gi")))
+        elif size is not None and volume.medium == "Memory" and memory is not None \
+                and size > memory:
+            problems.append((f"{here}.empty_dir.size_limit", (
+                f"a Memory empty_dir of {volume.size_limit} counts against the unit's memory "
+                f"({unit.memory}); set size_limit to at most {unit.memory}, or raise memory")))
+        elif size is not None and volume.medium != "Memory" and limit is not None \
+                and size > limit:
+            problems.append((f"{here}.empty_dir.size_limit", (
+                f"a disk empty_dir of {volume.size_limit} is above the unit's ephemeral_storage "
+                f"limit ({unit.ephemeral_storage_limit}); set size_limit to at most that, or "
+                "raise ephemeral_storage")))
+    return problems
+
+
+def _allowed(admission: AdmissionConfig, team: str, key: str) -> list[str]:
+    names: list[str] = []
+    for entry in (admission.team_volumes.get(team), admission.team_volumes.get("*")):
+        if entry is not None:
+            names += getattr(entry, key)
+    return list(dict.fromkeys(names))
+
+
+def _refusal(admission: AdmissionConfig, team: str, kind: str, name: str,
+             verb: str) -> str | None:
+    word, key = _REF_WORDS[kind]
+    allowed = _allowed(admission, team, key)
+    if any(fnmatch.fnmatchcase(name, pattern) for pattern in allowed):
+        return None
+    setting = f"admission.team_volumes.{team}.{key}"
+    if not allowed:
+        return (
+            f"team {team!r} may not {verb} the {word} {name!r}: no {key} are allowed for "
+            f"{team} ({setting} is empty); ask the pool's operator to add it there"
+            + (", or use an empty_dir" if kind == "persistent_volume_claim" else "")
+        )
+    return (
+        f"team {team!r} may not {verb} the {word} {name!r}; allowed for {team}: "
+        f"{', '.join(allowed)} ({setting}); use one of those, or ask the pool's operator to add "
+        "it there"
+    )
+
+
+def _cap_text(gpus: int, per_gpu: str, absolute: str, setting: str, cap: str) -> str:
+    if gpus > 0:
+        return f"the cap of {per_gpu} per GPU ({cap} for {gpus} GPU(s), admission.{setting}_per_gpu)"
+    return f"the cap of {absolute} for a unit without GPUs (admission.{setting}_without_gpus)"
+
+
+def _admission_problems(unit: UnitSpec, team: str,
+                        admission: AdmissionConfig) -> list[tuple[str, str]]:
+    """``(unit-relative field, problem; fix)`` for every admission limit the unit breaks: the
+    CPU, memory and ephemeral-storage caps, and the team's list of claims, Secrets and
+    ConfigMaps."""
+    problems: list[tuple[str, str]] = []
+    gpus = max(0, int(unit.gpus))
+    if gpus > 0:
+        cpu_cap = admission.max_cpu_per_gpu * gpus
+        memory_cap = quantity_bytes(admission.max_memory_per_gpu) * gpus
+        disk_cap = quantity_bytes(admission.max_ephemeral_storage_per_gpu) * gpus
+    else:
+        cpu_cap = admission.max_cpu_without_gpus
+        memory_cap = quantity_bytes(admission.max_memory_without_gpus)
+        disk_cap = quantity_bytes(admission.max_ephemeral_storage_without_gpus)
+    cpu = float(unit.cpu)
+    if not math.isfinite(cpu) or cpu <= 0:
+        problems.append(("cpu", f"{cpu!r} is not a number of CPU cores; use e.g. 8 or 500m"))
+    elif cpu > cpu_cap + 1e-9:
+        where = _cap_text(gpus, f"{admission.max_cpu_per_gpu:g}",
+                          f"{admission.max_cpu_without_gpus:g}", "max_cpu", f"{cpu_cap:g}")
+        problems.append(("cpu", f"{cpu:g} CPUs is above {where}; ask for at most {cpu_cap:g}"))
+    memory = _bytes_or_none(unit.memory)
+    if memory is not None and memory > memory_cap:
+        where = _cap_text(gpus, admission.max_memory_per_gpu, admission.max_memory_without_gpus,
+                          "max_memory", _format_bytes(memory_cap))
+        problems.append(("memory", (f"{unit.memory} is above {where}; ask for at most "
+                         f"{_format_bytes(memory_cap)}")))
+    disk_where = _cap_text(gpus, admission.max_ephemeral_storage_per_gpu,
+                           admission.max_ephemeral_storage_without_gpus,
+                           "max_ephemeral_storage", _format_bytes(disk_cap))
+    limit = _bytes_or_none(unit.ephemeral_storage_limit)
+    if limit is not None and limit > disk_cap:
+        problems.append(("ephemeral_storage", (f"{unit.ephemeral_storage_limit} of node disk is "
+                         f"above {disk_where}; ask for at most {_format_bytes(disk_cap)}")))
+    for i, volume in enumerate(unit.volumes):
+        if volume.kind in _REF_WORDS:
+            refused = _refusal(admission, team, volume.kind, volume.source, "mount")
+            if refused:
+                problems.append((f"volumes.{i}.{volume.kind}", refused))
+        elif volume.kind == "empty_dir" and volume.medium != "Memory":
+            size = _bytes_or_none(volume.size_limit)
+            if size is not None and size > disk_cap:
+                problems.append((f"volumes.{i}.empty_dir.size_limit", (
+                    f"an empty_dir of {volume.size_limit} on the node's disk is above "
+                    f"{disk_where}; set size_limit to at most {_format_bytes(disk_cap)}")))
+    for i, env in enumerate(unit.env_from):
+        if env.kind in _REF_WORDS:
+            refused = _refusal(admission, team, env.kind, env.name, "read")
+            if refused:
+                problems.append((f"env_from.{i}.{env.kind}", refused))
+    for ref in unit.env_refs:
+        if ref.kind in _REF_WORDS:
+            refused = _refusal(admission, team, ref.kind, ref.source, "read")
+            if refused:
+                problems.append((f"env.{ref.name}.value_from.{ref.kind}", refused))
+    return problems
+
+
+def recheck_unit(spec: UnitSpec, team: str, admission: AdmissionConfig) -> None:
+    """Re-apply, to a stored unit, every admission rule that can be checked on it, with the
+    *daemon's* ``admission`` config (the store holds whatever a submitter's process accepted,
+    under its own config and environment): image registry, tag and digest; at most
+    ``max_gpus_per_job`` GPUs; the CPU, memory and ephemeral-storage caps; the team's claims,
+    Secrets and ConfigMaps; no NVIDIA_* variables; no hostPath or unknown volume; unique volume
+    names and mount paths.
+
+    Pure (no I/O). Raises ``SpecError("the daemon's admission rules refuse it: <field>:
+    <problem>; <fix> | ...")`` listing every problem; returns None when the unit may run.
+    """
+    problems: list[tuple[str, str]] = []
+    try:
+        check_image(spec.image, admission.allowed_registries)
+    except ValueError as exc:
+        problems.append(("image", str(exc)))
+    if spec.gpus < 0 or spec.gpus > admission.max_gpus_per_job:
+        problems.append(("gpus", (f"{spec.gpus} GPUs is outside 0..{admission.max_gpus_per_job} "
+                         "(admission.max_gpus_per_job); ask for fewer GPUs")))
+    problems += _structure_problems(spec)
+    problems += _admission_problems(spec, team, admission)
+    if problems:
+        text = " | ".join(f"{field}: {message}" for field, message in problems)
+        raise SpecError((RECHECK_PREFIX + text).replace("\n", " "))
 
 
 # --------------------------------------------------------------------------------------------
@@ -991,6 +1597,7 @@ def admission_context(admission: AdmissionConfig | None = None) -> dict[str, Any
     """The validation context carrying ``admission``'s limits (defaults when None)."""
     admission = admission or _DEFAULT_ADMISSION
     return {
+        "admission": admission,
         "allowed_registries": list(admission.allowed_registries),
         "max_gpus_per_job": admission.max_gpus_per_job,
     }
@@ -1015,14 +1622,29 @@ _HINTS = {
     "resume_args": "use a list of strings, e.g. [--resume, '{output}/ckpt']",
     "parameters": "use a mapping of names to strings, numbers or true/false",
     "sweep": "use a mapping of parameter names to lists of values",
-    "env": "use a mapping of variable names to strings",
+    "env": ("use a mapping of variable names to strings, or to "
+            "{{value_from: {{secret: NAME, key: KEY}}}}"),
+    "env_from": "use a list of {{secret: NAME}} or {{config_map: NAME}} entries",
+    "value_from": "use {{secret: NAME, key: KEY}} or {{config_map: NAME, key: KEY}}",
+    "key": "use the key as it is in the Secret or ConfigMap (letters, digits, '-', '_', '.')",
+    "prefix": "use letters, digits and '_', e.g. WANDB_",
+    "persistent_volume_claim": ("use the claim's name: lowercase letters, digits, '-' and "
+                                "'.'"),
+    "secret": "use the Secret's name: lowercase letters, digits, '-' and '.'",
+    "config_map": "use the ConfigMap's name: lowercase letters, digits, '-' and '.'",
+    "size_limit": "use a Kubernetes quantity such as 16Gi",
+    "ephemeral_storage": ("use a Kubernetes quantity such as 100Gi, or "
+                          "{{request: 50Gi, limit: 100Gi}}"),
+    "request": "use a Kubernetes quantity such as 50Gi",
+    "limit": "use a Kubernetes quantity such as 100Gi",
+    "sub_path": "use a relative path such as ckpt/{{name}}/{{member}}",
     "steps": "use a list of steps, each with a name",
     "volumes": "use a list of volumes, each with name, mount_path and one source",
     "mount_path": "use an absolute path such as /data",
 }
 _BOOLEANS = {
     "enabled", "read_only", "privileged", "host_network", "host_pid", "host_ipc",
-    "allow_privilege_escalation",
+    "allow_privilege_escalation", "optional",
 }
 
 
@@ -1093,7 +1715,8 @@ def _format(exc: ValidationError, root: type[BaseModel], prefix: Sequence[Any] =
     errors = exc.errors()
     parts = []
     for err in errors[:limit]:
-        loc, model = tuple(err["loc"]), root
+        # the tags of the env union (text or value_from) are not part of the file's layout
+        loc, model = tuple(p for p in err["loc"] if p not in _ENV_TAGS), root
         if root is TraceEntry and loc[:1] == ("request",):
             # In a trace file the request's fields sit next to submit_at: no "request" level.
             loc, model = loc[1:], JobRequest

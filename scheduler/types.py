@@ -205,11 +205,61 @@ def family_of(image: str, step: str) -> str:
     return f"{image.rsplit(':', 1)[0]}#{step}"
 
 
+VOLUME_KINDS: tuple[str, ...] = ("persistent_volume_claim", "empty_dir", "config_map", "secret")
+"""The volume sources a unit may mount (never ``host_path``)."""
+REF_KINDS: tuple[str, ...] = ("secret", "config_map")
+"""What ``env_from`` and ``value_from`` may reference."""
+
+
+@dataclass(frozen=True)
+class UnitVolume:
+    """One volume of a unit, mounted into its container at ``mount_path``.
+
+    ``kind`` is one of :data:`VOLUME_KINDS`; ``source`` names the PersistentVolumeClaim,
+    ConfigMap or Secret (empty for an ``empty_dir``). ``medium`` (``""``: the node's disk, or
+    ``"Memory"``: tmpfs, e.g. ``/dev/shm``) and ``size_limit`` apply to an ``empty_dir`` only.
+    """
+
+    name: str
+    kind: str
+    mount_path: str
+    source: str = ""
+    read_only: bool = False
+    sub_path: str | None = None
+    medium: str = ""
+    size_limit: str | None = None
+
+
+@dataclass(frozen=True)
+class EnvFromSource:
+    """Every key of a Secret or ConfigMap (``kind`` in :data:`REF_KINDS`) as environment
+    variables, each name preceded by ``prefix``."""
+
+    kind: str
+    name: str
+    prefix: str = ""
+    optional: bool = False
+
+
+@dataclass(frozen=True)
+class EnvKeyRef:
+    """The environment variable ``name`` set from ``key`` of the Secret or ConfigMap
+    ``source`` (``kind`` in :data:`REF_KINDS`): the value itself never enters the spec."""
+
+    name: str
+    kind: str
+    source: str
+    key: str
+    optional: bool = False
+
+
 @dataclass(frozen=True)
 class UnitSpec:
     """One runnable unit of a job request: a pipeline step, or one member of a step's sweep.
 
-    Everything a Kubernetes Job needs, already templated (parameters filled into args and env).
+    Everything a Kubernetes Job needs, already templated (parameters filled into args, env and
+    volume ``sub_path``); volumes, ``env_from`` and ``env_refs`` name Secrets and ConfigMaps,
+    never their contents.
     ``depends_on`` lists ``(step_index, member)`` units of the same request that must have
     succeeded first (a step waits for every member of the step before it).
     """
@@ -235,6 +285,14 @@ class UnitSpec:
     output: str | None
     depends_on: tuple[tuple[int, int], ...]
     kind: str = "job"
+    volumes: tuple[UnitVolume, ...] = ()
+    env_from: tuple[EnvFromSource, ...] = ()
+    env_refs: tuple[EnvKeyRef, ...] = ()
+    """Environment variables whose values come from Secrets or ConfigMaps (after ``env``)."""
+    ephemeral_storage_request: str | None = None
+    ephemeral_storage_limit: str | None = None
+    """Node-local disk (container writable layer, logs, disk ``empty_dir``s) as Kubernetes
+    quantities; None: not set."""
 
     @property
     def family(self) -> str:

@@ -26,7 +26,7 @@ from scheduler.adapters.kubernetes import (
     label_value,
 )
 from scheduler.ports import Cluster, JobPhase, StopKind
-from scheduler.types import UnitSpec
+from scheduler.types import EnvFromSource, EnvKeyRef, UnitSpec, UnitVolume
 
 NS = "research"
 NOW = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
@@ -46,6 +46,28 @@ def make_spec(**kw: object) -> UnitSpec:
         resume_args=("--resume", "/ckpt/last"), priority=0, deadline=None,
         max_preemptions=None, output="s3://bucket/out", depends_on=())
     return replace(base, **kw)
+
+
+def full_spec(**kw: object) -> UnitSpec:
+    """A unit using every volume kind, both kinds of secret reference and ephemeral storage."""
+    values: dict[str, object] = {
+        "volumes": (
+            UnitVolume("ckpt", "persistent_volume_claim", "/ckpt", "ckpt-nlp",
+                       sub_path="sft/train/0"),
+            UnitVolume("data", "persistent_volume_claim", "/data", "datasets", read_only=True),
+            UnitVolume("dshm", "empty_dir", "/dev/shm", medium="Memory", size_limit="16Gi"),
+            UnitVolume("scratch", "empty_dir", "/scratch", size_limit="100Gi"),
+            UnitVolume("tmp", "empty_dir", "/tmp"),
+            UnitVolume("recipes", "config_map", "/etc/recipes", "sft-recipes", read_only=True),
+            UnitVolume("hf-token", "secret", "/var/run/secrets/hf", "hf-token", read_only=True),
+        ),
+        "env_from": (EnvFromSource("config_map", "nccl-tuning"),
+                     EnvFromSource("secret", "s3-creds", prefix="AWS_", optional=True)),
+        "env_refs": (EnvKeyRef("WANDB_API_KEY", "secret", "wandb", "api-key"),
+                     EnvKeyRef("RECIPE", "config_map", "sft-recipes", "default", optional=True)),
+        "ephemeral_storage_request": "50Gi", "ephemeral_storage_limit": "200Gi"}
+    values.update(kw)
+    return make_spec(**values)
 
 
 @pytest.fixture
@@ -184,6 +206,72 @@ def test_manifest_grace_resume_and_options(kube: FakeKube) -> None:
     assert pod["affinity"] == affinity
 
 
+def test_manifest_carries_volumes_secret_references_and_ephemeral_storage(
+        cluster: KubernetesCluster) -> None:
+    m = cluster.manifest("req7-0-1", 1, full_spec(), "nlp", STOP_BY, NOW)
+    pod = m["spec"]["template"]["spec"]
+    assert pod["volumes"] == [
+        {"name": "ckpt", "persistentVolumeClaim": {"claimName": "ckpt-nlp"}},
+        {"name": "data", "persistentVolumeClaim": {"claimName": "datasets", "readOnly": True}},
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}},
+        {"name": "scratch", "emptyDir": {"sizeLimit": "100Gi"}},
+        {"name": "tmp", "emptyDir": {}},
+        {"name": "recipes", "configMap": {"name": "sft-recipes"}},
+        {"name": "hf-token", "secret": {"secretName": "hf-token"}},
+    ]
+    (container,) = pod["containers"]
+    assert container["volumeMounts"] == [
+        {"name": "ckpt", "mountPath": "/ckpt", "subPath": "sft/train/0"},
+        {"name": "data", "mountPath": "/data", "readOnly": True},
+        {"name": "dshm", "mountPath": "/dev/shm"},
+        {"name": "scratch", "mountPath": "/scratch"},
+        {"name": "tmp", "mountPath": "/tmp"},
+        {"name": "recipes", "mountPath": "/etc/recipes", "readOnly": True},
+        {"name": "hf-token", "mountPath": "/var/run/secrets/hf", "readOnly": True},
+    ]
+    assert container["envFrom"] == [
+        {"configMapRef": {"name": "nccl-tuning"}},
+        {"secretRef": {"name": "s3-creds", "optional": True}, "prefix": "AWS_"},
+    ]
+    refs = [e for e in container["env"] if "valueFrom" in e]
+    assert refs == [
+        {"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": {"name": "wandb",
+                                                                 "key": "api-key"}}},
+        {"name": "RECIPE", "valueFrom": {"configMapKeyRef": {"name": "sft-recipes",
+                                                             "key": "default",
+                                                             "optional": True}}},
+    ]
+    names = [e["name"] for e in container["env"]]
+    assert len(names) == len(set(names)) and "IDLEGPU_ATTEMPT" in names
+    resources = container["resources"]
+    assert resources["limits"]["ephemeral-storage"] == "200Gi"
+    assert resources["requests"]["ephemeral-storage"] == "50Gi"
+    assert resources["limits"]["nvidia.com/gpu"] == "2"
+    check_pod_security(m)
+    # a secret volume is read-only even when the stored unit says otherwise
+    loose = full_spec(volumes=(UnitVolume("tok", "secret", "/tok", "hf-token"),))
+    mounts = cluster.manifest("u-0-0", 1, loose, "nlp", None, NOW)["spec"]["template"]["spec"][
+        "containers"][0]["volumeMounts"]
+    assert mounts == [{"name": "tok", "mountPath": "/tok", "readOnly": True}]
+
+
+def test_a_unit_without_new_fields_renders_as_before(cluster: KubernetesCluster) -> None:
+    container = manifest(cluster)["spec"]["template"]["spec"]["containers"][0]
+    assert not {"volumeMounts", "envFrom"} & set(container)
+    assert "ephemeral-storage" not in container["resources"]["limits"]
+    assert all("valueFrom" not in e for e in container["env"])
+
+
+@pytest.mark.parametrize("volume", [
+    UnitVolume("h", "host_path", "/host", "/"),
+    UnitVolume("n", "nfs", "/nfs", "server:/export"),
+])
+def test_a_stored_unit_with_a_forbidden_volume_never_becomes_a_manifest(
+        cluster: KubernetesCluster, volume: UnitVolume) -> None:
+    with pytest.raises(UnsafeManifestError, match="pod security"):
+        cluster.manifest("u-0-0", 1, make_spec(volumes=(volume,)), "nlp", None, NOW)
+
+
 def test_a_planned_stop_enforced_by_the_deadline_is_a_stop_not_a_failure(
         kube: FakeKube, cluster: KubernetesCluster) -> None:
     deadline = {"failed": 1, "conditions": [
@@ -213,6 +301,14 @@ def test_a_planned_stop_enforced_by_the_deadline_is_a_stop_not_a_failure(
     lambda pod: pod["securityContext"].__setitem__("runAsNonRoot", False),
     lambda pod: pod.setdefault("initContainers", []).append(
         {"name": "i", "image": "x", "securityContext": {"privileged": True}}),
+    lambda pod: pod.__setitem__("volumes", [{"name": "n", "nfs": {"server": "s", "path": "/"}}]),
+    lambda pod: pod.__setitem__("volumes", [{"name": "c", "csi": {"driver": "x"}}]),
+    lambda pod: pod["containers"][0]["env"].append({"name": "NVIDIA_VISIBLE_DEVICES",
+                                                    "value": "all"}),
+    lambda pod: pod["containers"][0].__setitem__(
+        "envFrom", [{"prefix": "NVIDIA_", "configMapRef": {"name": "x"}}]),
+    lambda pod: pod["containers"][0].__setitem__(
+        "volumeMounts", [{"name": "x", "mountPath": "/x", "mountPropagation": "Bidirectional"}]),
 ])
 def test_security_check_rejects_privileged_manifests(cluster: KubernetesCluster,
                                                      mutate: object) -> None:
@@ -226,9 +322,41 @@ def test_security_check_rejects_privileged_manifests(cluster: KubernetesCluster,
 
 def test_manifest_validates_against_the_real_schema(cluster: KubernetesCluster) -> None:
     kubernetes_validate = pytest.importorskip("kubernetes_validate")
-    for m in (manifest(cluster), manifest(cluster, attempt=2, checkpointable=False, gpus=0)):
-        for version in ("1.30", "1.33"):
+    full = cluster.manifest("req7-0-1", 2, full_spec(), "nlp", STOP_BY, NOW)
+    for m in (manifest(cluster), manifest(cluster, attempt=2, checkpointable=False, gpus=0),
+              full):
+        for version in ("1.30", "1.33", "1.36"):
             kubernetes_validate.validate(m, version, strict=True)
+
+
+def test_the_sft_volumes_example_becomes_a_valid_job(cluster: KubernetesCluster) -> None:
+    """The documented request, through validation and expansion, to a Job the 1.36 schema and
+    the pod security check accept, with every volume and reference in place."""
+    from pathlib import Path
+
+    from forecast.config import AdmissionConfig
+    from scheduler.specs import expand_units, load_request, recheck_unit
+
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    admission = AdmissionConfig(team_volumes={
+        "alignment": {"persistent_volume_claims": ["ckpt-alignment"],
+                      "secrets": ["wandb", "hf-token"], "config_maps": ["sft-recipes"]},
+        "*": {"persistent_volume_claims": ["datasets"], "config_maps": ["nccl-tuning"]}})
+    path = Path(__file__).resolve().parents[1] / "examples" / "jobs" / "sft-volumes.yaml"
+    request = load_request(path, admission)
+    (unit,) = expand_units(request)
+    recheck_unit(unit, request.team, admission)
+    m = cluster.manifest("sft-0-0", 1, unit, request.team, None, NOW)
+    kubernetes_validate.validate(m, "1.36", strict=True)
+    pod = m["spec"]["template"]["spec"]
+    assert {next(k for k in v if k != "name") for v in pod["volumes"]} == {
+        "persistentVolumeClaim", "emptyDir", "configMap", "secret"}
+    container = pod["containers"][0]
+    assert container["envFrom"] == [{"configMapRef": {"name": "nccl-tuning"}}]
+    assert {"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": {
+        "name": "wandb", "key": "api-key"}}} in container["env"]
+    assert {"name": "ckpt", "mountPath": "/ckpt",
+            "subPath": "sft-ko-instruct-v2/main/0"} in container["volumeMounts"]
 
 
 # --- apply ----------------------------------------------------------------------------------

@@ -35,6 +35,13 @@ REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((REPO / "examples" / "jobs").glob("*.yaml"))
 TRACE = REPO / "data" / "sample" / "jobs.yaml"
 IMAGE = "registry.example.com/research/trainer:1.4.2"
+EXAMPLE_ADMISSION = AdmissionConfig(team_volumes={
+    # what examples/jobs/sft-volumes.yaml says the operator allows
+    "alignment": {"persistent_volume_claims": ["ckpt-alignment"], "secrets": ["wandb", "hf-token"],
+                  "config_maps": ["sft-recipes"]},
+    "*": {"persistent_volume_claims": ["datasets"], "config_maps": ["nccl-tuning"]},
+})
+NEEDS_ALLOW_LIST = {"sft-volumes.yaml"}
 
 
 def pipeline() -> dict:
@@ -179,18 +186,23 @@ def test_duration_text_round_trips():
 
 
 def test_cpu_memory_and_volumes_are_accepted():
-    request = JobRequest.model_validate(minimal(
-        cpu="500m", memory="1.5Ti",
+    admission = AdmissionConfig(team_volumes={
+        "alignment": {"persistent_volume_claims": ["hf-cache"], "config_maps": ["app"]}})
+    request = validate_request(minimal(
+        cpu="500m", memory="0.5Ti",
         volumes=[
             {"name": "cache", "mount_path": "/cache", "persistent_volume_claim": "hf-cache"},
             {"name": "scratch", "mount_path": "/scratch", "empty_dir": None},
             {"name": "cfg", "mount_path": "/etc/app", "config_map": "app", "read_only": True},
         ],
         capabilities={"drop": ["ALL"]}, privileged=False,
-    ))
+    ), admission)
     (unit,) = expand_units(request)
-    assert (unit.cpu, unit.memory) == (0.5, "1.5Ti")
+    assert (unit.cpu, unit.memory) == (0.5, "0.5Ti")
     assert request.volumes[1].empty_dir is not None
+    assert [(v.name, v.kind, v.source) for v in unit.volumes] == [
+        ("cache", "persistent_volume_claim", "hf-cache"), ("scratch", "empty_dir", ""),
+        ("cfg", "config_map", "app")]
 
 
 # --------------------------------------------------------------------------------------------
@@ -204,6 +216,13 @@ def _set(path: str, value):
         for part in parents:
             target = target[int(part)] if part.isdigit() else target[part]
         target[last] = value
+    return mutate
+
+
+def _sets(*pairs):
+    def mutate(data: dict) -> None:
+        for path, value in pairs:
+            _set(path, value)(data)
     return mutate
 
 
@@ -289,6 +308,78 @@ REJECTIONS = [
     ("volume_two_sources",
      _set("volumes", [{"name": "v", "mount_path": "/v", "secret": "s", "config_map": "c"}]),
      "volumes.0:", "exactly one source"),
+    ("pvc_not_allowed",
+     _set("volumes", [{"name": "v", "mount_path": "/v", "persistent_volume_claim": "ckpt"}]),
+     "volumes.0.persistent_volume_claim:",
+     "team 'alignment' may not mount the persistent volume claim 'ckpt'"),
+    ("step_secret_volume_not_allowed",
+     _set("steps.1.volumes", [{"name": "v", "mount_path": "/v", "secret": "token"}]),
+     "steps.1.volumes.0.secret:", "may not mount the secret 'token'"),
+    ("secret_env_not_allowed", _set("env", {"K": {"value_from": {"secret": "s", "key": "k"}}}),
+     "env.K.value_from.secret:", "may not read the secret 's'"),
+    ("env_from_not_allowed", _set("env_from", [{"config_map": "cm"}]),
+     "env_from.0.config_map:", "may not read the config map 'cm'"),
+    ("value_from_without_key", _set("env", {"K": {"value_from": {"secret": "s"}}}),
+     "env.K.value_from.key:", "required field is missing"),
+    ("value_from_typo", _set("env", {"K": {"valuefrom": {"secret": "s", "key": "k"}}}),
+     "env.K.value_from:", "env.K.valuefrom: unknown field; did you mean 'value_from'"),
+    ("env_list_value", _set("env", {"K": [1, 2]}), "env.K:", "value_from"),
+    ("nvidia_env", _set("env", {"NVIDIA_VISIBLE_DEVICES": "all"}), "env.NVIDIA_VISIBLE_DEVICES:",
+     "exposes every GPU of the node"),
+    ("nvidia_env_from_secret",
+     _set("steps.0.env", {"NVIDIA_DRIVER_CAPABILITIES": {"value_from": {"secret": "s", "key": "k"}}}),
+     "steps.0.env.NVIDIA_DRIVER_CAPABILITIES:", "NVIDIA_VISIBLE_DEVICES=all"),
+    ("nvidia_prefix", _set("env_from", [{"secret": "s", "prefix": "NVIDIA_"}]),
+     "env_from.0.prefix:", "NVIDIA_VISIBLE_DEVICES=all"),
+    ("duplicate_volume_name",
+     _set("volumes", [{"name": "v", "mount_path": "/a", "empty_dir": {}},
+                      {"name": "v", "mount_path": "/b", "empty_dir": {}}]),
+     "volumes.1.name:", "also the name of volumes.0"),
+    ("duplicate_mount_path",
+     _set("volumes", [{"name": "a", "mount_path": "/data/", "empty_dir": {}},
+                      {"name": "b", "mount_path": "/data", "empty_dir": {}}]),
+     "volumes.1.mount_path:", "also the mount path of volumes.0"),
+    ("mount_over_proc", _set("volumes", [{"name": "a", "mount_path": "/proc/x", "empty_dir": {}}]),
+     "volumes.0.mount_path:", "under /proc"),
+    ("mount_over_root", _set("volumes", [{"name": "a", "mount_path": "/", "empty_dir": {}}]),
+     "volumes.0.mount_path:", "container's root"),
+    ("absolute_sub_path",
+     _set("volumes", [{"name": "a", "mount_path": "/a", "empty_dir": {}, "sub_path": "/x"}]),
+     "volumes.0.sub_path:", "relative to the volume's root"),
+    ("sub_path_escapes_after_templating",
+     _sets(("steps.0.parameters", {"shard": "../../other-team"}),
+           ("steps.0.volumes", [{"name": "a", "mount_path": "/a", "empty_dir": {},
+                                 "sub_path": "runs/{shard}"}])),
+     "steps.0.volumes.0.sub_path:", "contains '..'"),
+    ("sub_path_unknown_placeholder",
+     _set("volumes", [{"name": "a", "mount_path": "/a", "empty_dir": {}, "sub_path": "{x}"}]),
+     "volumes.0.sub_path:", "unknown placeholder {x}"),
+    ("memory_empty_dir_above_memory",
+     _set("steps.0.volumes", [{"name": "shm", "mount_path": "/dev/shm",
+                               "empty_dir": {"medium": "Memory", "size_limit": "1Ti"}}]),
+     "steps.0.volumes.0.empty_dir.size_limit:", "counts against the unit's memory (256Gi)"),
+    ("bad_claim_name",
+     _set("volumes", [{"name": "a", "mount_path": "/a", "persistent_volume_claim": "My_Claim"}]),
+     "volumes.0.persistent_volume_claim:", "the claim's name"),
+    ("cpu_above_cap", _set("steps.1.cpu", 1e300), "steps.1.cpu:",
+     "1e+300 CPUs is above the cap of 16 per GPU (128 for 8 GPU(s), admission.max_cpu_per_gpu)"),
+    ("memory_above_cap", _set("steps.1.memory", "1Ei"), "steps.1.memory:",
+     ("1Ei is above the cap of 128Gi per GPU (1Ti for 8 GPU(s), admission.max_memory_per_gpu); "
+     "ask for at most 1Ti")),
+    ("step_memory_above_cap", _set("steps.0.memory", "600Gi"), "steps.0.memory:",
+     "above the cap of 128Gi per GPU (512Gi for 4 GPU(s)"),
+    ("inherited_cpu_above_cap_names_the_step", _set("cpu", 100), "cpu:",
+     "in step 'prepare': 100 CPUs is above the cap of 16 per GPU (64 for 4 GPU(s)"),
+    ("ephemeral_above_cap", _set("ephemeral_storage", "1Pi"), "ephemeral_storage:",
+     "1Pi of node disk is above the cap of 200Gi per GPU"),
+    ("ephemeral_request_above_limit",
+     _set("ephemeral_storage", {"request": "20Gi", "limit": "10Gi"}),
+     "ephemeral_storage.request:", "above the limit 10Gi"),
+    ("ephemeral_without_limit", _set("ephemeral_storage", {"request": "20Gi"}),
+     "ephemeral_storage.limit:", "required field is missing"),
+    ("disk_empty_dir_above_cap",
+     _set("volumes", [{"name": "s", "mount_path": "/s", "empty_dir": {"size_limit": "1Pi"}}]),
+     "volumes.0.empty_dir.size_limit:", "on the node's disk is above the cap of 200Gi per GPU"),
     ("negative_max_preemptions", _set("max_preemptions", -1), "max_preemptions:",
      "greater than or equal to 0"),
 ]
@@ -423,13 +514,19 @@ def test_load_requests_takes_one_request_or_a_list(tmp_path):
 
 def test_there_are_examples():
     assert {p.name for p in EXAMPLES} >= {
-        "pretrain.yaml", "sft-rl-eval.yaml", "eval-sweep.yaml", "datagen.yaml"
+        "pretrain.yaml", "sft-rl-eval.yaml", "eval-sweep.yaml", "datagen.yaml", "sft-volumes.yaml"
     }
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
 def test_examples_validate_against_the_default_allow_list(path):
-    request = load_request(path, AdmissionConfig())
+    if path.name in NEEDS_ALLOW_LIST:
+        # claims and secrets need the operator's allow-list: refused by default, naming it
+        with pytest.raises(SpecError, match=r"admission\.team_volumes\.alignment"):
+            load_request(path, AdmissionConfig())
+        request = load_request(path, EXAMPLE_ADMISSION)
+    else:
+        request = load_request(path, AdmissionConfig())
     units = expand_units(request)
     assert units and all(u.image.startswith("registry.example.com/") for u in units)
     assert all(u.output and "{" not in u.output for u in units)
@@ -437,7 +534,7 @@ def test_examples_validate_against_the_default_allow_list(path):
 
 
 def test_example_shapes():
-    by_name = {p.name: expand_units(load_request(p)) for p in EXAMPLES}
+    by_name = {p.name: expand_units(load_request(p, EXAMPLE_ADMISSION)) for p in EXAMPLES}
     pretrain = by_name["pretrain.yaml"]
     assert len(pretrain) == 1 and pretrain[0].gpus == 32 and pretrain[0].checkpointable
     chain = by_name["sft-rl-eval.yaml"]
@@ -446,6 +543,12 @@ def test_example_shapes():
     assert len(by_name["eval-sweep.yaml"]) == 6
     assert not any(u.checkpointable for u in by_name["eval-sweep.yaml"])
     assert len(by_name["datagen.yaml"]) == 4
+    assert {v.kind for u in by_name["datagen.yaml"] for v in u.volumes} == {"empty_dir"}
+    (sft,) = by_name["sft-volumes.yaml"]
+    assert {v.kind for v in sft.volumes} == {
+        "persistent_volume_claim", "config_map", "secret", "empty_dir"}
+    assert sft.env_refs and sft.env_from and sft.ephemeral_storage_limit == "200Gi"
+    assert not any(k.startswith("WANDB_API") for k, _ in sft.env)  # a reference, not a value
 
 
 # --------------------------------------------------------------------------------------------

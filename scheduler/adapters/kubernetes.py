@@ -45,7 +45,7 @@ from kubernetes.client.exceptions import ApiException
 
 from forecast.errors import PermanentError, TemporaryError
 from scheduler.ports import ClusterJob, JobPhase, JobRejectedError, StopKind
-from scheduler.types import UnitSpec
+from scheduler.types import EnvFromSource, EnvKeyRef, UnitSpec, UnitVolume
 
 log = logging.getLogger(__name__)
 
@@ -172,13 +172,73 @@ def _parse_time(value: Any) -> datetime | None:
         return None
 
 
+# --- volumes and references --------------------------------------------------------------
+
+
+_VOLUME_SOURCES = ("persistentVolumeClaim", "emptyDir", "configMap", "secret")
+"""The only volume sources a research pod may have."""
+
+
+def _volume(volume: UnitVolume, job: str) -> dict[str, Any]:
+    """The pod ``volumes`` entry of a unit's volume; hostPath and anything unknown refused."""
+    if volume.kind == "persistent_volume_claim":
+        claim: dict[str, Any] = {"claimName": volume.source}
+        if volume.read_only:
+            claim["readOnly"] = True
+        return {"name": volume.name, "persistentVolumeClaim": claim}
+    if volume.kind == "empty_dir":
+        empty: dict[str, Any] = {}
+        if volume.medium:
+            empty["medium"] = volume.medium
+        if volume.size_limit is not None:
+            empty["sizeLimit"] = str(volume.size_limit)
+        return {"name": volume.name, "emptyDir": empty}
+    if volume.kind == "config_map":
+        return {"name": volume.name, "configMap": {"name": volume.source}}
+    if volume.kind == "secret":
+        return {"name": volume.name, "secret": {"secretName": volume.source}}
+    raise UnsafeManifestError(
+        f"Job {job} breaks the pod security rules: volume {volume.name!r} of kind "
+        f"{volume.kind!r} (only persistent_volume_claim, empty_dir, config_map and secret)")
+
+
+def _volume_mount(volume: UnitVolume) -> dict[str, Any]:
+    mount: dict[str, Any] = {"name": volume.name, "mountPath": volume.mount_path}
+    if volume.read_only or volume.kind in ("secret", "config_map"):
+        mount["readOnly"] = True
+    if volume.sub_path:
+        mount["subPath"] = volume.sub_path
+    return mount
+
+
+def _env_from(source: EnvFromSource) -> dict[str, Any]:
+    ref_key = "secretRef" if source.kind == "secret" else "configMapRef"
+    ref: dict[str, Any] = {"name": source.name}
+    if source.optional:
+        ref["optional"] = True
+    entry: dict[str, Any] = {ref_key: ref}
+    if source.prefix:
+        entry["prefix"] = source.prefix
+    return entry
+
+
+def _env_ref(ref: EnvKeyRef) -> dict[str, Any]:
+    ref_key = "secretKeyRef" if ref.kind == "secret" else "configMapKeyRef"
+    selector: dict[str, Any] = {"name": ref.source, "key": ref.key}
+    if ref.optional:
+        selector["optional"] = True
+    return {"name": ref.name, "valueFrom": {ref_key: selector}}
+
+
 # --- pod security ------------------------------------------------------------------------
 
 
 def check_pod_security(manifest: dict[str, Any]) -> None:
     """Raise ``UnsafeManifestError`` when a Job manifest asks for anything privileged: host
-    namespaces, hostPath volumes, privileged containers, privilege escalation, added
-    capabilities or running as root. Applied to every manifest before it is sent."""
+    namespaces, volumes other than persistentVolumeClaim, emptyDir, configMap and secret
+    (hostPath above all), privileged containers, privilege escalation, added capabilities,
+    running as root, ``NVIDIA_*`` environment variables (or an envFrom prefix making them) and
+    bidirectional mount propagation. Applied to every manifest before it is sent."""
     name = manifest.get("metadata", {}).get("name", "?")
     pod = manifest.get("spec", {}).get("template", {}).get("spec", {}) or {}
     problems: list[str] = []
@@ -186,8 +246,10 @@ def check_pod_security(manifest: dict[str, Any]) -> None:
         if pod.get(key):
             problems.append(f"spec.template.spec.{key}")
     for i, volume in enumerate(pod.get("volumes") or []):
-        if "hostPath" in volume:
-            problems.append(f"spec.template.spec.volumes[{i}].hostPath")
+        # only claims, scratch space, ConfigMaps and Secrets: never hostPath, nor any other
+        # source that reaches the node or storage outside the namespace's control
+        for key in sorted(set(volume) - {"name", *_VOLUME_SOURCES}):
+            problems.append(f"spec.template.spec.volumes[{i}].{key}")
     pod_ctx = pod.get("securityContext") or {}
     if pod_ctx.get("runAsNonRoot") is not True:
         problems.append("spec.template.spec.securityContext.runAsNonRoot must be true")
@@ -211,6 +273,19 @@ def check_pod_security(manifest: dict[str, Any]) -> None:
             for port in container.get("ports") or []:
                 if port.get("hostPort"):
                     problems.append(f"spec.template.spec.{kind}[{i}].ports.hostPort")
+            # NVIDIA_VISIBLE_DEVICES=all (or any NVIDIA_* knob) would let the container runtime
+            # hand the pod GPUs it was never allocated
+            for j, var in enumerate(container.get("env") or []):
+                if str(var.get("name", "")).upper().startswith("NVIDIA_"):
+                    problems.append(f"spec.template.spec.{kind}[{i}].env[{j}].name="
+                                    f"{var.get('name')}")
+            for j, source in enumerate(container.get("envFrom") or []):
+                if str(source.get("prefix", "")).upper().startswith("NVIDIA_"):
+                    problems.append(f"spec.template.spec.{kind}[{i}].envFrom[{j}].prefix")
+            for j, mount in enumerate(container.get("volumeMounts") or []):
+                if mount.get("mountPropagation") == "Bidirectional":
+                    problems.append(f"spec.template.spec.{kind}[{i}].volumeMounts[{j}]"
+                                    ".mountPropagation=Bidirectional")
     if problems:
         raise UnsafeManifestError(
             f"Job {name} breaks the pod security rules: {', '.join(problems)}")
@@ -346,6 +421,7 @@ class KubernetesCluster:
             annotations[ANN_STOP_BY] = _iso(stop_by)
 
         env = [{"name": k, "value": v} for k, v in spec.env]
+        env += [_env_ref(ref) for ref in spec.env_refs]
         ours = {UNIT_ENV: unit_id, ATTEMPT_ENV: str(attempt)}
         if spec.output:
             ours[OUTPUT_ENV] = spec.output
@@ -357,10 +433,15 @@ class KubernetesCluster:
         resources: dict[str, str] = {"cpu": _quantity_cpu(spec.cpu), "memory": str(spec.memory)}
         if spec.gpus > 0:
             resources[GPU_RESOURCE] = str(int(spec.gpus))
+        limits, requests = dict(resources), dict(resources)
+        if spec.ephemeral_storage_limit is not None:
+            limits["ephemeral-storage"] = str(spec.ephemeral_storage_limit)
+            requests["ephemeral-storage"] = str(spec.ephemeral_storage_request
+                                              or spec.ephemeral_storage_limit)
         container: dict[str, Any] = {
             "name": CONTAINER_NAME,
             "image": spec.image,
-            "resources": {"limits": dict(resources), "requests": dict(resources)},
+            "resources": {"limits": limits, "requests": requests},
             "env": env,
             "securityContext": {
                 "allowPrivilegeEscalation": False,
@@ -374,6 +455,10 @@ class KubernetesCluster:
             container["command"] = list(spec.command)
         if spec.args:
             container["args"] = list(spec.args)
+        if spec.env_from:
+            container["envFrom"] = [_env_from(source) for source in spec.env_from]
+        if spec.volumes:
+            container["volumeMounts"] = [_volume_mount(v) for v in spec.volumes]
         grace = self.grace_seconds if spec.checkpointable else self.non_checkpoint_grace_seconds
         pod_spec: dict[str, Any] = {
             "restartPolicy": "Never",
@@ -385,6 +470,8 @@ class KubernetesCluster:
             },
             "containers": [container],
         }
+        if spec.volumes:
+            pod_spec["volumes"] = [_volume(v, name) for v in spec.volumes]
         if self.priority_class:
             pod_spec["priorityClassName"] = self.priority_class
         if self.node_selector:

@@ -426,14 +426,43 @@ def _jsonable(value: Any) -> Any:
 
 
 def spec_to_json(spec: UnitSpec) -> dict[str, Any]:
-    """A ``UnitSpec`` as plain JSON (tuples as lists, datetimes as ISO 8601)."""
-    return {f.name: _jsonable(getattr(spec, f.name)) for f in fields(UnitSpec)}
+    """A ``UnitSpec`` as plain JSON (tuples as lists, datetimes as ISO 8601, volumes and
+    Secret/ConfigMap references as objects of their fields)."""
+    def plain(value: Any) -> Any:
+        if isinstance(value, tuple | list):
+            return [plain(v) for v in value]
+        if hasattr(type(value), "__dataclass_fields__"):
+            return {f.name: plain(getattr(value, f.name)) for f in fields(value)}
+        return value
+
+    return {f.name: _jsonable(plain(getattr(spec, f.name))) for f in fields(UnitSpec)}
 
 
 def spec_from_json(data: Mapping[str, Any]) -> UnitSpec:
-    """Inverse of ``spec_to_json``; unknown keys (from a newer writer) are ignored."""
+    """Inverse of ``spec_to_json``; unknown keys (from a newer writer) are ignored, and keys an
+    older writer did not know (volumes, env_from, env_refs, ephemeral storage) take their
+    defaults."""
+    from scheduler.types import EnvFromSource, EnvKeyRef, UnitVolume
+
+    def records(kind: type, items: Any) -> tuple[Any, ...]:
+        names = {f.name for f in fields(kind)}
+        out = []
+        for item in items or ():
+            if not isinstance(item, Mapping):
+                raise StoreError(f"stored unit spec cannot be read: {kind.__name__} {item!r} is "
+                                 "not an object")
+            try:
+                out.append(kind(**{k: v for k, v in item.items() if k in names}))
+            except TypeError as exc:
+                raise StoreError(f"stored unit spec cannot be read: {exc}") from exc
+        return tuple(out)
+
     known = {f.name for f in fields(UnitSpec)}
     values = {k: v for k, v in data.items() if k in known}
+    for name, kind in (("volumes", UnitVolume), ("env_from", EnvFromSource),
+                       ("env_refs", EnvKeyRef)):
+        if name in values:
+            values[name] = records(kind, values[name])
     for name in ("command", "args", "resume_args"):
         if name in values:
             values[name] = tuple(values[name] or ())
