@@ -259,6 +259,36 @@ class ClusterConfig(_Strict):
     """UID for images whose USER is root or unset (pods always run as non-root)."""
 
 
+class LeaderElectionConfig(_Strict):
+    """Leader election between daemon replicas (``daemon.leader_election``), on a
+    ``coordination.k8s.io/v1`` Lease: only the leader runs passes and writes reports; a
+    standby keeps its forecast fresh and takes over once the leader stops renewing."""
+
+    enabled: bool = False
+    lease_name: str = Field(default="idlegpu", min_length=1, max_length=253)
+    namespace: str | None = None
+    """Namespace of the Lease; None: ``cluster.namespace``."""
+    identity: str | None = None
+    """This replica's name in the Lease; None: ``$POD_NAME``, else ``<hostname>-<pid>``."""
+    lease_duration_seconds: float = Field(default=15, gt=0)
+    """How long a standby waits, on its own clock, after it last saw the Lease change before
+    it takes over."""
+    renew_deadline_seconds: float = Field(default=10, gt=0)
+    """The leader steps down when it could not renew for this long (< the lease duration)."""
+    retry_period_seconds: float = Field(default=2, gt=0)
+    """How often the leader renews and a standby tries."""
+
+    @model_validator(mode="after")
+    def _ordered(self) -> LeaderElectionConfig:
+        if not self.lease_duration_seconds > self.renew_deadline_seconds:
+            raise ValueError("leader_election.lease_duration_seconds must be greater than "
+                             "renew_deadline_seconds")
+        if not self.renew_deadline_seconds > 1.2 * self.retry_period_seconds:
+            raise ValueError("leader_election.renew_deadline_seconds must be greater than "
+                             "1.2 x retry_period_seconds")
+        return self
+
+
 class DaemonConfig(_Strict):
     """The admission daemon's timing and endpoints."""
 
@@ -271,6 +301,8 @@ class DaemonConfig(_Strict):
     metrics_port: int = Field(default=9464, ge=0, le=65535)
     """Port of /metrics and /healthz (0: none)."""
     reports_dir: str = "reports"
+    leader_election: LeaderElectionConfig = LeaderElectionConfig()
+    """Two or more replicas (with the store on PostgreSQL): one leads, the others stand by."""
 
 
 class StoreConfig(_Strict):
@@ -422,4 +454,3 @@ def format_validation_error(exc: ValidationError) -> str:
         )
         parts.append(f"{loc}: {msg}{shown}")
     return "; ".join(parts)
-

@@ -772,6 +772,7 @@ def run(
             monthly_report=lambda at: write_last_month_report(settings, job_store, at),
             timezone=settings.pool.timezone,
             clock=clock,
+            leader=_leader_elector(settings, kubeconfig, context),
         )
         import logging
 
@@ -782,6 +783,9 @@ def run(
         port = settings.daemon.metrics_port
         replay = (f"; replaying from {moment.astimezone(settings.pool.tz):%Y-%m-%d %H:%M} at "
                   f"{speed:g}x" if now is not None else "")
+        if daemon.leader is not None:
+            replay += (f"; leader election on lease {daemon.leader.describe()} as "
+                       f"{daemon.leader.identity}")
         logging.getLogger("idlegpu.daemon").info(
             "starting on pool %s, store %s, %s%s; SIGTERM stops it gracefully",
             settings.pool.name, _store_url(settings, store),
@@ -789,6 +793,22 @@ def run(
         daemon.run(metrics_port=settings.daemon.metrics_port)
     finally:
         job_store.close()
+
+
+def _leader_elector(settings, kubeconfig: str | None, context: str | None):
+    """The Lease elector of ``daemon.leader_election``, or None when it is off."""
+    election = settings.daemon.leader_election
+    if not election.enabled:
+        return None
+    from scheduler.adapters.lease import LeaderElector
+
+    c = settings.cluster
+    return LeaderElector.from_config(
+        kubeconfig or c.kubeconfig, context or c.context, c.in_cluster,
+        namespace=election.namespace or c.namespace, name=election.lease_name,
+        identity=election.identity, lease_duration_s=election.lease_duration_seconds,
+        renew_deadline_s=election.renew_deadline_seconds,
+        retry_period_s=election.retry_period_seconds)
 
 
 # A plain scalar that some YAML reader takes for something else than a string: YAML 1.1

@@ -13,6 +13,14 @@ A failed refresh (Prometheus down) is logged and counted; the pass goes on with 
 has, which the policy refuses to admit on once it is older than ``max_forecast_age``.
 The daemon serves its own Prometheus metrics and a health endpoint, and stops gracefully on
 SIGTERM (the pass under way finishes; nothing is left half-applied).
+
+High availability: given a ``leader`` (``scheduler.adapters.lease.LeaderElector``), several
+replicas run and only the one holding the Lease runs passes and writes reports. A standby
+keeps its forecast fresh (the refresh checks run on every replica) and is healthy as such.
+A standby that becomes leader has a forecast before its first pass (it refreshes first if it
+has none or it is due, and does not act until it has one): a pass on an empty profile would
+have the backstop stop every running job. On SIGTERM the leader finishes the pass under way,
+then releases the Lease, so the other replica takes over at once.
 """
 
 from __future__ import annotations
@@ -58,6 +66,8 @@ class DaemonMetrics:
         self.errors = Counter("idlegpu_pass_errors", "Errors met during passes", registry=r)
         self.refresh_failures = Counter("idlegpu_forecast_refresh_failures",
                                         "Forecast refreshes that failed", registry=r)
+        self.leader = Gauge("idlegpu_leader", "1 while this replica leads (runs passes), 0 "
+                            "while it stands by", registry=r)
 
 
 class Daemon:
@@ -73,9 +83,12 @@ class Daemon:
         report_hour: int = 6,
         timezone: str = "UTC",
         clock: Clock | Callable[[], datetime] | None = None,
+        leader=None,
     ) -> None:
         """``clock``: a ``scheduler.clock`` clock (default the real time) or a plain
-        ``() -> datetime`` (taken as real-time speed)."""
+        ``() -> datetime`` (taken as real-time speed). ``leader``: a leader elector
+        (``is_leader()``, ``alive()``, ``start()``, ``stop(release=)``), None for a single
+        replica that always acts."""
         self.controller = controller
         self.reconcile_seconds = reconcile_seconds
         self.backstop_seconds = backstop_seconds
@@ -93,6 +106,11 @@ class Daemon:
         self.report_since: datetime | None = None
         self._refresh_lock = threading.Lock()
         self._server = None
+        self.leader = leader
+        self._leading = leader is None  # acting as the leader (took over, has a forecast)
+        self.leading_since: datetime | None = None
+        self._sched = None
+        self.metrics.leader.set(1 if leader is None else 0)
 
     # ------------------------------------------------------------------ jobs
     def reconcile(self) -> PassReport | None:
@@ -105,7 +123,9 @@ class Daemon:
     def _pass(self, kind: str, run: Callable[[datetime], PassReport]) -> PassReport | None:
         """One pass; a failure of a part it cannot do without (the store down, say) is logged
         and counted, and the pass does not count as run, so /healthz turns 503 once that has
-        lasted three reconcile periods."""
+        lasted three reconcile periods. A standby runs none (None)."""
+        if not self.acting():
+            return None
         try:
             report = run(self.clock.now())
         except IdlegpuError as exc:
@@ -164,7 +184,9 @@ class Daemon:
         return report_due(now, self.report_since, self.timezone, self.report_hour)
 
     def report_if_due(self) -> bool:
-        if not self.report_due(self.clock.now()):
+        """Write the report when due, on the leader only (a standby that takes over later
+        writes it then, if it is still due by its own count: the same files again at worst)."""
+        if not self.report_due(self.clock.now()) or not self.acting():
             return False
         try:
             self.report()
@@ -205,6 +227,52 @@ class Daemon:
             m.harvested.inc(sum(e.gpu_seconds or 0 for e in events if e.kind == "finished"))
         self.last_pass = report.now
 
+    # ------------------------------------------------------------------ leadership
+    def acting(self) -> bool:
+        """True when this replica may act now: no election, or it leads and has taken over
+        (with a forecast). Notices a step-down or a new leadership at once."""
+        if self.leader is None:
+            return True
+        leads = self.leader.is_leader()
+        if not leads:
+            if self._leading:
+                log.warning("no longer the leader: standing by (no passes, no reports)")
+                self._leading = False
+                self.leading_since = None
+            self.metrics.leader.set(0)
+            return False
+        if not self._leading:
+            self._take_over()
+        self.metrics.leader.set(1 if self._leading else 0)
+        return self._leading
+
+    def _take_over(self) -> None:
+        """Became leader: make sure of a forecast before the first pass."""
+        if self.refresh_forecast is not None:
+            self.refresh_if_due()
+            if self.forecast_made is None:
+                self.metrics.errors.inc()
+                log.error("leader, but without a forecast (the refresh failed): no pass until "
+                          "one is made")
+                return
+        self._leading = True
+        self.leading_since = self.clock.now()
+        log.info("now the leader: running passes from %s (forecast of %s)",
+                 self.leading_since.isoformat(timespec="seconds"),
+                 self.forecast_made.isoformat(timespec="seconds") if self.forecast_made
+                 else "none")
+
+    def _elected(self) -> None:
+        """The elector's callback (its thread): run a reconcile pass now, not at the next
+        period."""
+        sched = self._sched
+        if sched is not None:
+            try:
+                sched.add_job(self.reconcile, id="takeover", replace_existing=True,
+                              max_instances=1)
+            except Exception:  # the scheduler is shutting down
+                log.debug("no take-over pass: the scheduler is stopping")
+
     # ------------------------------------------------------------------ scheduling
     def scheduler(self, *, blocking: bool = True):
         """The jobs, every period in the clock's time: a replay at ``speed`` 60 runs its
@@ -232,10 +300,22 @@ class Daemon:
 
     # ------------------------------------------------------------------ endpoints
     def healthy(self) -> bool:
-        """Alive when a pass ran within three reconcile periods (of the clock's time)."""
-        if self.last_pass is None:
+        """Alive when a pass ran within three reconcile periods (of the clock's time); the
+        leader counts them from when it took over. A standby is healthy while its election
+        loop runs."""
+        if self.leader is not None and not (self._leading and self.leader.is_leader()):
+            return self.leader.alive()
+        last = self.last_pass
+        if self.leading_since is not None and (last is None or last < self.leading_since):
+            last = self.leading_since
+        if last is None:
             return False
-        return (self.clock.now() - self.last_pass).total_seconds() <= 3 * self.reconcile_seconds
+        return (self.clock.now() - last).total_seconds() <= 3 * self.reconcile_seconds
+
+    def role(self) -> str:
+        if self.leader is None:
+            return "single"
+        return "leader" if self._leading and self.leader.is_leader() else "standby"
 
     def wsgi(self, environ, start_response):
         path = environ.get("PATH_INFO", "")
@@ -246,7 +326,10 @@ class Daemon:
             ok = self.healthy()
             start_response("200 OK" if ok else "503 Service Unavailable",
                            [("Content-Type", "text/plain")])
-            return [b"ok\n" if ok else b"no recent pass\n"]
+            role = self.role()
+            body = ("ok" if ok else "no recent pass" if role != "standby" else
+                    "leader election stopped") + ("" if role == "single" else f" ({role})")
+            return [f"{body}\n".encode()]
         start_response("404 Not Found", [("Content-Type", "text/plain")])
         return [b"not found\n"]
 
@@ -263,11 +346,26 @@ class Daemon:
 
     def run(self, *, metrics_port: int = 0) -> None:
         """Run until SIGTERM or SIGINT: a first refresh and pass at once, then on schedule;
-        SIGHUP refreshes the forecast on demand."""
+        SIGHUP refreshes the forecast on demand. With a leader elector: it starts first (a
+        replica alone leads from its first try), and on the way out, after the last pass,
+        the Lease is released."""
         if metrics_port:
             self.serve(metrics_port)
+        if self.leader is not None:
+            self.leader.on_started_leading = self._elected
+            self.leader.start()
+            wait_until(lambda: self.leader.last_attempt_at is not None, timeout=10)
+        try:
+            self._run_scheduled()
+        finally:
+            if self.leader is not None:
+                self.leader.stop(release=True)
+                self._leading = False
+                self.metrics.leader.set(0)
+
+    def _run_scheduled(self) -> None:
         self.reconcile()  # refreshes the forecast first (none yet)
-        sched = self.scheduler(blocking=True)
+        sched = self._sched = self.scheduler(blocking=True)
 
         def stop(signum, frame) -> None:
             log.info("signal %s: finishing the pass under way, then stopping", signum)

@@ -59,3 +59,7 @@ def prometheus_factory(
     yield start
     for server in servers:
         server.stop()
+
+
+# ---- a REAL PostgreSQL server (tests/pg_server.py): postgres_url, fresh_postgres_url -----------
+from pg_server import fresh_postgres_url, postgres_server, postgres_url  # noqa: E402, F401

@@ -247,3 +247,118 @@ def test_a_pass_that_cannot_run_is_counted_and_turns_health_red(setup):  # noqa:
     assert not daemon.healthy()  # no pass for more than three reconcile periods
     del store.holding, store.queue  # it is back
     assert daemon.reconcile() is not None and daemon.healthy()
+
+
+class FakeElector:
+    """The leader elector's interface, led by the test."""
+
+    def __init__(self, leading=False):
+        self.leading = leading
+        self.running = True
+        self.on_started_leading = None
+        self.last_attempt_at = 0.0
+        self.identity = "replica-test"
+
+    def is_leader(self):
+        return self.leading
+
+    def alive(self):
+        return self.running
+
+    def describe(self):
+        return "ns/idlegpu"
+
+
+def health(daemon):
+    status = {}
+
+    def start_response(code, headers):
+        status["code"] = int(code.split()[0])
+
+    body = b"".join(daemon.wsgi({"PATH_INFO": "/healthz"}, start_response)).decode()
+    return status["code"], body.strip()
+
+
+def leader_gauge(daemon):
+    return daemon.metrics.leader._value.get()
+
+
+def test_a_standby_runs_no_pass_but_keeps_its_forecast_and_is_healthy(setup):  # noqa: F811
+    _, cluster, _, controller, _ = setup
+    made, written = [], []
+    clock = {"now": T0}
+    elector = FakeElector(leading=False)
+    daemon = Daemon(controller, refresh_forecast=made.append, monthly_report=written.append,
+                    timezone="Asia/Seoul", clock=lambda: clock["now"], leader=elector)
+    assert daemon.reconcile() is None and daemon.backstop() is None
+    assert cluster.created == [] and made == [T0]  # no Job; the forecast made (warm)
+    assert health(daemon) == (200, "ok (standby)") and leader_gauge(daemon) == 0
+    assert daemon.metrics.passes.labels("reconcile")._value.get() == 0
+    # its monthly report is the leader's job
+    daemon.report_since = T0
+    clock["now"] = datetime(2026, 2, 1, 6, 0, tzinfo=UTC) + timedelta(hours=1)
+    assert not daemon.report_if_due() and written == []
+    clock["now"] = T0 + timedelta(minutes=1)
+    elector.running = False  # its election loop died: not healthy any more
+    assert health(daemon)[0] == 503
+
+
+def test_a_standby_that_becomes_leader_refreshes_before_its_first_pass(setup):  # noqa: F811
+    from forecast.errors import SourceUnavailableError
+
+    _, cluster, _, controller, _ = setup
+    clock = {"now": T0}
+    calls: list[str] = []
+    down = {"on": True}
+
+    def refresh(now):
+        calls.append("refresh")
+        if down["on"]:
+            raise SourceUnavailableError("prometheus at http://x is unreachable")
+
+    def reconcile_once(now):
+        calls.append("pass")
+        return real_reconcile(now)
+
+    def backstop_once(now):
+        calls.append("backstop")
+        return real_backstop(now)
+
+    real_reconcile, real_backstop = controller.reconcile_once, controller.backstop_once
+    controller.reconcile_once, controller.backstop_once = reconcile_once, backstop_once
+    elector = FakeElector(leading=False)
+    daemon = Daemon(controller, refresh_forecast=refresh, clock=lambda: clock["now"],
+                    leader=elector)
+    daemon.reconcile()  # standby, Prometheus down: no forecast yet
+    assert calls == ["refresh"] and daemon.forecast_made is None
+    elector.leading = True  # elected while it has no forecast
+    assert daemon.backstop() is None  # no pass on an empty profile (it would stop every job)
+    assert calls == ["refresh", "refresh"] and daemon.role() == "standby"
+    assert leader_gauge(daemon) == 0
+    down["on"] = False
+    clock["now"] += timedelta(seconds=15)
+    daemon.backstop()  # the forecast is made first, then the pass runs on it
+    assert calls == ["refresh", "refresh", "refresh", "backstop"]
+    assert daemon.forecast_made == clock["now"] and daemon.role() == "leader"
+    assert leader_gauge(daemon) == 1
+    assert health(daemon) == (200, "ok (leader)")  # counted from the take-over
+    report = daemon.reconcile()
+    assert calls[-1] == "pass" and report is not None and len(cluster.created) == 2
+    # steps down (it could not renew): passes stop at once
+    elector.leading = False
+    assert daemon.reconcile() is None and calls[-1] == "pass" and leader_gauge(daemon) == 0
+    assert health(daemon) == (200, "ok (standby)")
+
+
+def test_a_leader_with_a_warm_forecast_takes_over_without_refreshing_again(setup):  # noqa: F811
+    _, cluster, _, controller, _ = setup
+    made: list[datetime] = []
+    clock = {"now": T0}
+    elector = FakeElector(leading=False)
+    daemon = Daemon(controller, refresh_forecast=made.append, timezone="Asia/Seoul",
+                    clock=lambda: clock["now"], leader=elector)
+    daemon.reconcile()  # the standby's forecast
+    clock["now"] += timedelta(minutes=30)
+    elector.leading = True
+    assert daemon.reconcile() is not None and made == [T0]  # still current: used as is
+    assert daemon.leading_since == clock["now"] and daemon.last_pass == clock["now"]
