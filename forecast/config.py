@@ -251,6 +251,18 @@ class ClusterConfig(_Strict):
     pending_timeout_seconds: int | None = Field(default=900, gt=0)
     """An admitted Job whose pod no node has placed after this long (GPUs spread over nodes, a
     taint, a quota) is stopped and its unit requeued; None waits for ever."""
+    stop_timeout_seconds: int | None = Field(default=None, gt=0)
+    """A stopped Job whose pods have not ended this long after the stop (a dead node never
+    confirms the end) is given up on: its unit is released and the Job deleted. None: the
+    grace period plus 10 minutes."""
+    max_unscheduled_attempts: int | None = Field(default=4, ge=1)
+    """After this many attempts in a row that never ran (the last one unplaceable), the unit
+    fails with the reason instead of reserving GPUs every pending timeout for ever."""
+    instance: str | None = Field(default=None, min_length=1, max_length=63)
+    """Identity of this daemon instance, a label on every Job it creates; it sees and touches
+    only its own Jobs, so two daemons (two pools, or two stores) can share a namespace.
+    None: the pool name and the store's random id (e.g. ``seoul-a1-3f9c2b7e``); replicas of
+    one daemon share their store and so their identity."""
     backoff_limit: int = Field(default=0, ge=0)
     """Pod retries within one attempt; 0 leaves retrying to the admitter's next attempt."""
     service_account: str | None = None
@@ -454,3 +466,4 @@ def format_validation_error(exc: ValidationError) -> str:
         )
         parts.append(f"{loc}: {msg}{shown}")
     return "; ".join(parts)
+

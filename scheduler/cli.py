@@ -723,15 +723,19 @@ def run(
         from forecast.sources import read_history
 
         frame = read_history(history)
-    cluster = _cluster(settings, dry_run=dry_run, kubeconfig=kubeconfig, context=context)
+    job_store = JobStore(_store_url(settings, store))
+    cluster = _cluster(settings, dry_run=dry_run, kubeconfig=kubeconfig, context=context,
+                       instance=_instance(settings, job_store))
     signals = _signal_source(settings, frame)
     forecast = ForecastProvider(settings, frame)
     estimate = _planning_estimate(settings, runs)
-    job_store = JobStore(_store_url(settings, store))
     controller = Controller(job_store, cluster, signals, forecast, estimate,
                             policy_settings(settings.admission, settings.pool.headroom_gpus),
                             fair_share_days=settings.admission.fair_share_days,
                             pending_timeout_s=settings.cluster.pending_timeout_seconds,
+                            stop_timeout_s=_stop_timeout(settings),
+                            max_unscheduled_attempts=settings.cluster.max_unscheduled_attempts,
+                            recheck=_admission_recheck(settings),
                             dry_run=dry_run)
     try:
         if once:
@@ -795,6 +799,33 @@ def run(
         job_store.close()
 
 
+def _instance(settings, job_store) -> str:
+    """The identity on this daemon's Jobs: configured, or the pool name and the store's id
+    (replicas share a store, so they share it; a second store in the namespace does not)."""
+    from scheduler.adapters.kubernetes import label_value
+
+    return settings.cluster.instance or label_value(
+        f"{settings.pool.name}-{job_store.store_id()}")
+
+
+def _admission_recheck(settings):
+    """The daemon's own admission rules on each stored unit, right before its Job is made:
+    whatever config the submitter ran with, nothing gets past the daemon's."""
+    from scheduler.specs import recheck_unit
+
+    def recheck(row) -> None:
+        recheck_unit(row.spec, row.team, settings.admission)
+
+    return recheck
+
+
+def _stop_timeout(settings) -> float | None:
+    """How long a stop may take before its unit is released anyway: the grace period the Job
+    gets (checkpointing), plus 10 minutes, unless configured."""
+    configured = settings.cluster.stop_timeout_seconds
+    return float(configured) if configured else settings.admission.grace_seconds + 600.0
+
+
 def _leader_elector(settings, kubeconfig: str | None, context: str | None):
     """The Lease elector of ``daemon.leader_election``, or None when it is off."""
     election = settings.daemon.leader_election
@@ -850,11 +881,13 @@ def manifest_stream(manifests) -> str:
                          allow_unicode=True, width=1 << 20) if manifests else ""
 
 
-def _cluster(settings, *, dry_run: bool, kubeconfig: str | None, context: str | None):
+def _cluster(settings, *, dry_run: bool, kubeconfig: str | None, context: str | None,
+             instance: str | None = None):
     from scheduler.adapters.kubernetes import KubernetesCluster
 
     c = settings.cluster
     options = {
+        "instance": instance,
         "namespace": c.namespace, "node_selector": dict(c.node_selector),
         "tolerations": list(c.tolerations), "affinity": dict(c.affinity),
         "priority_class": c.priority_class,
