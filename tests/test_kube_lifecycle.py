@@ -1,0 +1,360 @@
+"""The job lifecycle on a REAL control plane (kube-apiserver, controller-manager, scheduler 1.36)
+with simulated GPU nodes playing the kubelet (tests/node_sim.py): the controller, the Kubernetes
+adapter and a SQLite store, driven pass by pass.
+
+The daemon's clock here is a replay: it starts at 2026-01-28 20:00 (Seoul) while the server's
+clock says today, so every time the cluster reports must come back on the daemon's clock
+(progress from the container's real start, never from the server's ``status.startTime``).
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import kubernetes
+import numpy as np
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from scheduler.adapters.kubernetes import KubernetesCluster
+from scheduler.adapters.store import JobStore
+from scheduler.controller import Controller, PassReport
+from scheduler.specs import expand_units, validate_request
+from scheduler.types import FreeProfile, JobState, PolicySettings, ServingSignals
+
+REPLAY_START = datetime(2026, 1, 28, 11, 0, tzinfo=UTC)  # 20:00 in Seoul
+GRACE_S = 20  # terminationGracePeriodSeconds of checkpointing jobs here
+
+
+class ScriptedSignals:
+    def __init__(self) -> None:
+        self.gpus_short = 0
+        self.idle_gpus = 16
+
+    def read(self, now: datetime, *, job_gpus: int = 0) -> ServingSignals:
+        return ServingSignals(observed_at=now, kv_cache_usage=0.3, idle_gpus=self.idle_gpus,
+                              gpus_short=self.gpus_short)
+
+
+class Harness:
+    """One daemon (controller + adapter + store) against the real server, on a replayed clock
+    that runs at real speed from ``REPLAY_START``."""
+
+    def __init__(self, plane, namespace: str, store: JobStore, node_labels: dict[str, str], *,
+                 instance: str = "pool-a", **controller_options: object) -> None:
+        self.store = store
+        self.cluster = KubernetesCluster(
+            plane.api_client(), namespace=namespace, node_selector=node_labels,
+            grace_seconds=GRACE_S, non_checkpoint_grace_seconds=5, backoff_s=0.2,
+            instance=instance)
+        self.batch = kubernetes.client.BatchV1Api(plane.api_client())
+        self.namespace = namespace
+        self.signals = ScriptedSignals()
+        self.free = np.full(12 * 24, 16.0)
+        self._origin = time.monotonic()
+        options = {"pending_timeout_s": 900.0, "stop_timeout_s": 1200.0}
+        options.update(controller_options)
+        self.controller = Controller(store, self.cluster, self.signals, self.forecast,
+                                     lambda spec: spec.runtime_estimate_s, PolicySettings(
+                                         grace_s=GRACE_S, min_segment_s=60), **options)
+
+    def now(self) -> datetime:
+        return REPLAY_START + timedelta(seconds=time.monotonic() - self._origin)
+
+    def forecast(self, now: datetime) -> FreeProfile:
+        return FreeProfile(REPLAY_START, 300, self.free, 0.9, REPLAY_START)
+
+    def restarted(self, **controller_options: object) -> Harness:
+        """The same daemon after a restart: a new process, same store, same identity."""
+        twin = object.__new__(Harness)
+        twin.__dict__.update(self.__dict__)
+        twin.controller = Controller(self.store, self.cluster, self.signals, self.forecast,
+                                     lambda spec: spec.runtime_estimate_s,
+                                     self.controller.settings, **controller_options)
+        return twin
+
+    def reconcile(self) -> PassReport:
+        return self.controller.reconcile_once(self.now())
+
+    def until(self, done: Callable[[PassReport], bool], *, timeout: float = 60,
+              what: str = "") -> PassReport:
+        """Reconcile every half second until ``done(report)``; every report is kept."""
+        deadline = time.monotonic() + timeout
+        self.reports: list[PassReport] = []
+        while True:
+            report = self.reconcile()
+            self.reports.append(report)
+            if done(report):
+                return report
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {what}: last pass {report}")
+            time.sleep(0.5)
+
+    def job(self, name: str) -> dict | None:
+        try:
+            return self.batch.read_namespaced_job(name, self.namespace).to_dict()
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+
+def request(name: str, **overrides: object) -> dict:
+    data = {
+        "name": name, "team": "nlp", "kind": "training",
+        "image": "registry.example.com/research/train:1.0", "command": ["python", "train.py"],
+        "gpus": 2, "runtime_estimate": "2h", "output": "s3://runs/{name}",
+        "checkpoint": {"enabled": True, "interval": "10m", "resume_args": ["--resume"]},
+    }
+    data.update(overrides)
+    return data
+
+
+def submit(store: JobStore, data: dict, at: datetime = REPLAY_START) -> str:
+    req = validate_request(data)
+    units = expand_units(req)
+    store.submit(req.name, req.team, req.kind, data, units, at - timedelta(minutes=5))
+    return [row.id for row in store.queue() if row.request_name == req.name][0]
+
+
+@pytest.fixture(scope="module")
+def priority_classes(kube_control_plane) -> None:
+    """The best-effort class of deploy/ and a serving class above it."""
+    api = kubernetes.client.SchedulingV1Api(kube_control_plane.api_client())
+    for name, value, policy in (("idlegpu-best-effort", -10, "Never"),
+                                ("serving", 1000000, "PreemptLowerPriority")):
+        try:
+            api.create_priority_class({"apiVersion": "scheduling.k8s.io/v1",
+                                       "kind": "PriorityClass", "metadata": {"name": name},
+                                       "value": value, "preemptionPolicy": policy})
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+
+
+@pytest.fixture
+def pool(kube_control_plane, kube_namespace, node_sim, priority_classes, tmp_path: Path
+         ) -> Iterator[Callable[..., tuple[Harness, object]]]:
+    """``start(nodes=1, gpus=4, **sim_options) -> (harness, simulator)``: GPU nodes of this
+    test only (a label of theirs is the Jobs' nodeSelector) and a daemon on them."""
+    stores: list[JobStore] = []
+
+    def start(nodes: int = 1, gpus: int = 4, *, harness: dict | None = None,
+              **sim_options: object) -> tuple[Harness, object]:
+        labels = {"idlegpu.test/pool": secrets.token_hex(4)}
+        sim = node_sim(nodes, gpus, labels=labels, **sim_options)
+        store = JobStore(f"sqlite:///{tmp_path / f'jobs-{len(stores)}.db'}")
+        stores.append(store)
+        return Harness(kube_control_plane, kube_namespace, store, labels,
+                       **(harness or {})), sim
+
+    yield start
+    for store in stores:
+        store.close()
+
+
+def conditions(job: dict) -> dict[str, str]:
+    return {c["type"]: c["status"] for c in (job["status"].get("conditions") or [])}
+
+
+# --------------------------------------------------------------------------- planned stops
+
+
+def test_a_planned_stop_checkpoints_never_fails_and_keeps_the_work(pool) -> None:
+    daemon, sim = pool(shutdown_seconds=1.0, start_delay=1.0)
+    unit = submit(daemon.store, request("ckpt"))
+    report = daemon.reconcile()
+    (name,) = report.created
+    report = daemon.until(lambda r: unit in r.started, what="the pod running")
+    pod = sim.wait_pod(daemon.namespace, sim.running_pods()[0].name)
+    row = daemon.store.unit(unit)
+    # the start is the container's, on the daemon's (replayed) clock: after the admission,
+    # never the server's "today"
+    assert row.admitted_at <= row.started_at <= daemon.now()
+    assert row.started_at.year == 2026 and row.started_at.month == 1
+    time.sleep(3)
+    daemon.free = np.zeros(12 * 24)  # the forecast now needs every GPU: stop as planned
+    report = daemon.reconcile()
+    assert report.stopped == [name]
+    stopped_at = daemon.now()
+    # while the pod checkpoints and exits, the unit still holds its GPUs
+    report = daemon.until(lambda r: unit in r.released, what="the release")
+    exited = sim.wait_pod(daemon.namespace, pod.name, "exited")
+    assert exited.exit_code == 143 and exited.reason != "ContainerStatusUnknown"
+    row = daemon.store.unit(unit)
+    assert row.state is JobState.QUEUED and row.preemptions == 1
+    worked = (stopped_at - daemon.store.attempts(unit)[0].started_at).total_seconds()
+    assert 2.5 <= row.work_done_s <= worked + 1.0  # from the container start to the stop
+    (attempt,) = daemon.store.attempts(unit)
+    assert attempt.lost_gpu_seconds == 0.0
+    job = daemon.job(name)
+    assert job is None or "Failed" not in conditions(job) and "FailureTarget" not in conditions(
+        job)
+    daemon.until(lambda r: name in r.deleted or daemon.job(name) is None, what="deletion")
+
+
+def test_a_planned_stop_released_by_a_restarted_daemon_stays_planned(pool) -> None:
+    daemon, sim = pool(shutdown_seconds=2.0, start_delay=0.5)
+    unit = submit(daemon.store, request("restart"))
+    daemon.reconcile()
+    daemon.until(lambda r: unit in r.started, what="the pod running")
+    time.sleep(2)
+    daemon.free = np.zeros(12 * 24)
+    (name,) = daemon.reconcile().stopped
+    # the daemon dies right after its stop; a new process finds the Job stopping, then gone
+    restarted = daemon.restarted()
+    report = restarted.reconcile()
+    assert unit not in report.released  # its pod still checkpoints
+    restarted.until(lambda r: unit in r.released, what="the release")
+    (attempt,) = daemon.store.attempts(unit)
+    assert attempt.lost_gpu_seconds == 0.0 and daemon.store.unit(unit).work_done_s > 1.5
+    annotations = daemon.job(name)["metadata"]["annotations"] if daemon.job(name) else {}
+    assert annotations.get("idlegpu.io/stop-kind", "planned") == "planned"
+
+
+# --------------------------------------------------------------------------- the cluster's doing
+
+
+def test_a_serving_pod_evicting_ours_sends_the_unit_back_to_the_queue(pool, kube_control_plane
+                                                                      ) -> None:
+    daemon, sim = pool(gpus=4, shutdown_seconds=0.5, start_delay=0.5)
+    unit = submit(daemon.store, request("evicted", gpus=4))
+    (name,) = daemon.reconcile().created
+    daemon.until(lambda r: unit in r.started, what="the pod running")
+    (ours,) = sim.running_pods()
+    core = kubernetes.client.CoreV1Api(kube_control_plane.api_client())
+    node = sim.node_names[0]
+    daemon.signals.idle_gpus = 0  # what Prometheus shows once the service scales up
+    core.create_namespaced_pod(daemon.namespace, {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "vllm-0"},
+        "spec": {"priorityClassName": "serving", "nodeSelector": daemon.cluster.node_selector,
+                 "containers": [{"name": "vllm", "image": "vllm/vllm-openai:v0.6.3",
+                                 "resources": {"limits": {"nvidia.com/gpu": "4"}}}]}})
+    evicted = sim.wait_pod(daemon.namespace, ours.name, "exited", timeout=60)
+    # the kube-scheduler's preemption marks the pod, unlike our own stops
+    assert "DisruptionTarget" in {c["type"] for c in evicted.last_object["status"]["conditions"]}
+    report = daemon.until(lambda r: unit in r.released, what="the requeue")
+    row = daemon.store.unit(unit)
+    assert row.state is JobState.QUEUED and row.preemptions == 1
+    annotations = (daemon.job(name) or {"metadata": {"annotations": {}}})["metadata"][
+        "annotations"] or {}
+    assert annotations.get("idlegpu.io/stop-kind", "requeue") == "requeue"
+    assert sim.wait_pod(daemon.namespace, "vllm-0", "running").node == node
+    del report
+
+
+def test_a_unit_no_node_can_place_is_requeued_then_fails_with_the_reason(pool) -> None:
+    daemon, sim = pool(nodes=2, gpus=4, harness={
+        "pending_timeout_s": 2.0, "max_unscheduled_attempts": 2})
+    unit = submit(daemon.store, request("too-big", gpus=8))  # the pool has 8, no node has
+    daemon.until(lambda r: unit in r.failed, timeout=90, what="the unit failing")
+    row = daemon.store.unit(unit)
+    assert row.state is JobState.FAILED and "no node could place its pod in 2 attempts" in \
+        row.reason
+    attempts = daemon.store.attempts(unit)
+    assert len(attempts) == 2 and all(a.started_at is None for a in attempts)
+    assert not any(e.kind == "started" for e in daemon.store.events(unit_id=unit))
+    assert not sim.pods()  # no pod ever reached a node
+
+
+def test_a_stop_on_a_dead_node_does_not_leave_the_unit_stuck(pool) -> None:
+    daemon, sim = pool(shutdown_seconds=1.0, start_delay=0.5, harness={"stop_timeout_s": 8.0})
+    unit = submit(daemon.store, request("dead-node"))
+    (name,) = daemon.reconcile().created
+    daemon.until(lambda r: unit in r.started, what="the pod running")
+    sim.kill_node(sim.node_names[0])
+    daemon.free = np.zeros(12 * 24)
+    assert daemon.reconcile().stopped == [name]
+    time.sleep(3)
+    report = daemon.reconcile()  # the pod never confirms its end: it still holds the GPUs
+    assert unit not in report.released and daemon.store.unit(unit).state is JobState.RUNNING
+    observed = {j.name: j for j in daemon.cluster.observe()}
+    assert observed[name].phase.value == "stopping"
+    report = daemon.until(lambda r: unit in r.released, timeout=30, what="the release")
+    assert name in report.deleted
+    assert daemon.store.unit(unit).state is JobState.QUEUED
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def test_a_job_the_server_rejects_fails_its_unit_with_the_servers_reason(pool) -> None:
+    daemon, _ = pool()
+    unit = submit(daemon.store, request("refused"))
+    # the stored unit's Job with a value our own checks let through and the server's
+    # validation refuses (422 naming the field)
+    broken = Controller(daemon.store, _BadImageCluster(daemon.cluster), daemon.signals,
+                        daemon.forecast, lambda spec: spec.runtime_estimate_s,
+                        daemon.controller.settings)
+    report = broken.reconcile_once(daemon.now())
+    assert unit in report.failed, (report.plan.decisions, report.errors)
+    reason = daemon.store.unit(unit).reason
+    assert "the cluster refused its Job" in reason and "HTTP 422" in reason
+    assert "spec.template.spec.containers[0].env[0].name" in reason
+    assert daemon.store.unit(unit).state is JobState.FAILED
+    assert daemon.job(daemon.cluster.job_name(unit, 1)) is None  # nothing half-created
+    assert broken.reconcile_once(daemon.now()).created == []  # never retried
+
+
+class _BadImageCluster:
+    """The real adapter, sending an environment name the server's validation refuses."""
+
+    def __init__(self, cluster: KubernetesCluster) -> None:
+        self._cluster = cluster
+
+    def __getattr__(self, name: str):
+        return getattr(self._cluster, name)
+
+    def apply(self, unit_id, attempt, spec, **kw):
+        return self._cluster.apply(unit_id, attempt, replace(spec, env=(("1=x", "v"),)), **kw)
+
+
+def test_a_name_taken_by_someone_elses_job_fails_the_unit(pool) -> None:
+    daemon, _ = pool()
+    unit = submit(daemon.store, request("squatted"))
+    name = daemon.cluster.job_name(unit, 1)
+    daemon.batch.create_namespaced_job(daemon.namespace, {
+        "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name},
+        "spec": {"suspend": True, "template": {"spec": {
+            "restartPolicy": "Never",
+            "containers": [{"name": "etl", "image": "busybox", "command": ["true"]}]}}}})
+    report = daemon.reconcile()
+    assert unit in report.failed
+    assert "already exists and is not unit" in daemon.store.unit(unit).reason
+    assert daemon.job(name)["spec"]["template"]["spec"]["containers"][0]["name"] == "etl"
+
+
+# --------------------------------------------------------------------------- ownership
+
+
+def test_two_daemons_in_one_namespace_never_touch_each_others_jobs(pool) -> None:
+    first, _ = pool(gpus=8, shutdown_seconds=0.5, start_delay=0.5,
+                    harness={"instance": "pool-a-1111"})
+    second, _ = pool(gpus=8, shutdown_seconds=0.5, start_delay=0.5,
+                     harness={"instance": "pool-b-2222"})
+    second.cluster.node_selector = first.cluster.node_selector  # the same nodes, too
+    mine = submit(first.store, request("mine"))
+    theirs = submit(second.store, request("theirs"))
+    (mine_job,) = first.reconcile().created
+    (their_job,) = second.reconcile().created
+    first.until(lambda r: mine in r.started, what="mine running")
+    second.until(lambda r: theirs in r.started, what="theirs running")
+    assert [j.name for j in first.cluster.observe()] == [mine_job]
+    assert [j.name for j in second.cluster.observe()] == [their_job]
+    # the second stops its Job; the first, passing all along, sees a stopped Job that is not
+    # in its store: it is not the first's to delete, nor to release or adopt
+    second.free = np.zeros(12 * 24)
+    assert second.reconcile().stopped == [their_job]
+    first.until(lambda r: not second.job(their_job)["status"].get("active")
+                and not second.job(their_job)["status"].get("terminating"), what="their pod gone")
+    for report in [*first.reports, first.reconcile()]:
+        assert their_job not in report.deleted + report.stopped + report.created
+    assert first.job(their_job) is not None
+    assert first.store.unit(mine).state is JobState.RUNNING
+    second.until(lambda r: theirs in r.released, what="their release")
+    assert second.store.unit(theirs).state is JobState.QUEUED
