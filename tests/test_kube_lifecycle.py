@@ -358,3 +358,28 @@ def test_two_daemons_in_one_namespace_never_touch_each_others_jobs(pool) -> None
     assert first.store.unit(mine).state is JobState.RUNNING
     second.until(lambda r: theirs in r.released, what="their release")
     assert second.store.unit(theirs).state is JobState.QUEUED
+
+
+def test_a_pvc_off_the_teams_allow_list_is_refused_at_submit_and_by_the_daemon(pool) -> None:
+    from forecast.config import AdmissionConfig
+    from scheduler.specs import SpecError, recheck_unit
+
+    daemon, sim = pool()
+    data = request("mounts", volumes=[{"name": "data", "mount_path": "/data",
+                                       "persistent_volume_claim": "shared-weights"}])
+    strict = AdmissionConfig(allowed_registries=["registry.example.com/"])
+    with pytest.raises(SpecError, match="persistent_volume_claim"):
+        validate_request(data, strict)
+    # a submitter running with looser rules of its own gets it into the store...
+    loose = AdmissionConfig(allowed_registries=["registry.example.com/"], team_volumes={
+        "nlp": {"persistent_volume_claims": ["shared-weights"]}})
+    req = validate_request(data, loose)
+    daemon.store.submit(req.name, req.team, req.kind, data, expand_units(req), REPLAY_START)
+    (unit,) = [row.id for row in daemon.store.queue()]
+    # ...and the daemon, with its own rules, refuses to create its Job
+    daemon.controller.recheck = lambda row: recheck_unit(row.spec, row.team, strict)
+    report = daemon.reconcile()
+    assert unit in report.failed and not report.created
+    reason = daemon.store.unit(unit).reason
+    assert "the daemon's admission rules refuse it" in reason and "shared-weights" in reason
+    assert daemon.job(daemon.cluster.job_name(unit, 1)) is None and not sim.pods()
