@@ -61,5 +61,68 @@ def prometheus_factory(
         server.stop()
 
 
+# ---- a REAL Kubernetes control plane (tests/kube_control_plane.py, tests/node_sim.py) ----------
+# (imported here, not at the top, so this section stays one appended block)
+from kube_control_plane import ControlPlane, KubeBinariesMissingError
+from kube_control_plane import find_binaries as find_kube_binaries
+from node_sim import NodeSimulator
+
+
+@pytest.fixture(scope="session")
+def kube_control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """One real etcd + kube-apiserver + controller-manager + scheduler per test session
+    (``kube_control_plane.ControlPlane``: ``.kubeconfig``, ``.kubeconfig_for("nobody")``,
+    ``.api_client()``, ``.kubectl(...)``, ``.create_namespace(name)``). Binaries come from
+    ``KUBEBUILDER_ASSETS``: without them the tests skip, or fail when ``CI`` is set."""
+    try:
+        find_kube_binaries()
+    except KubeBinariesMissingError as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"the Kubernetes tests need a real control plane: {exc}", pytrace=False)
+        pytest.skip(
+            "no Kubernetes control-plane binaries: run `../shared/k8s/install.sh .cache/k8s/bin` "
+            "then `KUBEBUILDER_ASSETS=.cache/k8s/bin` (scripts/test.sh does it)"
+        )
+    plane = ControlPlane(tmp_path_factory.mktemp("kube"))
+    plane.start()
+    try:
+        yield plane
+    finally:
+        plane.stop()
+
+
+@pytest.fixture
+def kube_namespace(kube_control_plane: ControlPlane, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh Namespace (its ServiceAccount ``default`` exists) per test; deletion is asked
+    for afterwards and not waited for."""
+    import re
+    import secrets
+
+    stem = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
+    name = kube_control_plane.create_namespace(f"{stem or 't'}-{secrets.token_hex(3)}")
+    try:
+        yield name
+    finally:
+        kube_control_plane.delete_namespace(name)
+
+
+@pytest.fixture
+def node_sim(kube_control_plane: ControlPlane) -> Iterator[Callable[..., NodeSimulator]]:
+    """``start(nodes=1, gpus=4, **options) -> node_sim.NodeSimulator``: simulated GPU nodes,
+    Ready and schedulable on return, playing the kubelet for their pods; stopped and their
+    Nodes deleted after the test. ``options`` are NodeSimulator's (start_delay, run_seconds,
+    shutdown_seconds, exit_code, labels, taints, ...)."""
+    sims: list[NodeSimulator] = []
+
+    def start(nodes: int = 1, gpus: int = 4, **options: object) -> NodeSimulator:
+        sim = NodeSimulator(kube_control_plane.kubeconfig, nodes, gpus=gpus, **options)
+        sims.append(sim)
+        return sim.start()
+
+    yield start
+    for sim in sims:
+        sim.stop(delete_nodes=True)
+
+
 # ---- a REAL PostgreSQL server (tests/pg_server.py): postgres_url, fresh_postgres_url -----------
 from pg_server import fresh_postgres_url, postgres_server, postgres_url  # noqa: E402, F401
