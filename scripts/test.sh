@@ -4,12 +4,34 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Debian packages the tests start real servers from: Prometheus, etcd (for the Kubernetes control
+# plane), openssl (its certificates) and PostgreSQL (the job store); one apt-get update, then
+# install only what is missing
+need=()
 if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
-    echo "installing Debian's prometheus (the tests start a real server)..."
+    need+=(prometheus)
+fi
+command -v etcd >/dev/null || need+=(etcd-server)
+command -v openssl >/dev/null || need+=(openssl)
+if ! command -v pg_ctl >/dev/null && ! compgen -G '/usr/lib/postgresql/*/bin/pg_ctl' >/dev/null; then
+    need+=(postgresql)
+fi
+if [ "${#need[@]}" -gt 0 ]; then
+    echo "installing Debian's ${need[*]} (the tests start real servers)..."
     SUDO=""
     [ "$(id -u)" -eq 0 ] || SUDO="sudo"
     $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends prometheus
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}"
+fi
+
+# the real Kubernetes control-plane binaries (tests/kube_control_plane.py), envtest-style
+if [ -z "${KUBEBUILDER_ASSETS:-}" ]; then
+    if [ -f ../shared/k8s/install.sh ]; then
+        bash ../shared/k8s/install.sh .cache/k8s/bin >/dev/null
+    fi
+    if [ -d .cache/k8s/bin ]; then
+        export KUBEBUILDER_ASSETS="$PWD/.cache/k8s/bin"
+    fi
 fi
 
 if [ ! -x .venv/bin/python ]; then
