@@ -557,6 +557,8 @@ class NodeSimulator:
                     }, read_timeout=45)
                     self._watch_resp = resp
                     try:
+                        if self._stop.is_set():  # stop() ran before the response was set
+                            break
                         for event in _json_lines(resp):
                             kind, obj = event.get("type"), event.get("object") or {}
                             if kind == "ERROR":
