@@ -83,11 +83,15 @@ def _reset_postgres(url: str) -> None:
     engine.dispose()
 
 
-@pytest.fixture(params=["sqlite"] + (["postgresql"] if PG_URL else []))
+@pytest.fixture(params=["sqlite", "postgresql"])
 def url(request, tmp_path) -> str:
+    """Every store test on SQLite and on a real PostgreSQL server (tests/pg_server.py: a fresh
+    database per test), or on ``IDLEGPU_TEST_POSTGRES_URL`` (wiped first) when set."""
     if request.param == "postgresql":
-        _reset_postgres(PG_URL)
-        return PG_URL
+        if PG_URL:
+            _reset_postgres(PG_URL)
+            return PG_URL
+        return request.getfixturevalue("fresh_postgres_url")
     return f"sqlite:///{tmp_path / 'idlegpu.db'}"
 
 
