@@ -131,7 +131,8 @@ class LeaderElector:
         self._resource_version: str | None = None
         self._renewed_at: float | None = None  # last successful acquire/renew, if leading
         self._leading = False
-        self._lock = threading.RLock()
+        self._io = threading.Lock()  # one attempt (or the release) at a time
+        self._state = threading.Lock()  # never held across a request
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.last_attempt_at: float | None = None
@@ -171,9 +172,9 @@ class LeaderElector:
     def is_leader(self) -> bool:
         """True while this candidate holds the lease and renewed it within the renew
         deadline (checked on every call: a stuck renewal makes it false in time)."""
-        with self._lock:
-            return (self._leading and self._renewed_at is not None
-                    and self._monotonic() - self._renewed_at < self.renew_deadline_s)
+        with self._state:  # never waits for a request under way
+            renewed = self._renewed_at if self._leading else None
+        return renewed is not None and self._monotonic() - renewed < self.renew_deadline_s
 
     def describe(self) -> str:
         return f"{self.namespace}/{self.name}"
@@ -182,13 +183,14 @@ class LeaderElector:
     def try_acquire_or_renew(self) -> bool:
         """One attempt: read the Lease (create it if missing), then take or renew it when
         allowed; True when this candidate holds it afterwards."""
-        with self._lock:
+        with self._io:
             # the lease is ours from (at most) the moment the write was sent: timing the
             # renew deadline from before the request keeps the leader on the safe side
             sent = self.last_attempt_at = self._monotonic()
             ok = self._try()
             if ok:
-                self._renewed_at = sent
+                with self._state:
+                    self._renewed_at = sent
             return ok
 
     def _timeout(self) -> float:
@@ -284,7 +286,7 @@ class LeaderElector:
     def release(self) -> bool:
         """Give the lease up if this candidate holds it: holder cleared, duration 1 s, so
         another takes over at its next try. True when released (or not held)."""
-        with self._lock:
+        with self._io:
             was = self._leading
             self._set_leading(False)
             if self.observed is None or self.observed.holder != self.identity:
@@ -301,7 +303,7 @@ class LeaderElector:
 
     # ------------------------------------------------------------------ the loop
     def _set_leading(self, leading: bool) -> None:
-        with self._lock:
+        with self._state:
             changed = leading != self._leading
             self._leading = leading
             if not leading:
