@@ -350,7 +350,11 @@ def test_a_node_that_stops_heartbeating_turns_unknown(
 
     taints = wait_until(unreachable, timeout=20, what="the unreachable NoExecute taint")
     tainted = time.monotonic() - killed
-    pod = as_dict(api, core.read_namespaced_pod("orphan", ns))
+    pod = wait_until(  # the controller marks the node's pods not Ready after the node
+        lambda: (p := as_dict(api, core.read_namespaced_pod("orphan", ns)))
+        and conditions(p)["Ready"]["status"] == "False" and p,
+        timeout=15, what="the pod Ready=False",
+    )
     print("node lifecycle facts:", json.dumps({
         "seconds_to_unknown": round(took, 1), "seconds_to_noexecute": round(tainted, 1),
         "ready": ready, "taints": sorted(taints),
@@ -376,15 +380,17 @@ def test_simulated_nodes_heartbeat_and_advertise_gpus(
     coordination, core = client.CoordinationV1Api(api), client.CoreV1Api(api)
     first = {n: coordination.read_namespaced_lease(n, "kube-node-lease").spec.renew_time
              for n in sim.node_names}
-    time.sleep(1.2)
     for name in sim.node_names:
         node = as_dict(api, core.read_node(name))
         assert node["status"]["allocatable"][GPU] == "4"
         assert node["status"]["capacity"]["pods"] == "110"
         assert conditions(node)["Ready"]["status"] == "True"
         assert not [t for t in node["spec"].get("taints") or [] if "not-ready" in t["key"]]
-        lease = coordination.read_namespaced_lease(name, "kube-node-lease")
-        assert lease.spec.renew_time > first[name]
+        wait_until(
+            lambda n=name: coordination.read_namespaced_lease(n, "kube-node-lease")
+            .spec.renew_time > first[n],
+            timeout=10, what=f"a renewal of {name}'s Lease",
+        )
 
 
 def test_rbac_forbids_an_unprivileged_user(
