@@ -3,15 +3,21 @@
     cluster = KubernetesCluster.from_config(namespace="research", node_selector={...},
                                             tolerations=[...])
     name = cluster.apply(unit_id, attempt, spec, team="nlp", stop_by=..., now=...)
-    cluster.stop(name, reason="window closes")      # spec.suspend=true: SIGTERM + grace period
-    jobs = cluster.observe()                        # every Job labelled managed-by=idlegpu
+    cluster.stop(name, reason="window closes", kind=StopKind.PLANNED, now=...)
+                                                    # spec.suspend=true: SIGTERM + grace period
+    jobs = cluster.observe()                        # this instance's Jobs, with their pods
     cluster.delete(name)                            # a suspended attempt, once it is recorded
 
 Jobs are named deterministically from ``(unit_id, attempt)``, so a create that is retried after
 a lost response, or repeated after a restart, adopts the Job already there (409 Conflict)
-instead of running it twice. Stopping suspends the Job (the Job controller deletes its pods with
-a ``DisruptionTarget`` condition, and ``podFailurePolicy`` ignores that). A suspended Job is not
-finished, so ``ttlSecondsAfterFinished`` never removes it: the controller deletes it (with
+instead of running it twice. Stopping suspends the Job and writes the stop's kind, reason and
+time on it in the same patch. The Job controller then deletes the pods through the API, which
+gives them no ``DisruptionTarget`` condition (the ``podFailurePolicy`` Ignore rule covers only
+the kube-scheduler's evictions); on 1.36 it also drops the pods' tracking finalizer at once, so
+their exit 143 is never counted and the Job stays ``Suspended``. A Job that ends Failed after
+our stop (other servers) is still read as our stop. A suspended Job whose pods still terminate
+is ``STOPPING``: they hold their GPUs. A suspended Job is not finished, so
+``ttlSecondsAfterFinished`` never removes it: the controller deletes it (with
 ``propagationPolicy=Background``, since a Job deleted through the API otherwise orphans its
 pods) once the store has recorded the attempt's end. Finished Jobs are left to
 ``ttlSecondsAfterFinished`` (the ``ttl_seconds_after_finished`` option) or the cluster's policy.
@@ -22,7 +28,8 @@ then raise ``ClusterUnavailableError`` (a ``TemporaryError``); 403 raises
 4xx raise ``ClusterRejectedError`` naming the fields the API server objected to. Every message is
 one line.
 
-This is the only module allowed to import ``kubernetes`` (see the import-linter contracts).
+With ``scheduler/adapters/lease.py`` (leader election), the only module allowed to import
+``kubernetes`` (see the import-linter contracts).
 """
 
 from __future__ import annotations
@@ -810,9 +817,9 @@ def _phase(job: dict[str, Any], pods: list[dict[str, Any]] | None) -> tuple[JobP
         cond = conds["Failed"]
         text = f"{cond.get('reason', '')}: {cond.get('message', '')}".strip(": ")
         if stopped:
-            # our stop ended it: a workload that exits 143 on SIGTERM matches the FailJob
-            # rule on servers that fail a suspended Job (the Job controller deletes the pods
-            # through the API, which adds no DisruptionTarget for the Ignore rule)
+            # our stop ended it. 1.36 keeps a suspended Job Suspended (it drops the pods'
+            # tracking finalizer as it deletes them), but a server that counts their exit 143
+            # would match the FailJob rule: no DisruptionTarget comes with an API deletion
             return JobPhase.DISRUPTED, f"stopped ({stopped}), then the Job ended: {text}"
         if cond.get("reason") == "DeadlineExceeded" and ANN_STOP_BY in annotations:
             # the safety net of a planned stop fired (the daemon was not there): a stop, not a
