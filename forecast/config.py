@@ -279,7 +279,8 @@ class LeaderElectionConfig(_Strict):
     enabled: bool = False
     lease_name: str = Field(default="idlegpu", min_length=1, max_length=253)
     namespace: str | None = None
-    """Namespace of the Lease; None: ``cluster.namespace``."""
+    """Namespace of the Lease; None: the daemon's own (``$POD_NAMESPACE``, set from the
+    Downward API in ``deploy/``), else ``cluster.namespace``."""
     identity: str | None = None
     """This replica's name in the Lease; None: ``$POD_NAME``, else ``<hostname>-<pid>``."""
     lease_duration_seconds: float = Field(default=15, gt=0)

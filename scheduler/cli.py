@@ -831,12 +831,15 @@ def _leader_elector(settings, kubeconfig: str | None, context: str | None):
     election = settings.daemon.leader_election
     if not election.enabled:
         return None
+    import os
+
     from scheduler.adapters.lease import LeaderElector
 
     c = settings.cluster
+    namespace = election.namespace or os.environ.get("POD_NAMESPACE") or c.namespace
     return LeaderElector.from_config(
         kubeconfig or c.kubeconfig, context or c.context, c.in_cluster,
-        namespace=election.namespace or c.namespace, name=election.lease_name,
+        namespace=namespace, name=election.lease_name,
         identity=election.identity, lease_duration_s=election.lease_duration_seconds,
         renew_deadline_s=election.renew_deadline_seconds,
         retry_period_s=election.retry_period_seconds)

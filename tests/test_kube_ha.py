@@ -116,7 +116,7 @@ def test_the_standby_takes_over_from_a_killed_leader_without_losing_or_doubling_
                                 "node_selector": labels})
     settings["daemon"].update({
         "reconcile_seconds": 60, "backstop_seconds": 15, "reports_dir": str(tmp_path / "r"),
-        "leader_election": {"enabled": True, "lease_name": "idlegpu-ha",
+        "leader_election": {"enabled": True, "lease_name": "idlegpu-ha", "namespace": ns,
                             "lease_duration_seconds": LEASE, "renew_deadline_seconds": RENEW,
                             "retry_period_seconds": RETRY}})
     config = tmp_path / "idlegpu.yaml"
