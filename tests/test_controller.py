@@ -306,7 +306,7 @@ def test_a_planned_stop_seen_by_another_process_stays_planned(setup):
 
 
 def test_a_live_preemption_counts_the_work_since_the_checkpoint_as_lost(setup):
-    store, cluster, signals, controller, _ = setup
+    store, cluster, _signals, controller, _ = setup
     start_both(controller, cluster)
     unit = store.queue()[0]
     cluster.stop(cluster.job_name(unit.id, 1), reason="KV cache full", kind=StopKind.PREEMPT,
@@ -317,7 +317,7 @@ def test_a_live_preemption_counts_the_work_since_the_checkpoint_as_lost(setup):
 
 
 def test_a_stopping_job_holds_its_gpus_and_is_never_recorded_started(setup):
-    store, cluster, signals, controller, _ = setup
+    store, cluster, _signals, controller, _ = setup
     controller.reconcile_once(T0)  # both admitted, neither ran
     unit = store.queue()[0]
     name = cluster.job_name(unit.id, 1)
@@ -335,7 +335,7 @@ def test_a_stopping_job_holds_its_gpus_and_is_never_recorded_started(setup):
 
 
 def test_a_stop_whose_pods_never_end_is_released_after_the_timeout(setup):
-    store, cluster, signals, controller, forecast = setup
+    store, cluster, _signals, controller, _forecast = setup
     start_both(controller, cluster)
     unit = store.queue()[0]
     name = cluster.job_name(unit.id, 1)

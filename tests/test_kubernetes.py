@@ -551,7 +551,7 @@ def test_observe_maps_statuses(kube: FakeKube, cluster: KubernetesCluster) -> No
     assert seen["running-0-0"].started_at is None
     # server times come back on the daemon's clock: shifted by (our creation - theirs)
     created = datetime.fromisoformat(
-        kube.job(names["succeeded"], NS)["metadata"]["creationTimestamp"].replace("Z", "+00:00"))
+        kube.job(names["succeeded"], NS)["metadata"]["creationTimestamp"])
     shift = NOW - created
     assert seen["succeeded-0-0"].finished_at == datetime(2026, 3, 2, 11, 0, tzinfo=UTC) + shift
     assert "exit code 1" in seen["failed-0-0"].message

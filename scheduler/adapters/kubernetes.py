@@ -589,8 +589,8 @@ class KubernetesCluster:
                     ANN_STOPPED_AT: _iso(now)}}, "spec": {"suspend": True}}
             patch.setdefault("metadata", {})["resourceVersion"] = meta.get("resourceVersion")
             try:
-                self._call("patch", lambda **kw: self.batch.patch_namespaced_job(
-                    name, self.namespace, patch, _content_type=_MERGE_PATCH, **kw))
+                self._call("patch", lambda body=patch, **kw: self.batch.patch_namespaced_job(
+                    name, self.namespace, body, _content_type=_MERGE_PATCH, **kw))
                 return
             except _NotFound:
                 log.info("Job %s/%s is already gone", self.namespace, name)
