@@ -116,11 +116,23 @@ def free_forecast(history: pd.DataFrame, settings: Settings, now: datetime, *,
 
 
 def profile_of(free: pd.Series, confidence: float, made_at: datetime) -> FreeProfile:
-    """The policy's view of a free-GPU forecast (a Series on a regular UTC index)."""
-    return FreeProfile(free.index[0].to_pydatetime(),
-                       int((free.index[1] - free.index[0]).total_seconds()),
-                       free.to_numpy(dtype=float), confidence,
-                       pd.Timestamp(made_at).to_pydatetime())
+    """The policy's view of a free-GPU forecast (a Series on a regular UTC index).
+
+    A forecast starts one step after the newest sample, which can be after ``made_at`` (a
+    sample at 17:00 read at 17:00:14 gives a forecast from 17:05): the step holding
+    ``made_at`` then takes the first forecast step's value, so a pass right after a refresh
+    is not left without a forecast for up to a step (new jobs are capped by the live signals
+    for their first hour anyway)."""
+    step = free.index[1] - free.index[0]
+    values = free.to_numpy(dtype=float)
+    start = free.index[0]
+    made = pd.Timestamp(made_at)
+    if start > made:
+        missing = int(-(-(start - made) // step))  # steps from the one holding made_at
+        values = np.concatenate([np.full(missing, values[0]), values])
+        start -= missing * step
+    return FreeProfile(start.to_pydatetime(), int(step.total_seconds()), values, confidence,
+                       made.to_pydatetime())
 
 
 def forecast_profile(history: pd.DataFrame, settings: Settings, now: datetime, *,

@@ -47,3 +47,18 @@ def test_a_sample_stands_for_its_step_then_shows_its_age(source):
 def test_gpus_held_by_our_jobs_are_not_idle(source):
     assert source.read(T0, job_gpus=8).idle_gpus == 40 - 12 - 6 - 8
     assert source.read(T0, job_gpus=100).idle_gpus == 0
+
+
+def test_a_profile_made_just_after_a_sample_covers_the_moment_it_was_made():
+    from scheduler.replay import profile_of
+
+    start = pd.Timestamp("2026-01-28T08:05:00Z")  # the forecast after a sample at 08:00
+    free = pd.Series([12.0, 10.0, 8.0], index=pd.date_range(start, periods=3, freq="5min"))
+    made = datetime(2026, 1, 28, 8, 0, 14, tzinfo=UTC)
+    profile = profile_of(free, 0.9, made)
+    assert profile.index_at(made) == 0 and profile.start == datetime(2026, 1, 28, 8, 0,
+                                                                      tzinfo=UTC)
+    assert list(profile.free) == [12.0, 12.0, 10.0, 8.0] and profile.made_at == made
+    # made at or after its start: unchanged
+    later = profile_of(free, 0.9, datetime(2026, 1, 28, 8, 6, tzinfo=UTC))
+    assert later.start == start.to_pydatetime() and list(later.free) == [12.0, 10.0, 8.0]
