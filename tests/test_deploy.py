@@ -118,9 +118,13 @@ def test_the_deployed_config_is_the_sample_pool_run_in_cluster(monkeypatch):
     monkeypatch.setenv("IDLEGPU_STORE__URL", secret_url)
     assert load_config(DEPLOY / "idlegpu.yaml").store.url == secret_url
 
-    # the two copies describe the same pool; only where things are differs
+    # as many replicas as the Deployment runs, only one acting: the Lease decides
+    assert one("Deployment", "idlegpu")["spec"]["replicas"] == 2
+    assert deployed.daemon.leader_election.enabled
+    # the two copies describe the same pool; only where things are (and how many daemons)
+    # differs
     where = {"prometheus": {"url"}, "store": {"url"}, "cluster": {"in_cluster"},
-             "daemon": {"reports_dir"}}
+             "daemon": {"reports_dir", "leader_election"}}
     monkeypatch.delenv("IDLEGPU_STORE__URL")
     assert deployed.model_dump(exclude=where) == sample.model_dump(exclude=where)
 
