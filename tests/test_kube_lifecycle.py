@@ -9,153 +9,22 @@ clock says today, so every time the cluster reports must come back on the daemon
 
 from __future__ import annotations
 
-import secrets
 import time
-from collections.abc import Callable, Iterator
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
+import kube_harness
 import kubernetes
 import numpy as np
 import pytest
-from kubernetes.client.exceptions import ApiException
+from kube_harness import REPLAY_START, request, submit
 
 from scheduler.adapters.kubernetes import KubernetesCluster
-from scheduler.adapters.store import JobStore
-from scheduler.controller import Controller, PassReport
+from scheduler.controller import Controller
 from scheduler.specs import expand_units, validate_request
-from scheduler.types import FreeProfile, JobState, PolicySettings, ServingSignals
+from scheduler.types import JobState
 
-REPLAY_START = datetime(2026, 1, 28, 11, 0, tzinfo=UTC)  # 20:00 in Seoul
-GRACE_S = 20  # terminationGracePeriodSeconds of checkpointing jobs here
-
-
-class ScriptedSignals:
-    def __init__(self) -> None:
-        self.gpus_short = 0
-        self.idle_gpus = 16
-
-    def read(self, now: datetime, *, job_gpus: int = 0) -> ServingSignals:
-        return ServingSignals(observed_at=now, kv_cache_usage=0.3, idle_gpus=self.idle_gpus,
-                              gpus_short=self.gpus_short)
-
-
-class Harness:
-    """One daemon (controller + adapter + store) against the real server, on a replayed clock
-    that runs at real speed from ``REPLAY_START``."""
-
-    def __init__(self, plane, namespace: str, store: JobStore, node_labels: dict[str, str], *,
-                 instance: str = "pool-a", **controller_options: object) -> None:
-        self.store = store
-        self.cluster = KubernetesCluster(
-            plane.api_client(), namespace=namespace, node_selector=node_labels,
-            grace_seconds=GRACE_S, non_checkpoint_grace_seconds=5, backoff_s=0.2,
-            instance=instance)
-        self.batch = kubernetes.client.BatchV1Api(plane.api_client())
-        self.namespace = namespace
-        self.signals = ScriptedSignals()
-        self.free = np.full(12 * 24, 16.0)
-        self._origin = time.monotonic()
-        options = {"pending_timeout_s": 900.0, "stop_timeout_s": 1200.0}
-        options.update(controller_options)
-        self.controller = Controller(store, self.cluster, self.signals, self.forecast,
-                                     lambda spec: spec.runtime_estimate_s, PolicySettings(
-                                         grace_s=GRACE_S, min_segment_s=60), **options)
-
-    def now(self) -> datetime:
-        return REPLAY_START + timedelta(seconds=time.monotonic() - self._origin)
-
-    def forecast(self, now: datetime) -> FreeProfile:
-        return FreeProfile(REPLAY_START, 300, self.free, 0.9, REPLAY_START)
-
-    def restarted(self, **controller_options: object) -> Harness:
-        """The same daemon after a restart: a new process, same store, same identity."""
-        twin = object.__new__(Harness)
-        twin.__dict__.update(self.__dict__)
-        twin.controller = Controller(self.store, self.cluster, self.signals, self.forecast,
-                                     lambda spec: spec.runtime_estimate_s,
-                                     self.controller.settings, **controller_options)
-        return twin
-
-    def reconcile(self) -> PassReport:
-        return self.controller.reconcile_once(self.now())
-
-    def until(self, done: Callable[[PassReport], bool], *, timeout: float = 60,
-              what: str = "") -> PassReport:
-        """Reconcile every half second until ``done(report)``; every report is kept."""
-        deadline = time.monotonic() + timeout
-        self.reports: list[PassReport] = []
-        while True:
-            report = self.reconcile()
-            self.reports.append(report)
-            if done(report):
-                return report
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out waiting for {what}: last pass {report}")
-            time.sleep(0.5)
-
-    def job(self, name: str) -> dict | None:
-        try:
-            return self.batch.read_namespaced_job(name, self.namespace).to_dict()
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-
-
-def request(name: str, **overrides: object) -> dict:
-    data = {
-        "name": name, "team": "nlp", "kind": "training",
-        "image": "registry.example.com/research/train:1.0", "command": ["python", "train.py"],
-        "gpus": 2, "runtime_estimate": "2h", "output": "s3://runs/{name}",
-        "checkpoint": {"enabled": True, "interval": "10m", "resume_args": ["--resume"]},
-    }
-    data.update(overrides)
-    return data
-
-
-def submit(store: JobStore, data: dict, at: datetime = REPLAY_START) -> str:
-    req = validate_request(data)
-    units = expand_units(req)
-    store.submit(req.name, req.team, req.kind, data, units, at - timedelta(minutes=5))
-    return [row.id for row in store.queue() if row.request_name == req.name][0]
-
-
-@pytest.fixture(scope="module")
-def priority_classes(kube_control_plane) -> None:
-    """The best-effort class of deploy/ and a serving class above it."""
-    api = kubernetes.client.SchedulingV1Api(kube_control_plane.api_client())
-    for name, value, policy in (("idlegpu-best-effort", -10, "Never"),
-                                ("serving", 1000000, "PreemptLowerPriority")):
-        try:
-            api.create_priority_class({"apiVersion": "scheduling.k8s.io/v1",
-                                       "kind": "PriorityClass", "metadata": {"name": name},
-                                       "value": value, "preemptionPolicy": policy})
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
-
-
-@pytest.fixture
-def pool(kube_control_plane, kube_namespace, node_sim, priority_classes, tmp_path: Path
-         ) -> Iterator[Callable[..., tuple[Harness, object]]]:
-    """``start(nodes=1, gpus=4, **sim_options) -> (harness, simulator)``: GPU nodes of this
-    test only (a label of theirs is the Jobs' nodeSelector) and a daemon on them."""
-    stores: list[JobStore] = []
-
-    def start(nodes: int = 1, gpus: int = 4, *, harness: dict | None = None,
-              **sim_options: object) -> tuple[Harness, object]:
-        labels = {"idlegpu.test/pool": secrets.token_hex(4)}
-        sim = node_sim(nodes, gpus, labels=labels, **sim_options)
-        store = JobStore(f"sqlite:///{tmp_path / f'jobs-{len(stores)}.db'}")
-        stores.append(store)
-        return Harness(kube_control_plane, kube_namespace, store, labels,
-                       **(harness or {})), sim
-
-    yield start
-    for store in stores:
-        store.close()
+# the daemon on simulated GPU nodes of each test (fixtures of tests/kube_harness.py)
+pool, priority_classes = kube_harness.pool, kube_harness.priority_classes
 
 
 def conditions(job: dict) -> dict[str, str]:
@@ -199,7 +68,7 @@ def test_a_planned_stop_checkpoints_never_fails_and_keeps_the_work(pool) -> None
 
 
 def test_a_planned_stop_released_by_a_restarted_daemon_stays_planned(pool) -> None:
-    daemon, sim = pool(shutdown_seconds=2.0, start_delay=0.5)
+    daemon, _ = pool(shutdown_seconds=2.0, start_delay=0.5)
     unit = submit(daemon.store, request("restart"))
     daemon.reconcile()
     daemon.until(lambda r: unit in r.started, what="the pod running")
