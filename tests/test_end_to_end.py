@@ -1,18 +1,32 @@
-"""End to end in accelerated time: the real controller and Kubernetes adapter (through the
-official client) against the stateful fake API server, with a SQLite store.
+"""End to end: the real controller, the Kubernetes adapter (through the official client) and a
+SQLite store.
 
-Traffic rises in the live signals -> within one backstop pass the job that loses the least
-work is suspended -> the unit goes back to the queue with its checkpointed work -> traffic
-falls -> it resumes as attempt 2 with a resume hint.
+On the REAL control plane (kube-apiserver, controller-manager, scheduler) with simulated GPU
+nodes playing the kubelet (tests/node_sim.py), the daemon holding nothing but the Role of
+deploy/role.yaml (a real ServiceAccount token, real RBAC): traffic rises in the live signals ->
+within one backstop pass the job that loses the least work is suspended -> its pod exits 143 ->
+the unit goes back to the queue with its checkpointed work -> traffic falls -> it resumes as
+attempt 2, and the attempt-2 pod carries the resume hint.
+
+On the fake API server (tests/fake_kube.py) only what a real server cannot do on demand: an
+outage of the API.
 """
 
+from __future__ import annotations
+
+import json
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import kube_harness
+import kubernetes
 import numpy as np
 import pytest
 import yaml
 from fake_kube import FakeKube
+from kube_harness import record_requests, submit
+from kubernetes.client.exceptions import ApiException
 
 from scheduler.adapters.kubernetes import KubernetesCluster
 from scheduler.adapters.store import JobStore
@@ -20,8 +34,12 @@ from scheduler.controller import Controller
 from scheduler.specs import expand_units, validate_request
 from scheduler.types import FreeProfile, JobState, PolicySettings, ServingSignals
 
+# the daemon on simulated GPU nodes of each test (fixtures of tests/kube_harness.py)
+pool, priority_classes = kube_harness.pool, kube_harness.priority_classes
+
 T0 = datetime(2026, 1, 28, 11, 0, tzinfo=UTC)  # 20:00 in Seoul
 NS = "idlegpu-jobs"
+ROLE = Path(__file__).parents[1] / "deploy" / "role.yaml"
 
 
 def request(name, checkpoint):
@@ -33,6 +51,175 @@ def request(name, checkpoint):
     if checkpoint:
         data["checkpoint"] = {"interval": "30m", "resume_args": ["--resume", "{output}/ckpt"]}
     return data
+
+
+# --------------------------------------------------------------------------- the real server
+
+
+def the_deployed_role() -> dict:
+    """The Role of deploy/role.yaml the daemon holds in its jobs namespace."""
+    return next(doc for doc in yaml.safe_load_all(ROLE.read_text())
+                if doc and doc["kind"] == "Role" and doc["metadata"]["name"] == "idlegpu")
+
+
+@pytest.fixture
+def daemon_credentials(kube_control_plane, kube_namespace):
+    """A client authenticated by a REAL token of a ServiceAccount that holds only the deployed
+    Role in the test's namespace: any call the Role does not grant is refused (403)."""
+    admin = kube_control_plane.api_client()
+    core = kubernetes.client.CoreV1Api(admin)
+    rbac = kubernetes.client.RbacAuthorizationV1Api(admin)
+    role = the_deployed_role()
+    role["metadata"] = {"name": "idlegpu", "namespace": kube_namespace}
+    core.create_namespaced_service_account(kube_namespace, {"metadata": {"name": "idlegpu"}})
+    rbac.create_namespaced_role(kube_namespace, role)
+    rbac.create_namespaced_role_binding(kube_namespace, {
+        "metadata": {"name": "idlegpu"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "idlegpu"},
+        "subjects": [{"kind": "ServiceAccount", "name": "idlegpu",
+                      "namespace": kube_namespace}]})
+    token = core.create_namespaced_service_account_token(
+        "idlegpu", kube_namespace, {"spec": {"expirationSeconds": 600}}).status.token
+    (cluster,) = json.loads(Path(kube_control_plane.kubeconfig).read_text())["clusters"]
+    configuration = kubernetes.client.Configuration()
+    configuration.host = cluster["cluster"]["server"]
+    configuration.ssl_ca_cert = cluster["cluster"]["certificate-authority"]
+    configuration.api_key = {"authorization": f"Bearer {token}"}
+    client = kubernetes.client.ApiClient(configuration)
+    jobs = kubernetes.client.BatchV1Api(client)
+    deadline = time.monotonic() + 10
+    while True:  # the authorizer's cache has the binding
+        try:
+            jobs.list_namespaced_job(kube_namespace)
+            break
+        except ApiException as exc:
+            if exc.status != 403 or time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+    yield client
+    client.close()
+    admin.close()
+
+
+def verbs_used(sent) -> dict[str, set[str]]:
+    """Resource -> the RBAC verbs of the requests sent."""
+    used: dict[str, set[str]] = {}
+    for request in sent:
+        parts = request.path.rstrip("/").split("/")
+        collection = parts[-1] in ("jobs", "pods")
+        resource = parts[-1] if collection else parts[-2]
+        verb = {("GET", True): "list", ("GET", False): "get", ("POST", True): "create",
+                ("PATCH", False): "patch", ("DELETE", False): "delete"}[(request.method,
+                                                                          collection)]
+        used.setdefault(resource, set()).add(verb)
+    return used
+
+
+def test_traffic_rises_the_cheapest_job_stops_and_resumes_later(pool, daemon_credentials):
+    # every request the daemon sends, recorded on its client (the server is real)
+    sent = record_requests(daemon_credentials)
+    # GPU nodes of 8 H100s with the CPUs and memory that go with them (8 and 64Gi per GPU)
+    daemon, sim = pool(nodes=2, gpus=8, cpu="96", memory="1Ti", start_delay=0.5,
+                       shutdown_seconds=2.0, harness={"api_client": daemon_credentials})
+    passes = []  # the report of every pass, whoever ran it
+    for kind in ("reconcile_once", "backstop_once"):
+        run = getattr(daemon.controller, kind)
+        setattr(daemon.controller, kind,
+                lambda now, run=run: passes.append(run(now)) or passes[-1])
+    ids = {name: submit(daemon.store, request(name, ckpt))
+           for name, ckpt in (("train", True), ("evaluate", False))}
+    names = {name: daemon.cluster.job_name(unit, 1) for name, unit in ids.items()}
+    # 20:00: both start (16 GPUs free), one on each node
+    report = daemon.reconcile()
+    assert sorted(report.created) == sorted(names.values())
+    started: set[str] = set()
+    daemon.until(lambda r: started.update(r.started) or started == set(ids.values()),
+                 what="both pods running")
+    assert {row.state for row in daemon.store.queue()} == {JobState.RUNNING}
+    pods = {name: sim.wait_for(lambda records, job=job: next(
+        (p for p in records if p.name.startswith(f"{job}-") and p.state == "running"), None),
+        what=f"the pod of {job}") for name, job in names.items()}
+    assert pods["train"].node != pods["evaluate"].node
+    assert "IDLEGPU_RESUME" not in pods["train"].env["job"]  # a first attempt
+    # the training job checkpoints now; the evaluation cannot checkpoint: everything it did
+    # since it started would be lost
+    time.sleep(1.5)
+    train = daemon.store.unit(ids["train"])
+    work = (daemon.now() - train.started_at).total_seconds()
+    daemon.store.checkpointed(train.id, daemon.now(), work)
+
+    # the service suddenly needs 8 GPUs; one backstop pass later a Job is suspended
+    daemon.signals.gpus_short = 8
+    report = daemon.controller.backstop_once(daemon.now())
+    assert report.stopped == [names["train"]]  # nothing unsaved, not the eval's seconds
+    stopped = daemon.job(names["train"])
+    assert stopped["spec"]["suspend"] is True
+    annotations = stopped["metadata"]["annotations"]
+    assert annotations["idlegpu.io/stop-kind"] == "preempt"
+    assert annotations["idlegpu.io/stop-reason"] == "the services want 8 GPUs they cannot get"
+    assert daemon.job(names["evaluate"])["spec"]["suspend"] is not True
+    # a moment later the service still waits (its pod checkpoints, the grace period): those
+    # GPUs are on their way, so nobody else is stopped for the same need, and the unit still
+    # holds them
+    report = daemon.controller.backstop_once(daemon.now())
+    assert report.stopped == []
+    assert ids["train"] not in daemon.reconcile().released
+    exited = sim.wait_pod(daemon.namespace, pods["train"].name, "exited")
+    assert exited.exit_code == 143  # SIGTERM, the checkpoint, the exit
+
+    # the next pass sees the Job suspended and puts the unit back in the queue; the service
+    # has taken those GPUs, none is idle
+    daemon.signals.gpus_short, daemon.signals.idle_gpus = 0, 0
+    report = daemon.until(lambda r: ids["train"] in r.released, what="the release")
+    assert report.released == [ids["train"]]
+    row = daemon.store.unit(ids["train"])
+    assert row.state is JobState.QUEUED and row.preemptions == 1
+    assert row.work_done_s == work  # the checkpointed work is kept
+    assert daemon.store.unit(ids["evaluate"]).state is JobState.RUNNING  # untouched
+    # once recorded, the suspended Job is deleted (a suspended Job never expires by TTL), with
+    # its pods: the API's default for a Job would orphan them
+    assert report.deleted == [names["train"]]
+    deadline = time.monotonic() + 10
+    while daemon.job(names["train"]) is not None:
+        assert time.monotonic() < deadline, "the stopped Job was not deleted"
+        time.sleep(0.2)
+    (delete,) = [r for r in sent if r.method == "DELETE"]
+    assert delete.query.get("propagationPolicy") == "Background"
+    sim.wait_pod(daemon.namespace, pods["train"].name, "gone")
+
+    # traffic is back to normal: the unit resumes as attempt 2 with a resume hint
+    daemon.signals.idle_gpus = 8
+    report = daemon.reconcile()
+    second = daemon.cluster.job_name(ids["train"], 2)
+    assert report.created == [second]
+    resumed = sim.wait_for(lambda records: next(
+        (p for p in records if p.name.startswith(f"{second}-") and p.state == "running"), None),
+        what="the attempt-2 pod running")
+    env = resumed.env["job"]  # what the kubelet got, through the Job controller
+    assert env["IDLEGPU_RESUME"] == "--resume s3://runs/train/ckpt"
+    assert env["IDLEGPU_ATTEMPT"] == "2" and env["IDLEGPU_UNIT"] == ids["train"]
+    daemon.until(lambda r: ids["train"] in r.started, what="attempt 2 running")
+    row = daemon.store.unit(ids["train"])
+    assert row.state is JobState.RUNNING and row.attempts == 2 and row.work_done_s == work
+    # three Jobs created in all, never a duplicate; each ran exactly one pod
+    created = [r.body["metadata"]["name"] for r in sent if r.method == "POST"]
+    assert sorted(created) == sorted([*names.values(), second])
+    jobs = daemon.batch.list_namespaced_job(daemon.namespace).items
+    assert sorted(j.metadata.name for j in jobs) == sorted([names["evaluate"], second])
+    ran = sorted(p.name.rsplit("-", 1)[0] for p in sim.pods())
+    assert ran == sorted([*names.values(), second])
+    assert sorted(n for r in passes for n in r.created + r.recreated) == sorted(created)
+    # every call of the whole story is one the deployed Role grants (real RBAC: a refused
+    # one would be an error of its pass), and every Jobs permission it grants is used
+    assert [e for r in passes for e in r.errors] == []
+    granted = {rule["resources"][0]: set(rule["verbs"]) for rule in the_deployed_role()["rules"]}
+    used = verbs_used(sent)
+    assert used["jobs"] == granted["jobs"]
+    assert used["pods"] == {"list"} <= granted["pods"]
+    assert set(used) == {"jobs", "pods"}
+
+
+# --------------------------------------------------------------------------- the fake server
 
 
 class Signals:
@@ -62,80 +249,9 @@ def world(tmp_path):
         store.close()
 
 
-def running(kube, name, at):
-    kube.set_status(name, {"active": 1, "ready": 1,
-                           "startTime": at.isoformat().replace("+00:00", "Z")})
-
-
-def test_traffic_rises_the_cheapest_job_stops_and_resumes_later(world):
-    kube, store, cluster, signals, controller = world
-    # 20:00: both start (16 GPUs free)
-    report = controller.reconcile_once(T0)
-    assert len(report.created) == 2
-    names = {row.request_name: cluster.job_name(row.id, 1) for row in store.queue()}
-    for name in names.values():
-        running(kube, name, T0)
-    controller.reconcile_once(T0 + timedelta(minutes=1))
-    assert {row.state for row in store.queue()} == {JobState.RUNNING}
-    # the training job checkpoints at 21:30; the evaluation cannot checkpoint
-    train = next(row for row in store.queue() if row.request_name == "train")
-    store.checkpointed(train.id, T0 + timedelta(minutes=90), 90 * 60)
-
-    # 21:40: the service suddenly needs 8 GPUs; one backstop pass later a Job is suspended
-    signals.short = 8
-    report = controller.backstop_once(T0 + timedelta(minutes=100))
-    assert report.stopped == [names["train"]]  # 10 min unsaved, not the eval's 100 min
-    assert kube.job(names["train"], NS)["spec"]["suspend"] is True
-    assert kube.job(names["evaluate"], NS)["spec"].get("suspend") is not True
-    # 15 s later the service still waits (the grace period): those GPUs are on their way,
-    # so nobody else is stopped for the same need
-    report = controller.backstop_once(T0 + timedelta(minutes=100, seconds=15))
-    assert report.stopped == []
-
-    # the next pass sees the Job suspended and puts the unit back in the queue; the service
-    # has taken those GPUs, none is idle
-    signals.short, signals.idle = 0, 0
-    report = controller.reconcile_once(T0 + timedelta(minutes=101))
-    assert report.released == [train.id]
-    row = store.unit(train.id)
-    assert row.state is JobState.QUEUED and row.preemptions == 1
-    assert row.work_done_s == 90 * 60  # the checkpointed work is kept
-    # once recorded, the suspended Job is deleted (a suspended Job never expires by TTL), with
-    # its pods: the API's default for a Job would orphan them
-    assert report.deleted == [names["train"]]
-    with pytest.raises(KeyError):
-        kube.job(names["train"], NS)
-    delete = [r for r in kube.requests if r.method == "DELETE"]
-    assert len(delete) == 1 and delete[0].query.get("propagationPolicy") == "Background"
-
-    # 22:30: traffic is back to normal: the unit resumes as attempt 2 with a resume hint
-    signals.idle = 8
-    report = controller.reconcile_once(T0 + timedelta(minutes=150))
-    second = cluster.job_name(train.id, 2)
-    assert report.created == [second]
-    env = {e["name"]: e.get("value") for e in
-           kube.job(second, NS)["spec"]["template"]["spec"]["containers"][0]["env"]}
-    assert env["IDLEGPU_RESUME"] == "--resume s3://runs/train/ckpt"
-    assert kube.count("POST") == 3  # three Jobs created in all, never a duplicate
-    # every call of the whole story is one the deployed Role grants, and nothing more is granted
-    assert used_verbs(kube) == role_verbs() - {"get"}  # get only serves adopting on a 409
-
-
-def used_verbs(kube):
-    verbs = {("GET", False): "list", ("GET", True): "get", ("POST", False): "create",
-             ("PATCH", True): "patch", ("DELETE", True): "delete"}
-    return {verbs[(r.method, r.path.rstrip("/").split("/")[-1] != "jobs")]
-            for r in kube.requests if "/jobs" in r.path}
-
-
-def role_verbs():
-    role = yaml.safe_load((Path(__file__).parents[1] / "deploy" / "role.yaml").read_text())
-    (rule,) = role["rules"]
-    assert rule["apiGroups"] == ["batch"] and rule["resources"] == ["jobs"]
-    return set(rule["verbs"])
-
-
 def test_an_api_outage_never_duplicates_nor_loses_a_job(world):
+    """fake API server: the API answering 503 to every request of a pass (an outage on
+    demand, which a real server cannot be made to have)."""
     kube, store, cluster, _, controller = world
     kube.fail_next(3, 503)  # the API is down when the pass starts: it cannot see the cluster
     report = controller.reconcile_once(T0)
@@ -146,66 +262,3 @@ def test_an_api_outage_never_duplicates_nor_loses_a_job(world):
     controller.reconcile_once(T0 + timedelta(minutes=2))
     jobs = [j for j in cluster.observe()]
     assert len(jobs) == 2 and len({j.name for j in jobs}) == 2
-
-
-def test_a_pod_evicted_by_the_kube_scheduler_sends_the_unit_back_to_the_queue(world):
-    kube, store, cluster, signals, controller = world
-    controller.reconcile_once(T0)
-    names = {row.request_name: cluster.job_name(row.id, 1) for row in store.queue()}
-    for name in names.values():
-        running(kube, name, T0)
-    controller.reconcile_once(T0 + timedelta(minutes=1))
-    # a serving pod needed the GPUs: the kube-scheduler evicted the training pod (our negative
-    # PriorityClass); podFailurePolicy ignores the DisruptionTarget, the Job made a new pod,
-    # which waits for GPUs
-    kube.set_status(names["train"], {"active": 1, "ready": 0,
-                                     "startTime": T0.isoformat().replace("+00:00", "Z")})
-    signals.idle = 0  # the service holds those GPUs now
-    report = controller.reconcile_once(T0 + timedelta(minutes=30))
-    assert report.stopped == [names["train"]]
-    assert kube.job(names["train"], NS)["spec"]["suspend"] is True
-    report = controller.reconcile_once(T0 + timedelta(minutes=31))
-    train = next(row for row in store.queue() if row.request_name == "train")
-    assert report.released == [train.id] and train.state is JobState.QUEUED
-    assert train.preemptions == 1 and report.deleted == [names["train"]]
-    evaluate = next(row for row in store.queue() if row.request_name == "evaluate")
-    assert evaluate.state is JobState.RUNNING  # untouched
-
-
-def test_a_job_no_node_can_place_goes_back_to_the_queue(world):
-    kube, store, cluster, signals, controller = world
-    controller.reconcile_once(T0)
-    names = {row.request_name: cluster.job_name(row.id, 1) for row in store.queue()}
-    running(kube, names["evaluate"], T0)  # placed; the training pod stays Pending
-    report = controller.reconcile_once(T0 + timedelta(minutes=10))
-    assert report.stopped == []  # within the 15 min it may still be placed
-    signals.idle = 0  # and the pool is busy by now: nothing to admit again at once
-    report = controller.reconcile_once(T0 + timedelta(minutes=16))
-    assert report.stopped == [names["train"]]
-    reason = kube.job(names["train"], NS)["metadata"]["annotations"]["idlegpu.io/stop-reason"]
-    assert reason == "not scheduled within 15 min; back to the queue"
-    report = controller.reconcile_once(T0 + timedelta(minutes=17))
-    train = store.unit(report.released[0])
-    assert train.request_name == "train" and train.state is JobState.QUEUED
-    assert train.preemptions == 0  # it never ran: not a preemption
-    assert report.deleted == [names["train"]]
-    assert store.unit(next(r.id for r in store.queue() if r.request_name == "evaluate")
-                      ).state is JobState.RUNNING
-
-
-def test_a_job_the_cluster_refuses_fails_its_unit_instead_of_retrying_for_ever(world):
-    kube, store, cluster, _, controller = world
-    train = next(row for row in store.queue() if row.request_name == "train")
-    name = cluster.job_name(train.id, 1)
-    # someone else's Job already has the name of the unit's first attempt
-    kube.add_job({"metadata": {"name": name, "labels": {"app": "other"}},
-                  "spec": {"template": {"spec": {"containers": [
-                      {"name": "x", "image": "x"}], "restartPolicy": "Never"}}}}, namespace=NS)
-    report = controller.reconcile_once(T0)
-    assert report.failed == [train.id] and len(report.created) == 1  # the other one starts
-    failed = store.unit(train.id)
-    assert failed.state is JobState.FAILED
-    assert f"the cluster refused its Job: Job {NS}/{name} already exists" in failed.reason
-    controller.reconcile_once(T0 + timedelta(minutes=1))
-    assert kube.count("POST") == 2  # never tried again
-    assert kube.job(name, NS)["metadata"]["labels"] == {"app": "other"}  # left alone
