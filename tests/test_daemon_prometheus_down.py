@@ -2,9 +2,15 @@
 
 Real parts, real wall clock: a REAL Prometheus server scraping a loopback exporter (vLLM
 metrics plus kube-state-metrics-like replica gauges) every second, ``PrometheusSignals`` as the
-signal source, ``KubernetesCluster`` over the official client against the stateful fake API
-server, a SQLite ``JobStore``, the real ``Controller`` and the ``Daemon`` under APScheduler
-(reconcile and backstop every second), its /metrics served over HTTP.
+signal source, ``KubernetesCluster`` over the official client against the REAL control plane
+(kube-apiserver, controller-manager, scheduler) with two simulated 8-GPU nodes playing the
+kubelet (tests/node_sim.py), a SQLite ``JobStore``, the real ``Controller`` and the ``Daemon``
+under APScheduler (reconcile and backstop every second), its /metrics served over HTTP.
+
+What the daemon did to the Jobs is read on the server: a watch keeps every version of every Job
+of the namespace (``JobHistory``), so a stop is seen in the Job's own ``idlegpu.io/stop-*``
+annotations and ``spec.suspend`` even once the daemon has deleted the Job after recording its
+end. No request is counted.
 
 Story (short settings: blind after 3 s, give up after 10 s):
 
@@ -20,19 +26,30 @@ Story (short settings: blind after 3 s, give up after 10 s):
 
 from __future__ import annotations
 
+import json
 import re
+import secrets
 import threading
 import time
 import urllib.request
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
+import kube_harness
+import kubernetes
 import numpy as np
-from fake_kube import FakeKube
+import urllib3
+from kubernetes.client.exceptions import ApiException
 from prom_server import start_scraping
 from test_vllm_signals import TEMPLATES, Exporter, vllm_pages
 
 from forecast.config import load_config
-from scheduler.adapters.kubernetes import ANN_STOP_REASON, KubernetesCluster
+from scheduler.adapters.kubernetes import (
+    ANN_STOP_KIND,
+    ANN_STOP_REASON,
+    ANN_STOPPED_AT,
+    KubernetesCluster,
+)
 from scheduler.adapters.store import JobStore
 from scheduler.adapters.vllm import PrometheusSignals
 from scheduler.controller import Controller, PassReport
@@ -40,7 +57,8 @@ from scheduler.daemon import Daemon, wait_until
 from scheduler.specs import expand_units, validate_request
 from scheduler.types import Action, FreeProfile, JobState, PolicySettings
 
-NS = "idlegpu-jobs"
+priority_classes = kube_harness.priority_classes  # the Jobs' PriorityClass (fixture)
+
 MAX_AGE_S = 3.0  # > scrape interval (1 s) + a pass's read delay: fresh while Prometheus is up
 GIVE_UP_S = 10.0  # every job stops once nothing newer was read for this long
 TOTAL_GPUS = 48
@@ -111,18 +129,102 @@ def metric(url: str, name: str, labels: str = "") -> float:
     return float(found.group(1)) if found else 0.0
 
 
-def patches(kube: FakeKube, name: str) -> list:
-    return [r for r in list(kube.requests)
-            if r.method == "PATCH" and r.path == f"/apis/batch/v1/namespaces/{NS}/jobs/{name}"]
+class JobHistory:
+    """Every version of every Job of ``namespace``, as a watch on the real server delivers
+    them (one watch a second, each resuming from the last resourceVersion seen: none missed);
+    kept after the Job is deleted."""
+
+    def __init__(self, api_client: Any, namespace: str) -> None:
+        self.batch = kubernetes.client.BatchV1Api(api_client)
+        self.namespace = namespace
+        # (ADDED/MODIFIED/DELETED, or LISTED after a 410, the Job)
+        self.events: list[tuple[str, dict]] = []
+        self.errors: list[str] = []
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="job-history", daemon=True)
+
+    def start(self) -> JobHistory:
+        self._rv = self.batch.list_namespaced_job(self.namespace).metadata.resource_version
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join(timeout=10)
+        assert not self._thread.is_alive()
+
+    def _run(self) -> None:
+        while not self._done.is_set():
+            try:
+                for event in kubernetes.watch.Watch().stream(
+                        self.batch.list_namespaced_job, self.namespace, deserialize=False,
+                        resource_version=self._rv, timeout_seconds=1):
+                    job = event["object"]
+                    with self._lock:
+                        self.events.append((event["type"], job))
+                    self._rv = job["metadata"]["resourceVersion"]
+            except ApiException as exc:
+                if exc.status != 410:
+                    self.errors.append(f"watch: {exc}")
+                    time.sleep(0.2)
+                    continue
+                # our resourceVersion left the server's watch window: list again, go on
+                listed = self.batch.list_namespaced_job(self.namespace, _preload_content=False)
+                body = json.loads(listed.data)
+                with self._lock:
+                    self.events.extend(("LISTED", job) for job in body["items"])
+                self._rv = body["metadata"]["resourceVersion"]
+            except (urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
+                # kept for the test to see (it fails on any), then the watch resumes
+                self.errors.append(f"{type(exc).__name__}: {exc}")
+                time.sleep(0.2)
+
+    def versions(self, name: str) -> list[tuple[str, dict]]:
+        with self._lock:
+            return [(kind, job) for kind, job in self.events if job["metadata"]["name"] == name]
+
+    def names(self) -> list[str]:
+        with self._lock:
+            return sorted({job["metadata"]["name"] for _, job in self.events})
+
+    def stops(self, name: str) -> list[tuple[str, str, str]]:
+        """The distinct stops written on the Job, in order: (kind, reason, stopped-at)."""
+        found: list[tuple[str, str, str]] = []
+        for _, job in self.versions(name):
+            notes = job["metadata"].get("annotations") or {}
+            if ANN_STOP_KIND in notes:
+                stop = (notes[ANN_STOP_KIND], notes.get(ANN_STOP_REASON, ""),
+                        notes.get(ANN_STOPPED_AT, ""))
+                if stop not in found:
+                    found.append(stop)
+        return found
+
+    def suspended(self, name: str) -> bool:
+        return any(job["spec"].get("suspend") for _, job in self.versions(name))
 
 
-def test_prometheus_down_no_admission_then_every_running_job_stops(tmp_path):
+def test_prometheus_down_no_admission_then_every_running_job_stops(
+        tmp_path, kube_control_plane, kube_namespace, node_sim, priority_classes):
     began = time.monotonic()
+    labels = {"idlegpu.test/pool": secrets.token_hex(4)}
+    # 8 GPUs a node, with the CPUs and memory that go with them (8 and 64Gi per GPU)
+    sim = node_sim(2, 8, labels=labels, cpu="96", memory="1Ti")
+    admin = kube_control_plane.api_client()
+    batch = kubernetes.client.BatchV1Api(admin)
+    history = JobHistory(admin, kube_namespace).start()
     exporter = Exporter()
     exporter.pages["/metrics"] = vllm_pages(PAGE)
-    kube = FakeKube().start()
     store = JobStore(f"sqlite:///{tmp_path / 'jobs.db'}")
     prom = sched = daemon = source = None
+
+    def job(name: str) -> dict:
+        return batch.read_namespaced_job(name, kube_namespace).to_dict()
+
+    def created() -> list[str]:
+        """Jobs the daemon's passes created, every pass so far."""
+        return [n for _, r in list(daemon.reports) for n in r.created + r.recreated]
+
     try:
         prom = start_scraping([f"127.0.0.1:{exporter.port}"], tmp_path / "prom", interval="1s")
         source = PrometheusSignals(settings(prom.url))
@@ -137,8 +239,8 @@ def test_prometheus_down_no_admission_then_every_running_job_stops(tmp_path):
         start = datetime.now(UTC)
         profile = FreeProfile(start - timedelta(minutes=10), 300, np.full(6 * 12, 40.0), 0.9,
                               start)  # generous and constant: the forecast never forces a stop
-        cluster = KubernetesCluster(kube.api_client(), namespace=NS, node_selector={},
-                                    tolerations=[], retries=2, sleep=lambda s: None)
+        cluster = KubernetesCluster(kube_control_plane.api_client(), namespace=kube_namespace,
+                                    node_selector=labels, retries=2, backoff_s=0.2)
         policy = PolicySettings(max_signal_age_s=MAX_AGE_S,
                                 missing_signals_preempt_after_s=GIVE_UP_S, grace_s=60)
         controller = Controller(store, cluster, source, lambda now: profile,
@@ -149,22 +251,22 @@ def test_prometheus_down_no_admission_then_every_running_job_stops(tmp_path):
         url = f"http://127.0.0.1:{daemon.serve(0, host='127.0.0.1')}"
         first = submit(store, request("before", [0, 1]), start)
 
-        # --- 1. Prometheus up: both units admitted, then running -------------------------
+        # --- 1. Prometheus up: both units admitted, then running on the simulated nodes ---
         sched = daemon.scheduler(blocking=False)
         sched.start()
-        assert wait_until(lambda: kube.count("POST") == 2, timeout=15), kube.requests
+        assert wait_until(lambda: len(history.names()) == 2, timeout=15), daemon.reports
         rows = [row for row in store.queue() if row.request_id == first]
-        assert [row.state for row in rows] == [JobState.ADMITTED] * 2
-        names = sorted(cluster.job_name(row.id, row.attempts) for row in rows)
-        for name in names:
-            kube.set_status(name, {"active": 1, "ready": 1, "startTime": start.strftime(
-                "%Y-%m-%dT%H:%M:%SZ")})
+        assert [store.unit(row.id).attempts for row in rows] == [1, 1]
+        names = sorted(cluster.job_name(row.id, 1) for row in rows)
+        assert history.names() == names
+        # the pods run (the simulated kubelet starts them); the daemon sees their containers
         assert wait_until(lambda: all(
-            store.unit(row.id).state is JobState.RUNNING for row in rows), timeout=15)
+            store.unit(row.id).state is JobState.RUNNING for row in rows), timeout=30)
+        assert len(sim.running_pods()) == 2
         assert metric(url, "idlegpu_admissions_total") == 2
         assert 0 <= metric(url, "idlegpu_signal_age_seconds") <= MAX_AGE_S
         assert metric(url, "idlegpu_pass_errors_total") == 0
-        assert all(not patches(kube, name) for name in names)
+        assert all(not history.stops(name) and not history.suspended(name) for name in names)
 
         # --- 2. Prometheus stops: missing since the newest good reading -----------------
         prom.stop()
@@ -188,8 +290,7 @@ def test_prometheus_down_no_admission_then_every_running_job_stops(tmp_path):
         # a reconcile pass started after blind_at has run: none that could see the signals
         # fresh is still under way (a pass kind never overlaps itself)
         assert wait_until(lambda: daemon.since(blind_at, "reconcile"), timeout=MAX_AGE_S + 5)
-        posts = kube.count("POST")
-        assert posts == 2
+        assert sorted(created()) == names and history.names() == names
         submitted = datetime.now(UTC)
         second = submit(store, request("during", [0]), submitted)
         (new,) = [row.id for row in store.queue() if row.request_id == second]
@@ -199,10 +300,10 @@ def test_prometheus_down_no_admission_then_every_running_job_stops(tmp_path):
         # a moment clearly before the give-up time: nothing admitted, nothing stopped yet
         assert checked < give_up_at - timedelta(seconds=1), (
             f"too slow to check before the give-up: {checked} vs {give_up_at}")
-        assert kube.count("POST") == posts
+        assert sorted(created()) == names and history.names() == names  # nothing created
         assert store.unit(new).state is JobState.QUEUED
-        assert all(not patches(kube, name) for name in names)
-        assert all(kube.job(name, NS)["spec"]["suspend"] is False for name in names)
+        assert all(not history.stops(name) for name in names)  # nothing stopped yet
+        assert all(job(name)["spec"]["suspend"] is False for name in names)
         assert all(store.unit(row.id).state is JobState.RUNNING for row in rows)
         assert metric(url, "idlegpu_preemptions_total", 'kind="live"') == 0
         waiting = [r for r in daemon.since(submitted, "reconcile") if r.now <= checked]
@@ -215,8 +316,8 @@ def test_prometheus_down_no_admission_then_every_running_job_stops(tmp_path):
         assert 0 < metric(url, "idlegpu_signal_age_seconds") < GIVE_UP_S
 
         # --- 4. missing for longer than missing_signals_preempt_after: every job stops ---
-        assert wait_until(lambda: all(patches(kube, name) for name in names),
-                          timeout=GIVE_UP_S + 10), "no Job was suspended"
+        assert wait_until(lambda: all(history.stops(name) for name in names),
+                          timeout=GIVE_UP_S + 10), "no Job was stopped"
         seen = datetime.now(UTC)
         assert seen > give_up_at
         # the next reconcile pass sees the Jobs suspended and puts their units back in the queue
@@ -227,16 +328,21 @@ def test_prometheus_down_no_admission_then_every_running_job_stops(tmp_path):
         assert wait_until(lambda: len(daemon.since(settled, "reconcile")) >= 2
                           and len(daemon.since(settled, "backstop")) >= 2, timeout=10)
         for name in names:
-            sent = patches(kube, name)
-            assert len(sent) == 1, (  # told once, not once per pass
-                f"{name} was told to stop {len(sent)} times: "
-                + "; ".join(f"{k} pass at {r.now:%H:%M:%S.%f}" for k, r in daemon.reports
-                            if name in r.stopped))
-            (patch,) = sent
-            assert patch.body["spec"]["suspend"] is True
-            reason = patch.body["metadata"]["annotations"][ANN_STOP_REASON]
+            told = [f"{k} pass at {r.now:%H:%M:%S.%f}" for k, r in list(daemon.reports)
+                    if name in r.stopped]
+            assert len(told) == 1, (  # told once, not once per pass
+                f"{name} was told to stop {len(told)} times: " + "; ".join(told))
+            # on the Job itself: one stop written, never rewritten, with its suspend
+            (stop,) = history.stops(name)
+            kind, reason, stopped_at = stop
+            assert kind == "preempt"
             assert "live signals missing for" in reason
             assert "stopping every job" in reason
+            assert datetime.fromisoformat(stopped_at) > give_up_at
+            assert history.suspended(name)
+            # its pod got SIGTERM and exited: the GPUs came back
+            (pod,) = [p for p in sim.pods() if p.name.startswith(f"{name}-")]
+            assert pod.exit_code == 143 and pod.deletion_seen_at is not None
         # the stops came from passes that saw the signals missing for longer than the limit,
         # none before
         stops = [r for r in daemon.since(stopped) if r.stopped]
@@ -247,17 +353,19 @@ def test_prometheus_down_no_admission_then_every_running_job_stops(tmp_path):
                 assert not d.planned and d.job_id in {row.id for row in rows}
         assert all(not r.stopped and not r.plan.of(Action.PREEMPT)
                    for r in daemon.since(stopped) if r.now <= give_up_at)
-        # in the fake API each Job is suspended, or already deleted once the store recorded
-        # its end (a suspended Job is deleted only after that)
+        # on the server each Job is suspended, or already deleted once the store recorded
+        # its end: then the last version before its deletion was the suspended, stopped one
         for name in names:
-            try:
-                job = kube.job(name, NS)
-            except KeyError:
-                kinds = [(r.method, r.path.rsplit("/", 1)[-1]) for r in list(kube.requests)]
-                assert kinds.index(("DELETE", name)) > kinds.index(("PATCH", name))
+            versions = history.versions(name)
+            if versions[-1][0] == "DELETED":
+                last = versions[-1][1]
+                assert last["spec"]["suspend"] is True
+                assert "live signals" in last["metadata"]["annotations"][ANN_STOP_REASON]
             else:
-                assert job["spec"]["suspend"] is True
-                assert "live signals" in job["metadata"]["annotations"][ANN_STOP_REASON]
+                now_on_server = job(name)
+                assert now_on_server["spec"]["suspend"] is True
+                assert "live signals" in now_on_server["metadata"]["annotations"][
+                    ANN_STOP_REASON]
         for row in rows:
             unit = store.unit(row.id)
             assert (unit.state, unit.preemptions, unit.attempts) == (JobState.QUEUED, 1, 1)
@@ -265,9 +373,8 @@ def test_prometheus_down_no_admission_then_every_running_job_stops(tmp_path):
         assert metric(url, "idlegpu_preemptions_total", 'kind="planned"') == 0
         # still blind: nothing admitted, nothing created twice
         assert store.unit(new).state is JobState.QUEUED
-        assert kube.count("POST") == posts == len(names)
-        created = [r.body["metadata"]["name"] for r in list(kube.requests) if r.method == "POST"]
-        assert sorted(created) == names
+        assert sorted(created()) == names and history.names() == names
+        assert len(sim.pods()) == len(names)  # one pod a Job, never a second
         assert metric(url, "idlegpu_admissions_total") == 2
         assert metric(url, "idlegpu_signal_age_seconds") > GIVE_UP_S
         with urllib.request.urlopen(f"{url}/healthz", timeout=5) as response:
@@ -282,7 +389,9 @@ def test_prometheus_down_no_admission_then_every_running_job_stops(tmp_path):
         if source is not None:
             source.close()
         exporter.close()
-        kube.stop()
+        history.stop()
         store.close()
+        admin.close()
     assert sched.get_jobs() == []  # shut down cleanly
+    assert history.errors == []
     assert time.monotonic() - began < 60
