@@ -70,6 +70,9 @@ def created_names(kube: FakeKube) -> list[str]:
 
 @pytest.mark.parametrize("moment", ["served", "lost"])
 def test_sigkill_mid_creation_then_restart(tmp_path, cli, moment):
+    """fake API server: the daemon SIGKILLed from inside its own Job-creation request, at that
+    exact point (the Job made and the answer not yet sent, or the request never served); a
+    real server cannot run code of the test in the middle of a request."""
     store_url = f"sqlite:///{tmp_path / 'jobs.db'}"
     (tmp_path / "sweep.yaml").write_text(REQUEST)
     code, _, err = cli(["submit", str(tmp_path / "sweep.yaml"), "--store", store_url,
