@@ -298,6 +298,41 @@ def check_pod_security(manifest: dict[str, Any]) -> None:
             f"Job {name} breaks the pod security rules: {', '.join(problems)}")
 
 
+# --- credentials -------------------------------------------------------------------------
+
+
+def load_client_configuration(kubeconfig: str | None = None, context: str | None = None,
+                              in_cluster: bool = False) -> kubernetes.client.Configuration:
+    """The API client's configuration from a kubeconfig file (default ``~/.kube/config`` or
+    ``$KUBECONFIG``) and context, or from the pod's service account when ``in_cluster`` (also
+    when neither is named, none is found and the process runs in a pod). A failure is one
+    ``PermanentError`` line saying where it looked."""
+    from kubernetes import config as kube_config
+
+    configuration = kubernetes.client.Configuration()
+    try:
+        if in_cluster:
+            kube_config.load_incluster_config(client_configuration=configuration)
+        else:
+            try:
+                kube_config.load_kube_config(config_file=kubeconfig, context=context,
+                                             client_configuration=configuration)
+            except (kube_config.ConfigException, OSError, TypeError):
+                # no kubeconfig named and none found: inside a pod, its service account
+                if kubeconfig is not None or context is not None or not os.environ.get(
+                        "KUBERNETES_SERVICE_HOST"):
+                    raise
+                kube_config.load_incluster_config(client_configuration=configuration)
+                in_cluster = True
+    except (kube_config.ConfigException, OSError, TypeError) as exc:
+        where = "in-cluster service account" if in_cluster else (
+            f"kubeconfig {kubeconfig or '(default)'}" + (f" context {context}" if context
+                                                         else ""))
+        msg = " ".join(str(exc).split())
+        raise PermanentError(f"cannot load Kubernetes config from {where}: {msg}") from None
+    return configuration
+
+
 # --- the adapter -------------------------------------------------------------------------
 
 
@@ -376,30 +411,8 @@ class KubernetesCluster:
         """Build from a kubeconfig file (default ``~/.kube/config`` or ``$KUBECONFIG``) and
         context, or from the pod's service account when ``in_cluster`` (also when neither is
         named, none is found and the process runs in a pod)."""
-        from kubernetes import config as kube_config
-
-        configuration = kubernetes.client.Configuration()
-        try:
-            if in_cluster:
-                kube_config.load_incluster_config(client_configuration=configuration)
-            else:
-                try:
-                    kube_config.load_kube_config(config_file=kubeconfig, context=context,
-                                                 client_configuration=configuration)
-                except (kube_config.ConfigException, OSError, TypeError):
-                    # no kubeconfig named and none found: inside a pod, its service account
-                    if kubeconfig is not None or context is not None or not os.environ.get(
-                            "KUBERNETES_SERVICE_HOST"):
-                        raise
-                    kube_config.load_incluster_config(client_configuration=configuration)
-                    in_cluster = True
-        except (kube_config.ConfigException, OSError, TypeError) as exc:
-            where = "in-cluster service account" if in_cluster else (
-                f"kubeconfig {kubeconfig or '(default)'}" + (f" context {context}" if context
-                                                             else ""))
-            msg = " ".join(str(exc).split())
-            raise PermanentError(f"cannot load Kubernetes config from {where}: {msg}") from None
-        return cls(kubernetes.client.ApiClient(configuration), **kw)
+        return cls(kubernetes.client.ApiClient(
+            load_client_configuration(kubeconfig, context, in_cluster)), **kw)
 
     # --- Cluster protocol ----------------------------------------------------------------
 
@@ -496,8 +509,9 @@ class KubernetesCluster:
             "completions": 1,
             "parallelism": 1,
             "podFailurePolicy": {"rules": [
-                # a preemption or eviction (ours via suspend, or the kube-scheduler's) is not a
-                # failure of the job
+                # the kube-scheduler's preemption, the Eviction API and taint eviction are not
+                # failures of the job (our own stops get no DisruptionTarget: they are read
+                # back from the stop written on the Job)
                 {"action": "Ignore",
                  "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
                 # any other failure of the container fails the Job at once, retries or not

@@ -46,8 +46,6 @@ import kubernetes
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from forecast.errors import PermanentError
-
 log = logging.getLogger(__name__)
 
 JITTER = 1.2  # acquire retries wait retry_period * (1 + random() * JITTER), as client-go's
@@ -142,26 +140,10 @@ class LeaderElector:
                     in_cluster: bool = False, **kw: Any) -> LeaderElector:
         """Build from a kubeconfig file and context, or the pod's service account (as
         ``KubernetesCluster.from_config``)."""
-        from kubernetes import config as kube_config
+        from scheduler.adapters.kubernetes import load_client_configuration
 
-        configuration = kubernetes.client.Configuration()
-        try:
-            if in_cluster:
-                kube_config.load_incluster_config(client_configuration=configuration)
-            else:
-                try:
-                    kube_config.load_kube_config(config_file=kubeconfig, context=context,
-                                                 client_configuration=configuration)
-                except (kube_config.ConfigException, OSError, TypeError):
-                    if kubeconfig is not None or context is not None or not os.environ.get(
-                            "KUBERNETES_SERVICE_HOST"):
-                        raise
-                    kube_config.load_incluster_config(client_configuration=configuration)
-        except (kube_config.ConfigException, OSError, TypeError) as exc:
-            msg = " ".join(str(exc).split())
-            raise PermanentError(f"cannot load Kubernetes config for leader election: {msg}"
-                                 ) from None
-        return cls(kubernetes.client.ApiClient(configuration), **kw)
+        return cls(kubernetes.client.ApiClient(
+            load_client_configuration(kubeconfig, context, in_cluster)), **kw)
 
     # ------------------------------------------------------------------ state
     @property
