@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from forecast.calendar import holiday_names, hourly_by_day_kind
+from forecast.calendar import hourly_by_day_kind
 from forecast.capacity import (
     FREE,
     daily_idle_gpu_hours,
@@ -101,7 +101,7 @@ def analyze_pool(history: pd.DataFrame, settings: Settings, *, min_hours: float 
     tz = settings.pool.timezone
     usage = pool_usage(history, settings)
     daily = daily_idle_gpu_hours(usage, tz)
-    holidays = holiday_names(settings.pool.holiday_country, [d.date() for d in daily.index])
+    holidays = settings.pool.calendar.names(d.date() for d in daily.index)
     nights = nightly_idle(usage, tz)
     return PoolAnalysis(
         settings=settings,

@@ -1,45 +1,105 @@
-"""Public holidays of the configured country (the ``holidays`` package works offline)."""
+"""The pool's holiday calendar: the public holidays of a country (and subdivision), plus the
+operator's own dates (``pool.custom_holidays``). The ``holidays`` package works offline.
+
+One ``HolidayCalendar`` (``PoolConfig.calendar``) answers every "is this day a holiday?" of the
+code: the forecasters' day types (``auto``, ``gbm``), Prophet's holiday frame, the analysis
+tables and charts.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import date
+from dataclasses import dataclass
+from datetime import date, timedelta
 from functools import lru_cache
 
 
 @lru_cache(maxsize=32)
-def _holidays(country: str, years: tuple[int, ...]) -> dict[date, str]:
+def _holidays(country: str, years: tuple[int, ...], subdivision: str | None = None
+              ) -> dict[date, str]:
     import holidays
 
-    return dict(holidays.country_holidays(country, years=list(years)).items())
+    return dict(holidays.country_holidays(country, subdiv=subdivision, years=list(years)).items())
 
 
-def holiday_names(country: str, days: Iterable[date]) -> dict[date, str]:
-    """The public holidays among ``days``: date -> name."""
-    days = list(days)
-    if not days:
-        return {}
-    years = tuple(range(min(days).year, max(days).year + 1))
-    table = _holidays(country.upper(), years)
-    return {d: table[d] for d in days if d in table}
+@dataclass(frozen=True)
+class HolidayCalendar:
+    """Public holidays of ``country`` (ISO 3166 code; None: none) in ``subdivision`` (e.g.
+    ``CA`` of ``US``), plus ``custom`` (date, name) pairs that count as holidays too."""
+
+    country: str | None = None
+    subdivision: str | None = None
+    custom: tuple[tuple[date, str], ...] = ()
+
+    @classmethod
+    def of(cls, value: HolidayCalendar | str | None) -> HolidayCalendar:
+        """A calendar from a calendar, a country code (``"KR"``, ``"US-CA"``) or None."""
+        if isinstance(value, HolidayCalendar):
+            return value
+        if not value:
+            return cls()
+        country, _, subdivision = str(value).upper().partition("-")
+        return cls(country, subdivision or None)
+
+    @property
+    def empty(self) -> bool:
+        """No day is a holiday (no country, no custom dates)."""
+        return not self.country and not self.custom
+
+    def names(self, days: Iterable[date]) -> dict[date, str]:
+        """The holidays among ``days``: date -> name (a custom date's name follows a public
+        holiday's on the same day)."""
+        days = list(days)
+        if not days or self.empty:
+            return {}
+        table: dict[date, str] = {}
+        if self.country:
+            years = tuple(range(min(days).year, max(days).year + 1))
+            table.update(_holidays(self.country, years, self.subdivision))
+        for day, name in self.custom:
+            table[day] = f"{table[day]}; {name}" if day in table else name
+        return {d: table[d] for d in days if d in table}
+
+    def between(self, first: date, last: date) -> dict[date, str]:
+        """Every holiday from ``first`` to ``last`` (inclusive), in date order."""
+        span = (last - first).days
+        return self.names(first + timedelta(days=k) for k in range(span + 1)) if span >= 0 else {}
+
+    def describe(self) -> str:
+        """E.g. ``holidays KR``, ``holidays US-CA + 2 custom dates``, ``no holidays``."""
+        if self.empty:
+            return "no holidays"
+        n = len(self.custom)
+        custom = f"{n} custom date{'s' if n != 1 else ''}"
+        if not self.country:
+            return f"holidays: {custom} only (no public holidays)"
+        public = self.country + (f"-{self.subdivision}" if self.subdivision else "")
+        return f"holidays {public}" + (f" + {custom}" if n else "")
+
+
+def holiday_names(calendar: HolidayCalendar | str | None, days: Iterable[date]) -> dict[date, str]:
+    """The holidays among ``days``: date -> name (``calendar``: see ``HolidayCalendar.of``)."""
+    return HolidayCalendar.of(calendar).names(days)
 
 
 WORKING_DAY, SATURDAY, SUNDAY_OR_HOLIDAY = 0, 1, 2
 DAY_TYPE_NAMES = ("working day", "Saturday", "Sunday/holiday")
 
 
-def day_types(index, tz: str, country: str | None):
-    """Per timestamp: 0 working day, 1 Saturday, 2 Sunday or public holiday (local calendar)."""
+def day_types(index, tz: str, calendar: HolidayCalendar | str | None):
+    """Per timestamp: 0 working day, 1 Saturday, 2 Sunday or holiday of ``calendar`` (local
+    calendar days)."""
     import numpy as np
 
+    calendar = HolidayCalendar.of(calendar)
     local = index.tz_convert(tz)
     # local calendar days as datetime64[D]: cheaper than Python date objects
     days = local.tz_localize(None).to_numpy().astype("datetime64[D]")
     weekday = (days.astype(np.int64) + 3) % 7  # 1970-01-01 was a Thursday (3)
     kinds = np.where(weekday == 5, SATURDAY, np.where(weekday == 6, SUNDAY_OR_HOLIDAY, WORKING_DAY))
-    if country and len(days):
+    if not calendar.empty and len(days):
         unique = np.unique(days)
-        holidays = holiday_names(country, unique.astype(object))
+        holidays = calendar.names(unique.astype(object))
         if holidays:
             marked = np.array(sorted(holidays), dtype="datetime64[D]")
             kinds = np.where(np.isin(days, marked), SUNDAY_OR_HOLIDAY, kinds)

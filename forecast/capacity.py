@@ -18,11 +18,69 @@ import pandas as pd
 
 from forecast.config import Settings
 from forecast.errors import ConfigError, HistoryError
-from forecast.schema import DS, REPLICAS, UNIQUE_ID, Y, infer_step, series_id
+from forecast.schema import DS, REPLICAS, UNIQUE_ID, Y, infer_step, series_id, split_series_id
 
 IN_USE = "in_use"
 FREE = "free"
 WEEKDAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+
+
+@dataclass(frozen=True)
+class ServiceCoverage:
+    """Which series of a history the configuration describes (``service_coverage``)."""
+
+    matched: tuple[str, ...]
+    """Configured services with at least one series in the history (config order)."""
+    unknown: tuple[str, ...]
+    """Series ids whose service is none of ``services`` (the pool view ignores them)."""
+    history_services: tuple[str, ...]
+    """Every service the history's series ids name, sorted."""
+
+
+def service_coverage(history: pd.DataFrame, settings: Settings) -> ServiceCoverage:
+    """Match the history's series ids (``<service>/<metric>``) against ``services``."""
+    ids = sorted(str(uid) for uid in history[UNIQUE_ID].unique())
+    services = {uid: split_series_id(uid)[0] for uid in ids}
+    configured = set(settings.service_names)
+    present = set(services.values())
+    return ServiceCoverage(
+        matched=tuple(n for n in settings.service_names if n in present),
+        unknown=tuple(uid for uid in ids if services[uid] not in configured),
+        history_services=tuple(sorted(present)),
+    )
+
+
+def require_configured_services(history: pd.DataFrame, settings: Settings, *,
+                                config: str = "the config") -> ServiceCoverage:
+    """``service_coverage``, refusing a history none of whose series belongs to a configured
+    service (the config describes another pool: every pool view would be empty or wrong), or
+    one without the replicas series of a configured service (the pool view needs them all)."""
+    coverage = service_coverage(history, settings)
+    if not coverage.matched:
+        found = ", ".join(coverage.history_services[:8]) + (
+            f" and {len(coverage.history_services) - 8} more"
+            if len(coverage.history_services) > 8 else "")
+        raise ConfigError(
+            f"none of the history's services ({found or 'none'}) is a service of {config} "
+            f"({', '.join(settings.service_names)}): pass --config with this pool's "
+            "configuration, or name its services[] after the history's series ids "
+            "(<service>/<metric>)"
+        )
+    _require_replica_series(history, settings)
+    return coverage
+
+
+def _require_replica_series(history: pd.DataFrame, settings: Settings) -> None:
+    """Every configured service needs its replicas series in the history."""
+    present = set(history[UNIQUE_ID].unique())
+    missing = [uid for uid in (series_id(s.name, REPLICAS) for s in settings.services)
+               if uid not in present]
+    if missing:
+        services = sorted({uid.rpartition("/")[0] for uid in present})
+        raise ConfigError(
+            f"the history has no series {', '.join(missing)} for the configured service(s); "
+            f"services in the history: {', '.join(services) or 'none'} (check services[].name)"
+        )
 
 
 def pool_usage(history: pd.DataFrame, settings: Settings) -> pd.DataFrame:
@@ -32,14 +90,7 @@ def pool_usage(history: pd.DataFrame, settings: Settings) -> pd.DataFrame:
     as rows of NaN), with one column of GPUs per service, ``in_use`` and ``free``.
     """
     replica_ids = {series_id(s.name, REPLICAS): s for s in settings.services}
-    present = set(history[UNIQUE_ID].unique())
-    missing = [uid for uid in replica_ids if uid not in present]
-    if missing:
-        services = sorted({uid.rpartition("/")[0] for uid in present})
-        raise ConfigError(
-            f"the history has no series {', '.join(missing)} for the configured service(s); "
-            f"services in the history: {', '.join(services) or 'none'} (check services[].name)"
-        )
+    _require_replica_series(history, settings)
     replicas = history[history[UNIQUE_ID].isin(list(replica_ids))]
     wide = replicas.pivot(index=DS, columns=UNIQUE_ID, values=Y)
     step = infer_step(replicas)

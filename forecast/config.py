@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import string
 from collections.abc import Mapping
+from datetime import date
 from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -17,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from forecast.calendar import HolidayCalendar
 from forecast.errors import ConfigError
 from forecast.metrics import LIVE_METRICS, REPLICAS, SERVICE_METRICS
 
@@ -83,6 +85,18 @@ class ServiceConfig(_Strict):
         return self
 
 
+class CustomHoliday(_Strict):
+    """A day the operator declares a holiday (``pool.custom_holidays``)."""
+
+    date: date
+    name: str = Field(default="custom holiday", min_length=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _plain_date(cls, value: Any) -> Any:
+        return {"date": value} if isinstance(value, str | date) else value
+
+
 class PoolConfig(_Strict):
     """The GPU pool shared by the inference services and idlegpu's jobs."""
 
@@ -93,8 +107,26 @@ class PoolConfig(_Strict):
     """GPUs always kept free for the service's sudden scale-up; never lent to jobs."""
     timezone: str = "Asia/Seoul"
     """IANA time zone of the users' day (daily curves, nights, reports)."""
-    holiday_country: str = "KR"
-    """Country (ISO 3166 alpha-2) whose public holidays shape the traffic."""
+    holiday_country: str | None = None
+    """Country (ISO 3166 alpha-2, e.g. KR or US; ``US-CA`` also sets the subdivision) whose
+    public holidays shape the traffic; None (the default): no public holidays."""
+    holiday_subdivision: str | None = None
+    """Subdivision of ``holiday_country`` whose holidays apply too (ISO 3166-2 part, e.g.
+    ``CA`` for California); the ``holidays`` package lists each country's."""
+    custom_holidays: list[CustomHoliday] = Field(default_factory=list)
+    """The operator's own holidays (a launch, a company day off): dates, or ``{date, name}``;
+    they count as holidays wherever public holidays do."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _country_with_subdivision(cls, data: Any) -> Any:
+        # "US-CA" is country US, subdivision CA
+        if isinstance(data, Mapping):
+            country = data.get("holiday_country")
+            if isinstance(country, str) and "-" in country and not data.get("holiday_subdivision"):
+                head, _, tail = country.partition("-")
+                data = {**data, "holiday_country": head, "holiday_subdivision": tail}
+        return data
 
     @field_validator("timezone")
     @classmethod
@@ -107,14 +139,35 @@ class PoolConfig(_Strict):
 
     @field_validator("holiday_country")
     @classmethod
-    def _known_country(cls, value: str) -> str:
+    def _known_country(cls, value: str | None) -> str | None:
         import holidays
 
-        if value.upper() not in holidays.list_supported_countries():
+        if value is None or not value.strip() or value.strip().lower() in ("none", "null"):
+            return None
+        if value.strip().upper() not in holidays.list_supported_countries():
             raise ValueError(
-                f"no holiday calendar for {value!r}; use an ISO 3166 code such as KR or US"
+                f"no holiday calendar for {value!r}; use an ISO 3166 code such as KR or US, "
+                "or null for no public holidays"
             )
-        return value.upper()
+        return value.strip().upper()
+
+    @model_validator(mode="after")
+    def _known_subdivision(self) -> PoolConfig:
+        if self.holiday_subdivision is None:
+            return self
+        if self.holiday_country is None:
+            raise ValueError("holiday_subdivision needs a holiday_country (e.g. US with CA)")
+        import holidays
+
+        known = holidays.list_supported_countries()[self.holiday_country]
+        if self.subdivision_code not in known:
+            raise ValueError(
+                f"holiday_subdivision {self.holiday_subdivision!r} is not a subdivision of "
+                f"{self.holiday_country}; use one of {', '.join(known)}" if known else
+                f"holiday_subdivision {self.holiday_subdivision!r}: the holidays package has no "
+                f"subdivisions for {self.holiday_country}; leave it out"
+            )
+        return self
 
     @model_validator(mode="after")
     def _headroom_fits(self) -> PoolConfig:
@@ -127,6 +180,24 @@ class PoolConfig(_Strict):
     @property
     def tz(self) -> ZoneInfo:
         return ZoneInfo(self.timezone)
+
+    @property
+    def subdivision_code(self) -> str | None:
+        """``holiday_subdivision`` as the holidays package spells it (``ca`` -> ``CA``)."""
+        value = self.holiday_subdivision
+        if value is None or self.holiday_country is None:
+            return value
+        import holidays
+
+        known = holidays.list_supported_countries().get(self.holiday_country, [])
+        return value if value in known else next(
+            (k for k in known if k.upper() == value.strip().upper()), value)
+
+    @property
+    def calendar(self) -> HolidayCalendar:
+        """The one holiday calendar of the pool: public holidays plus ``custom_holidays``."""
+        return HolidayCalendar(self.holiday_country, self.subdivision_code,
+                               tuple((h.date, h.name) for h in self.custom_holidays))
 
     @property
     def lendable_gpus(self) -> int:

@@ -118,11 +118,11 @@ def analyze(
 ) -> None:
     """Where and when the pool's GPUs sit idle: tables on screen, charts and CSVs in --out."""
     from forecast.analysis import analyze_pool
-    from forecast.config import load_config
     from forecast.sources import read_history
 
-    settings = load_config(config)
-    frame = read_history(history)
+    _check(min_hours > 0, "use a number of hours above 0", "--min-hours")
+    settings = _load_settings(config)
+    frame = _check_services(read_history(history), settings)
     result = analyze_pool(frame, settings, min_hours=min_hours)
     files = result.write(out)
     _print_analysis(result)
@@ -183,15 +183,97 @@ def _print_analysis(result) -> None:
                       "typical night.[/]")
 
 
-def _optional_config(config: Path | None):
-    """The config if given, else ./idlegpu.yaml if present, else None (UTC, no holidays)."""
+def _config_line(settings, path: Path | None) -> None:
+    """Say on stderr (stdout stays machine-readable) which config a command read, or that it
+    read none, and the time zone and holiday calendar in force."""
+    import os
+
+    from forecast.config import ENV_PREFIX, Settings
+
+    if settings is None:
+        _state["config"] = "no config"
+        err_console.print(f"config: none (no --config, no ./{DEFAULT_CONFIG} here): defaults, "
+                          "timezone UTC, no holidays", highlight=False, soft_wrap=True)
+        return
+    where = _state["config"] = str(Path(path).resolve())
+    if os.environ.get("IDLEGPU_CONFIG") == str(path):
+        where += " (from $IDLEGPU_CONFIG)"
+    elif Path(path) == DEFAULT_CONFIG:
+        where += f" (./{DEFAULT_CONFIG} of the current directory; --config picks another)"
+    fields = tuple(f"{ENV_PREFIX}{name}".upper() for name in Settings.model_fields)
+    env = sorted(k for k in os.environ if k.upper().startswith(fields))
+    pool = settings.pool
+    err_console.print(
+        f"config: {where}{'; overridden by ' + ', '.join(env) if env else ''}; pool "
+        f"{pool.name}, timezone {pool.timezone}, {pool.calendar.describe()}",
+        highlight=False, soft_wrap=True)
+
+
+def _load_settings(config: Path):
+    """The pool configuration of a command that needs one, announced on stderr."""
     from forecast.config import load_config
 
-    if config is not None:
-        return load_config(config)
-    if DEFAULT_CONFIG.is_file():
-        return load_config(DEFAULT_CONFIG)
-    return None
+    settings = load_config(config)
+    _config_line(settings, config)
+    return settings
+
+
+def _optional_config(config: Path | None):
+    """The config if given, else ./idlegpu.yaml if present, else None (UTC, no holidays);
+    announced on stderr either way."""
+    path = config if config is not None else DEFAULT_CONFIG if DEFAULT_CONFIG.is_file() else None
+    settings = _load_settings(path) if path is not None else None
+    if settings is None:
+        _config_line(None, None)
+    return settings
+
+
+def _check_services(frame, settings, *, required: bool = True):
+    """Warn on stderr about series whose service the config does not describe; ``required``
+    (commands that map series to the pool): refuse a history none of whose services the
+    config describes, and drop the others (the pool view ignores them). Returns the frame."""
+    from forecast.capacity import require_configured_services, service_coverage
+
+    if settings is None:
+        return frame
+    where = _state.get("config", "the config")
+    if required:
+        coverage = require_configured_services(frame, settings, config=where)
+    else:
+        coverage = service_coverage(frame, settings)
+    if not coverage.matched:
+        err_console.print(
+            f"[yellow]warning:[/] none of the history's services "
+            f"({', '.join(coverage.history_services[:8])}) is a service of {where} "
+            f"({', '.join(settings.service_names)}): only its time zone and holidays apply",
+            highlight=False, soft_wrap=True)
+    elif coverage.unknown:
+        shown = ", ".join(coverage.unknown[:8]) + (
+            f" and {len(coverage.unknown) - 8} more" if len(coverage.unknown) > 8 else "")
+        what = "ignored" if required else "forecast without replica bounds"
+        err_console.print(
+            f"[yellow]warning:[/] {len(coverage.unknown)} series of the history "
+            f"belong{'s' if len(coverage.unknown) == 1 else ''} to no service of {where} "
+            f"({what}): {shown}", highlight=False, soft_wrap=True)
+    if required and coverage.unknown:
+        frame = frame[~frame["unique_id"].isin(list(coverage.unknown))]
+    return frame
+
+
+def _check(ok: bool, message: str, option: str) -> None:
+    """A bad option value: one line, exit 2, before anything is read or fitted."""
+    if not ok:
+        raise typer.BadParameter(message, param_hint=option)
+
+
+def _check_horizon(span, frame, text: str) -> None:
+    """A horizon must hold at least one step of the history (checked before any fitting)."""
+    from forecast.schema import infer_step
+
+    step = infer_step(frame)
+    minutes = f"{step.total_seconds() / 60:g}min"
+    _check(span >= step, f"{text} is shorter than the history's step ({minutes}); use at "
+           f"least {minutes}", "--horizon")
 
 
 def _parse_quantiles(text: str) -> list[float]:
@@ -212,11 +294,15 @@ def _parse_horizon(text: str):
         raise typer.BadParameter(str(exc), param_hint="--horizon") from None
 
 
-def _history_until(history: Path, now: str | None, metrics: list[str] | None):
-    """Read a history, keep the given metrics and cut it at ``now`` (replay of a past moment)."""
+def _history_until(history: Path, now: str | None, metrics: list[str] | None,
+                   from_last_sample: bool = False):
+    """Read a history, keep the given metrics and cut it at ``now`` (replay of a past moment).
+    A ``now`` past the newest sample's step is refused, unless ``from_last_sample``: then the
+    forecast starts right after that sample, and a line on stderr says so."""
     import pandas as pd
 
     from forecast.errors import HistoryError
+    from forecast.schema import infer_step
     from forecast.sources import read_history
 
     frame = read_history(history)
@@ -235,6 +321,18 @@ def _history_until(history: Path, now: str | None, metrics: list[str] | None):
         frame = frame[frame["ds"] <= cut]
         if frame.empty:
             raise HistoryError(f"{history}: nothing at or before --now {now}")
+        newest = frame["ds"].max()
+        step = infer_step(frame)
+        if cut >= newest + step:
+            if not from_last_sample:
+                raise HistoryError(
+                    f"--now {now} is past the end of {history}: its newest sample is "
+                    f"{newest:%Y-%m-%d %H:%M} UTC; pass an earlier --now, or --from-last-sample "
+                    "to forecast from right after that sample")
+            err_console.print(
+                f"--now {now} is past the newest sample ({newest:%Y-%m-%d %H:%M} UTC): "
+                f"forecasting from right after it, {newest + step:%Y-%m-%d %H:%M} UTC "
+                "(--from-last-sample)", highlight=False, soft_wrap=True)
     return frame
 
 
@@ -262,6 +360,11 @@ NowOption = Annotated[
     Optional[str],
     typer.Option(help="Pretend it is this time: use only history up to it (audits, demos)."),
 ]
+FromLastSampleOption = Annotated[
+    bool,
+    typer.Option("--from-last-sample", help="With a --now past the history's newest sample: "
+                 "forecast from right after that sample instead of refusing."),
+]
 
 
 @app.command("forecast", short_help="Forecast every series as quantiles.")
@@ -279,6 +382,7 @@ def forecast_cmd(
         Optional[list[str]], typer.Option(help="Only series of this metric, e.g. replicas.")
     ] = None,
     now: NowOption = None,
+    from_last_sample: FromLastSampleOption = False,
     plot: Annotated[
         Optional[Path], typer.Option(help="Also draw history, forecast and bands to this PNG.")
     ] = None,
@@ -288,10 +392,12 @@ def forecast_cmd(
 
     if model not in MODEL_NAMES:
         raise typer.BadParameter(f"choose one of {', '.join(MODEL_NAMES)}", param_hint="--model")
-    settings = _optional_config(config)
     qs = _parse_quantiles(quantiles)
     span = _parse_horizon(horizon)
-    frame = _history_until(history, now, metric)
+    settings = _optional_config(config)
+    frame = _history_until(history, now, metric, from_last_sample)
+    _check_horizon(span, frame, horizon)
+    frame = _check_services(frame, settings, required=False)
     result = _fit_predict_with_progress(model, settings, frame, span, qs)
     out.parent.mkdir(parents=True, exist_ok=True)
     if out.suffix == ".parquet":
@@ -319,6 +425,7 @@ def windows(
     horizon: Annotated[str, typer.Option(help="How far ahead to look.")] = "24h",
     model: ModelOption = "auto",
     now: NowOption = None,
+    from_last_sample: FromLastSampleOption = False,
     granularity: Annotated[int, typer.Option(help="Window sizes in multiples of this many GPUs.")] = 4,
     min_hours: Annotated[float, typer.Option(help="Shortest window worth listing, in hours.")] = 1.0,
     out: Annotated[Path, typer.Option(help="Directory for windows.csv and the chart.")] = Path(
@@ -336,13 +443,18 @@ def windows(
         pool_usage,
         windows_frame,
     )
-    from forecast.config import load_config
+    from forecast.models import MODEL_NAMES
 
     if not 0.5 <= confidence < 1:
         raise typer.BadParameter("use a confidence from 0.5 to 0.99", param_hint="--confidence")
-    settings = load_config(config)
+    _check(model in MODEL_NAMES, f"choose one of {', '.join(MODEL_NAMES)}", "--model")
+    _check(granularity >= 1, "use at least 1 GPU", "--granularity")
+    _check(min_hours > 0, "use a number of hours above 0", "--min-hours")
     span = _parse_horizon(horizon)
-    frame = _history_until(history, now, ["replicas"])
+    settings = _load_settings(config)
+    frame = _history_until(history, now, ["replicas"], from_last_sample)
+    _check_horizon(span, frame, horizon)
+    frame = _check_services(frame, settings)
     qs = sorted({0.5, confidence})
     forecast = _fit_predict_with_progress(model, settings, frame, span, qs)
     at_conf = forecast_pool_usage(forecast, settings, confidence)[FREE]
@@ -420,11 +532,16 @@ def backtest_cmd(
             f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(MODEL_NAMES)}",
             param_hint="--models",
         )
-    settings = _optional_config(config)
+    _check(days >= 1, "use at least 1 day", "--days")
+    _check(0 <= cutoff_hour <= 23, "use a local hour from 0 to 23", "--cutoff-hour")
+    _check(0 < confidence < 1, "use a confidence strictly between 0 and 1", "--confidence")
     qs = _parse_quantiles(quantiles)
     span = _parse_horizon(horizon)
+    settings = _optional_config(config)
     metrics = metric or ["replicas"]
     frame = _history_until(history, None, metrics)
+    _check_horizon(span, frame, horizon)
+    frame = _check_services(frame, settings, required=False)
     tz = settings.pool.timezone if settings else "UTC"
     cutoffs = daily_cutoffs(frame, timezone=tz, hour=cutoff_hour, days=days, horizon=span)
     factories = {name: (lambda name=name: model_for(name, settings)) for name in names}
@@ -438,7 +555,9 @@ def backtest_cmd(
                        on_step=step)
     table = score(run.forecasts, qs)
     table["fit_predict_s"] = pd.Series(run.seconds)
-    if settings is not None and metrics == ["replicas"] and confidence in qs:
+    ids = set(frame["unique_id"])
+    if settings is not None and metrics == ["replicas"] and confidence in qs and all(
+            f"{name}/replicas" in ids for name in settings.service_names):  # else: no pool view
         table = table.join(window_quality(run.forecasts, frame, settings, confidence))
     out.parent.mkdir(parents=True, exist_ok=True)
     table.to_csv(out, float_format="%.5g")
@@ -483,7 +602,6 @@ def simulate(
     from rich.table import Table
 
     from forecast import plots
-    from forecast.config import load_config
     from forecast.sources import read_history
     from scheduler.reports import useful
     from scheduler.simulate import POLICIES, trace_jobs
@@ -495,8 +613,10 @@ def simulate(
     if unknown:
         raise typer.BadParameter(f"unknown policy {', '.join(unknown)}; choose from "
                                  f"{', '.join(POLICIES)}", param_hint="--policies")
-    settings = load_config(config)
-    frame = read_history(history)
+    _check(days is None or days >= 1, "use at least 1 day", "--days")
+    _check(warmup_days >= 0, "use 0 or more days", "--warmup-days")
+    settings = _load_settings(config)
+    frame = _check_services(read_history(history), settings)
     entries = load_trace(jobs, settings.admission)
     sim_jobs = trace_jobs(entries, _planning_estimate(settings, runs))
     first, last = frame["ds"].min(), frame["ds"].max()
@@ -570,6 +690,7 @@ def plan(
     runs: Annotated[Optional[Path], typer.Option(
         help="Past runs for runtime estimates, e.g. data/sample/runs.csv.")] = None,
     now: NowOption = None,
+    from_last_sample: FromLastSampleOption = False,
     horizon: Annotated[str, typer.Option(help="How far ahead to plan.")] = "24h",
     queue_days: Annotated[float, typer.Option(help="With --jobs: days of submissions.")] = 7.0,
     out: Annotated[Path, typer.Option(help="Directory for plan.csv, windows.csv and the chart.")] = Path(
@@ -584,20 +705,23 @@ def plan(
 
     from forecast import plots
     from forecast.capacity import FREE, idle_windows, pool_usage, windows_frame
-    from forecast.config import load_config
     from forecast.errors import HistoryError
     from forecast.schema import infer_step
     from scheduler.plan import plan_ahead
     from scheduler.policy import policy_settings
     from scheduler.replay import free_forecast, profile_of
 
-    settings = load_config(config)
-    tz = settings.pool.timezone
+    _check(queue_days > 0, "use a number of days above 0", "--queue-days")
     span = _parse_horizon(horizon)
-    frame = _history_until(history, now, ["replicas"])
+    settings = _load_settings(config)
+    tz = settings.pool.timezone
+    frame = _history_until(history, now, ["replicas"], from_last_sample)
+    _check_horizon(span, frame, horizon)
+    frame = _check_services(frame, settings)
     moment = frame["ds"].max() + infer_step(frame)  # right after the newest sample
-    if now is not None:
-        moment = pd.Timestamp(parse_time(now, name="--now"))
+    if now is not None:  # past the newest sample only with --from-last-sample: from after it
+        at = pd.Timestamp(parse_time(now, name="--now"))
+        moment = min(moment, at) if from_last_sample else at
     past = frame[frame["ds"] < moment]
     if past.empty:
         raise HistoryError(f"{history}: no history before {moment}")
@@ -703,13 +827,12 @@ def run(
     from that moment on, --speed times faster than real time)."""
     from rich.table import Table
 
-    from forecast.config import load_config
     from scheduler.adapters.store import JobStore
     from scheduler.controller import Controller
     from scheduler.daemon import Daemon, ForecastProvider, write_last_month_report
     from scheduler.policy import policy_settings
 
-    settings = load_config(config)
+    settings = _load_settings(config)
     if now is not None and not once and history is None:
         raise typer.BadParameter("--now replays recorded history: use it with --once, or with "
                                  "--history to replay the daemon from that moment",
@@ -1072,11 +1195,10 @@ def fetch(
     ] = None,
 ) -> None:
     """Pull the pool's history from Prometheus into a tidy history file."""
-    from forecast.config import load_config
     from forecast.sources import write_history
     from forecast.sources.prometheus import fetch_history
 
-    settings = load_config(config)
+    settings = _load_settings(config)
     t0 = parse_time(start, name="--start")
     t1 = parse_time(end, name="--end")
     if t1 <= t0:
@@ -1176,12 +1298,23 @@ def main(argv: list[str] | None = None) -> None:
     """Console entry point: user errors print one line and exit 2 (tracebacks with --debug)."""
     args = sys.argv[1:] if argv is None else argv
     try:
-        app(args=args, prog_name="idlegpu")
-    except IdlegpuError as exc:
+        code = app(args=args, prog_name="idlegpu", standalone_mode=False)
+    except (IdlegpuError, typer.BadParameter) as exc:  # a bad option value is one line too
         if "--debug" in args:
             raise
-        err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        message = exc.format_message() if isinstance(exc, typer.BadParameter) else exc
+        err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
         raise SystemExit(2) from None
+    except typer.TyperException as exc:  # other usage errors (an unknown option...): as click
+        if not hasattr(exc, "show"):
+            raise
+        exc.show()
+        raise SystemExit(exc.exit_code) from None
+    except typer.Abort:
+        err_console.print("Aborted!")
+        raise SystemExit(1) from None
+    if isinstance(code, int) and code:  # typer.Exit(code), Ctrl-C (130)
+        raise SystemExit(code)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from importlib import import_module
 
+from forecast.calendar import HolidayCalendar
 from forecast.config import Settings
 from forecast.models.base import (
     DEFAULT_QUANTILES,
@@ -35,7 +36,7 @@ def make_model(
     name: str,
     *,
     timezone: str = "UTC",
-    holiday_country: str | None = None,
+    holiday_country: HolidayCalendar | str | None = None,
     bounds: dict[str, tuple[float, float]] | None = None,
     **options,
 ) -> Forecaster:
@@ -55,13 +56,14 @@ def replica_bounds(settings: Settings) -> dict[str, tuple[float, float]]:
 
 
 def model_for(name: str, settings: Settings | None, **options) -> Forecaster:
-    """A model set up with the pool's time zone, holidays and replica bounds."""
+    """A model set up with the pool's time zone, holiday calendar (public holidays of
+    ``holiday_country``/``holiday_subdivision`` plus ``custom_holidays``) and replica bounds."""
     if settings is None:
         return make_model(name, **options)
     return make_model(
         name,
         timezone=settings.pool.timezone,
-        holiday_country=settings.pool.holiday_country,
+        holiday_country=settings.pool.calendar,
         bounds=replica_bounds(settings),
         **options,
     )

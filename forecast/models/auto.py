@@ -163,7 +163,7 @@ class AutoForecaster(SeriesForecaster):
         ``one_curve`` every day counts as a working day."""
         local = index.tz_convert(self.timezone)
         slots = ((local - local.normalize()) // step).to_numpy().astype(int)
-        kinds = day_types(index, self.timezone, self.holiday_country)
+        kinds = day_types(index, self.timezone, self.calendar)
         if one_curve:
             kinds = np.full_like(kinds, WORKING_DAY)
         return local, slots, kinds

@@ -15,6 +15,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import pandas as pd
 
+from forecast.calendar import HolidayCalendar
 from forecast.errors import HistoryError
 from forecast.schema import DS, UNIQUE_ID, Y
 
@@ -171,11 +172,13 @@ class SeriesForecaster:
         self,
         *,
         timezone: str = "UTC",
-        holiday_country: str | None = None,
+        holiday_country: HolidayCalendar | str | None = None,
         bounds: dict[str, tuple[float, float]] | None = None,
     ) -> None:
         self.timezone = timezone
-        self.holiday_country = holiday_country
+        # a country code ("KR", "US-CA"), the pool's whole calendar, or None (no holidays)
+        self.calendar = HolidayCalendar.of(holiday_country)
+        self.holiday_country = self.calendar.country
         self.bounds = bounds
 
     def _setup(self) -> None:

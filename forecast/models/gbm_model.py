@@ -142,7 +142,7 @@ class GBMForecaster(SeriesForecaster):
         columns = [
             np.asarray(slot, dtype=float),
             np.asarray(local.day_of_week, dtype=float),
-            np.asarray(day_types(index, self.timezone, self.holiday_country), dtype=float),
+            np.asarray(day_types(index, self.timezone, self.calendar), dtype=float),
         ]
         per_week = int(WEEK / step)
         for weeks in LAG_WEEKS:

@@ -2,7 +2,11 @@
 
 Per series, one fresh ``Prophet`` per fit (a Prophet object cannot be refitted): additive trend +
 daily + weekly seasonality (yearly off; weekly only with at least two weeks of history, Prophet's
-own rule), plus the public holidays of ``holiday_country`` (``add_country_holidays``) when given.
+own rule), plus one holiday effect on the days of the pool's holiday calendar (public holidays
+of ``holiday_country`` and its subdivision, plus the configured custom dates: the calendar the
+other models use) when it has any. One effect for every holiday rather than one per holiday
+name: Prophet fits a coefficient per name, so a holiday whose name never occurred in the
+training window (8 weeks: nearly every holiday, and every custom date) would have no effect.
 
 Time zone: Prophet knows no time zones, so it is fitted on LOCAL naive timestamps (``ds``
 converted to ``timezone``, then the zone dropped). The daily curve and the holidays are thus in
@@ -128,6 +132,7 @@ class ProphetForecaster(SeriesForecaster):
             {"ds": _local_naive(values.index, self.timezone), "y": values.to_numpy()}
         )
         model = prophet_cls(
+            holidays=self._holiday_frame(values.index),
             growth="linear",
             daily_seasonality=self.daily_fourier_order,
             weekly_seasonality=self.weekly_fourier_order if span >= WEEKLY_MIN_SPAN else False,
@@ -138,10 +143,20 @@ class ProphetForecaster(SeriesForecaster):
             uncertainty_samples=self.uncertainty_samples,
         )
         with _quiet_prophet():
-            if self.holiday_country:
-                model.add_country_holidays(country_name=self.holiday_country.upper())
             model.fit(frame)
         return _Fitted(series, model)
+
+    def _holiday_frame(self, index: pd.DatetimeIndex) -> pd.DataFrame | None:
+        """The calendar's holidays from the first local day of ``index`` to the end of the
+        next year (the forecast's days too), as Prophet's ``holidays`` frame; None when none."""
+        if self.calendar.empty:
+            return None
+        local = index.tz_convert(self.timezone)
+        first, last = local[0].date(), local[-1].date()
+        days = self.calendar.between(first, last.replace(year=last.year + 1, month=12, day=31))
+        if not days:
+            return None
+        return pd.DataFrame({"holiday": "holiday", "ds": pd.to_datetime(sorted(days))})
 
     # ---------------------------------------------------------------- predict
     def _predict_one(
