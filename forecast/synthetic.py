@@ -132,6 +132,11 @@ class PoolTraffic:
     )
     """Metric gaps (local start, local end exclusive, which series): ``*`` all series,
     ``<service>/vllm`` that service's vLLM signals, ``*/replicas`` every replica series."""
+    shifts: tuple[tuple[str, float, float], ...] = ()
+    """Lasting changes of every service's demand (regimes, for forecaster tests): (local start,
+    factor, days): from ``start`` demand grows geometrically to ``factor`` times its level over
+    ``days`` days (0: a step) and stays there, e.g. ``("2026-01-19", 1.4, 0)`` a +40 % step,
+    ``("2026-01-19", 1.2**3, 3)`` a surge of +20 %/day for three days. None in the sample."""
 
 
 SAMPLE_POOL = PoolTraffic(
@@ -258,6 +263,7 @@ def _demand(
     for i in range(1, n):
         noise[i] = phi * noise[i - 1] + shocks[i]
     demand = service.peak_replicas * shape * trend * day_level * cal.day_factor * np.exp(noise)
+    demand = demand * _shift_factor(local, pool)
 
     if service.night_batch is not None:
         start_h, end_h, size = service.night_batch
@@ -274,6 +280,16 @@ def _demand(
         ramp = np.minimum(1.0, np.linspace(0.35, 1.6, end - start))
         demand[start:end] += size * ramp
     return demand
+
+
+def _shift_factor(local: pd.DatetimeIndex, pool: PoolTraffic) -> np.ndarray:
+    """The demand factor of ``pool.shifts`` at every step (1 before the first)."""
+    factor = np.ones(len(local))
+    for start, size, days in pool.shifts:
+        elapsed = ((local - pd.Timestamp(start, tz=local.tz)) / pd.Timedelta(days=1)).to_numpy()
+        share = np.clip(elapsed / days, 0.0, 1.0) if days > 0 else (elapsed >= 0).astype(float)
+        factor *= np.where(elapsed >= 0, size**share, 1.0)
+    return factor
 
 
 def _autoscale(demand: np.ndarray, service: ServiceTraffic) -> np.ndarray:

@@ -15,6 +15,22 @@ split-conformal prediction per bucket. Integer series (replica counts) get integ
 ``finish_quantiles``) within their bounds (the autoscaler's min/max replicas when the config
 is given, else the range seen).
 
+Regimes (a launch, a lost customer, a surge): the curve is a two-week median and would take a
+week or two to follow a new level, and the level correction fades within hours. So the curve
+is rescaled by the ratio of the actuals to it over the last 12 hours of steps where it is above
+the series' floor (the mean of the middle half of the step ratios: a spike does not count; at
+the floor, a night at min replicas, a change of demand does not show), once that ratio leaves
+a dead band of +-12 %: ordinary days stay inside it and forecast as before, a +40 % launch is
+followed within hours. A drop must also show over three times that window (a quiet eve or a
+bridge day is not a new regime, and following it would under-forecast the next day). The calibration
+replays are rescaled the same way, their errors kept in the units of the curve and scaled with
+it, so the quantiles know how well rescaled forecasts do. A surge still outruns the ratio (it
+lags by half a window): the quantile level adapts to the replays' recent misses (one-sided
+adaptive conformal inference, ``_adapted_levels``), widening the upper quantiles while they
+miss more than they should. What it cannot see: a change hidden under the floor (a small
+service that idles at its min replicas all weekend shows its launch on weekdays only, so its
+first weekend after it is under-covered).
+
 Short histories: with less than a week, all days share one curve (documented fallback); less
 than one day of history is refused.
 """
@@ -38,6 +54,10 @@ from forecast.models.base import (
 LEAD_EDGES_H = (1.0, 6.0, 24.0)  # lead-time buckets: <1 h, 1-6 h, 6-24 h, >= 24 h
 MIN_BUCKET = 40  # fewer errors than this in a bucket: use the coarser bucket
 LOOKBACK_HALF_LIVES = 5  # days older than this many half-lives weigh < 3 %: left out
+LEVEL_BAND = 0.12  # the last day within +-12 % of the curve: no rescaling (ordinary days)
+LEVEL_MAX_AGE_DAYS = 3  # the ratio's evidence reaches back at most this far (a weekend)
+DOWN_WINDOWS = 3  # a drop must show over three windows (a quiet day does not)
+ACI_MAX_WIDENING = 5.0  # the adaptive level misses at least (1 - q) / 5: q0.9 -> q0.98 at most
 
 
 def _bucket_key(lead: np.ndarray, hour: np.ndarray, off: np.ndarray) -> np.ndarray:
@@ -57,9 +77,12 @@ def _coarse_key(key, level: int):
 class _Errors:
     """Calibration errors grouped by bucket, with coarser groupings for sparse buckets."""
 
-    def __init__(self, keys: np.ndarray, errors: np.ndarray) -> None:
+    def __init__(self, keys: np.ndarray, errors: np.ndarray,
+                 targets: np.ndarray | None = None) -> None:
         self.all = errors
         self._keys = keys
+        # position of each error's target step in the series (for the adaptive level)
+        self.targets = np.zeros(len(errors), dtype=np.int64) if targets is None else targets
         self._levels: dict[int, dict[int, np.ndarray]] = {}
 
     def level(self, n: int) -> dict[int, np.ndarray]:
@@ -79,9 +102,13 @@ class _Errors:
         self, qs: tuple[float, ...], lead: np.ndarray, hour: np.ndarray, off: np.ndarray
     ) -> np.ndarray:
         """Empirical error quantiles for each future step, from its finest well-filled bucket."""
+        return self.quantiles(qs, _bucket_key(lead, hour, off))
+
+    def quantiles(self, qs, keys: np.ndarray) -> np.ndarray:
+        """The error quantiles ``qs`` of the finest well-filled bucket of each key."""
         if len(self.all) == 0:
-            return np.zeros((len(lead), len(qs)))
-        fine, inverse = np.unique(_bucket_key(lead, hour, off), return_inverse=True)
+            return np.zeros((len(keys), len(qs)))
+        fine, inverse = np.unique(keys, return_inverse=True)
         table = np.empty((len(fine), len(qs)))
         overall = None
         for i, key in enumerate(fine.tolist()):
@@ -109,6 +136,7 @@ class _Fitted:
     errors: _Errors
     key: tuple = ()  # identifies the series and its calendar, for the cache
     one_curve: bool = False  # under a week of history: one curve for every day
+    floor: float = 0.0  # the level the series rests at (min replicas): rescaling stops there
 
 
 class AutoForecaster(SeriesForecaster):
@@ -124,6 +152,10 @@ class AutoForecaster(SeriesForecaster):
         half_life_days: float = 14.0,
         calibration_days: int = 21,
         recent_steps: int = 3,
+        level_band: float | None = LEVEL_BAND,
+        level_hours: float = 12.0,
+        aci_gamma: float | None = 0.05,
+        aci_days: int = 3,
         cache: dict | None = None,
     ) -> None:
         """``cache``: a dict shared by fits on growing prefixes of one history (the simulator's
@@ -134,6 +166,10 @@ class AutoForecaster(SeriesForecaster):
         self.half_life_days = half_life_days
         self.calibration_days = calibration_days
         self.recent_steps = recent_steps
+        self.level_band = level_band  # None: never rescale
+        self.level_hours = level_hours
+        self.aci_gamma = aci_gamma  # None or 0: no adaptive level
+        self.aci_days = aci_days
         self.cache = cache
 
     # ---------------------------------------------------------------- fit
@@ -152,6 +188,8 @@ class AutoForecaster(SeriesForecaster):
         fitted = _Fitted(series, slots, kinds, day_of, matrix, day_kind, 0.0, _Errors(
             np.zeros(0, dtype=np.int64), np.zeros(0)), key=(series.uid, first_day, span >= WEEK),
             one_curve=one_curve)
+        # the bound, or the level the series rests at (an outlier below it does not count)
+        fitted.floor = max(series.lower, float(np.nanquantile(series.values, 0.01)))
         fitted.phi = self._residual_decay(fitted)
         fitted.errors = self._calibration_errors(fitted)
         return fitted
@@ -203,12 +241,58 @@ class AutoForecaster(SeriesForecaster):
         return float(np.clip(np.corrcoef(a[ok], b[ok])[0, 1], 0.0, 0.995))
 
     def _point(self, f: _Fitted, profile: np.ndarray, cutoff: int, kinds, slots, leads):
-        """Point forecasts at future steps given data up to position ``cutoff``."""
+        """Point forecasts at future steps given data up to position ``cutoff``: the curve,
+        rescaled by the last day's ratio (``_ratios``), plus the decaying level correction."""
         values = f.series.values.to_numpy()
-        lo = max(0, cutoff - self.recent_steps + 1)
-        recent = values[lo : cutoff + 1] - profile[f.kinds[lo : cutoff + 1], f.slots[lo : cutoff + 1]]
+        back = max(0, cutoff + 1 - max(self.recent_steps, LEVEL_MAX_AGE_DAYS * f.matrix.shape[1]))
+        curve = profile[f.kinds[back : cutoff + 1], f.slots[back : cutoff + 1]]
+        ratio = self._ratios(f, values[back : cutoff + 1], curve, np.array([cutoff - back]))[0]
+        seen = _rescale(curve, ratio, f.floor, f.series.upper)
+        recent = (values[back : cutoff + 1] - seen)[-self.recent_steps :]
         level = float(np.nanmean(recent)) if np.isfinite(recent).any() else 0.0
-        return profile[kinds, slots] + level * f.phi**leads
+        curve = profile[kinds, slots]
+        future = _rescale(curve, ratio, f.floor, f.series.upper)
+        scale = np.where(curve > f.floor + 1e-9, ratio, 1.0)  # of the errors
+        return future + level * f.phi**leads, scale
+
+    def _ratios(self, f: _Fitted, values: np.ndarray, curve: np.ndarray,
+                at: np.ndarray) -> np.ndarray:
+        """At each position of ``at``: the ratio of the actuals to the curve over the last
+        ``level_hours`` of steps where the curve is above the series' floor (at the floor,
+        e.g. a night at min replicas, a change of demand does not show), within the last
+        ``LEVEL_MAX_AGE_DAYS`` (so a weekend at the floor carries Friday's ratio); the mean of
+        the middle half of the step ratios, so a spike of a few hours does not move it. 1
+        within the dead band ``level_band``, or with too little evidence (or on a series that
+        goes below zero, where ratios mean nothing). Below 1, the ratio over ``DOWN_WINDOWS``
+        times the window counts when it is closer to 1: a drop is followed once it lasts."""
+        out = np.ones(len(at))
+        if self.level_band is None or f.series.lower < 0:
+            return out
+        steps_per_day = f.matrix.shape[1]
+        window = max(1, round(steps_per_day * self.level_hours / 24))
+        active = np.isfinite(values) & (curve > f.floor + 1e-9)
+        where = np.flatnonzero(active)
+        if len(where) < window:
+            return out
+        step_ratio = values[where] / curve[where]
+        seen = np.searchsorted(where, at, side="right")  # active steps up to each position
+        oldest = LEVEL_MAX_AGE_DAYS * steps_per_day
+
+        def middle_mean(n: int, size: int) -> float:
+            last = np.sort(step_ratio[n - size : n])
+            return float(last[size // 4 : size - size // 4].mean())
+
+        for k, (pos, n) in enumerate(zip(at, seen)):
+            if n < window or pos - where[n - window] > oldest:
+                continue
+            ratio = middle_mean(n, window)
+            if ratio < 1.0 and DOWN_WINDOWS > 1:
+                # a drop is followed once it lasts: a quiet day (an eve, a bridge day) is not
+                longer = min(n, DOWN_WINDOWS * window)
+                ratio = max(ratio, middle_mean(n, longer))
+            if abs(ratio - 1.0) > self.level_band:
+                out[k] = ratio
+        return out
 
     def _calibration_errors(self, f: _Fitted) -> _Errors:
         """Errors of replayed forecasts: hourly cutoffs for the first day of lead time, every
@@ -233,6 +317,7 @@ class AutoForecaster(SeriesForecaster):
         day_starts = np.searchsorted(f.day_of, np.arange(last_day + 2))
         keys_out: list[np.ndarray] = []
         errors_out: list[np.ndarray] = []
+        targets_out: list[np.ndarray] = []
         for day in range(first, last_day + 1):
             lo, hi = day_starts[day], day_starts[day + 1]
             complete = hi + max_lead <= n  # every replay of this day sees its whole future
@@ -241,33 +326,96 @@ class AutoForecaster(SeriesForecaster):
             if complete and cached is not None:
                 keys_out.append(cached[0])
                 errors_out.append(cached[1])
+                targets_out.append(cached[2])
                 continue
             done = len(keys_out)
             profile = self._profile(f, day)
             reach = min(n, hi + max_lead)
-            # the profile's residual at every step a cutoff of this day sees or forecasts,
-            # from the recent steps before the day's first cutoff on
-            back = max(0, lo - self.recent_steps + 1)
-            resid = values[back:reach] - profile[f.kinds[back:reach], f.slots[back:reach]]
+            # the curve at every step a cutoff of this day sees or forecasts, from a day
+            # before the day's first cutoff on (the ratio's window)
+            back = max(0, lo - max(self.recent_steps, LEVEL_MAX_AGE_DAYS * steps_per_day) + 1)
+            curve = profile[f.kinds[back:reach], f.slots[back:reach]]
+            seg = values[back:reach]
+            cutoffs = np.arange(lo, hi, steps_per_hour)
+            ratios = self._ratios(f, seg, curve, cutoffs - back)
+            resid = seg - curve
             levels = _trailing_nanmean(resid, self.recent_steps)
-            for i, cutoff in enumerate(range(lo, hi, steps_per_hour)):
+            for i, cutoff in enumerate(cutoffs):
                 stop = min(n, cutoff + 1 + (max_lead if i % 6 == 0 else steps_per_day))
                 m = stop - cutoff - 1
                 if m <= 0:
                     continue
-                level = levels[cutoff - back]
-                err = resid[cutoff + 1 - back : stop - back] - level * decay[:m]
+                at = cutoff - back
+                ratio = ratios[i]
+                if ratio == 1.0:
+                    level = levels[at]
+                    err = resid[at + 1 : stop - back] - level * decay[:m]
+                else:  # rescaled: the level correction and errors against the rescaled curve
+                    r0 = max(0, at + 1 - self.recent_steps)
+                    seen = seg[r0 : at + 1] - _rescale(curve[r0 : at + 1], ratio, f.floor,
+                                                       f.series.upper)
+                    level = float(np.nanmean(seen)) if np.isfinite(seen).any() else 0.0
+                    ahead = _rescale(curve[at + 1 : stop - back], ratio, f.floor,
+                                     f.series.upper)
+                    # errors above the floor in the units of the curve: they scale with it
+                    above = curve[at + 1 : stop - back] > f.floor + 1e-9
+                    err = (seg[at + 1 : stop - back] - ahead - level * decay[:m]) / np.where(
+                        above, ratio, 1.0)
                 ok = np.isfinite(err)
                 keys_out.append(target_key[cutoff + 1 : stop][ok] + lead_key[:m][ok])
                 errors_out.append(err[ok])
+                targets_out.append(np.arange(cutoff + 1, stop)[ok])
             if complete and self.cache is not None and len(keys_out) > done:
                 # the day's replays as one cached chunk, which the output then shares
                 keys_out[done:] = [np.concatenate(keys_out[done:])]
                 errors_out[done:] = [np.concatenate(errors_out[done:])]
-                self.cache[cache_key] = (keys_out[done], errors_out[done])
+                targets_out[done:] = [np.concatenate(targets_out[done:])]
+                self.cache[cache_key] = (keys_out[done], errors_out[done], targets_out[done])
         if not errors_out:
             return _Errors(np.zeros(0, dtype=np.int64), np.zeros(0))
-        return _Errors(np.concatenate(keys_out), np.concatenate(errors_out))
+        return _Errors(np.concatenate(keys_out), np.concatenate(errors_out),
+                       np.concatenate(targets_out))
+
+    def _adapted_levels(self, f: _Fitted, qs: tuple[float, ...]) -> np.ndarray:
+        """Adaptive conformal inference (Gibbs and Candes, 2021), one-sided: the quantile
+        level to read the errors at for each of ``qs``, from the misses of the replays over
+        the last ``aci_days``. Hour by hour of the replays' targets, the miss level
+        ``alpha = 1 - q`` moves by ``aci_gamma`` times (1 - q minus the miss rate of the 24
+        hours up to it, a miss being an actual above the q-quantile the replay gave; a whole
+        day, so the daily rhythm of misses cancels out): a surge the curve has not caught up
+        with lowers it, widening the band, and ordinary days raise it back. It
+        never goes above 1 - q (no narrowing: on integer series most hours miss never, the
+        night at its floor) nor below (1 - q) / ACI_MAX_WIDENING; quantiles up to the median
+        stay as calibrated."""
+        levels = np.array(qs, dtype=float)
+        errors = f.errors
+        if not self.aci_gamma or len(errors.all) == 0:
+            return levels
+        steps_per_day = f.matrix.shape[1]
+        steps_per_hour = max(1, round(pd.Timedelta(hours=1) / f.series.step))
+        end = len(f.series.values)
+        start = end - (self.aci_days + 1) * steps_per_day  # a day more: the first day's rate
+        recent = errors.targets >= start
+        if not recent.any():
+            return levels
+        offsets = errors.quantiles(qs, errors._keys[recent])
+        missed = errors.all[recent][:, None] > offsets + 1e-9
+        hour = (errors.targets[recent] - start) // steps_per_hour
+        hours = (end - start) // steps_per_hour
+        counts = _trailing_sum(np.bincount(hour, minlength=hours).astype(float), 24)[24:]
+        filled = counts > 0
+        for j, q in enumerate(qs):
+            if q <= 0.5:  # the median and below: as calibrated
+                continue
+            misses = _trailing_sum(np.bincount(hour, weights=missed[:, j], minlength=hours), 24)
+            rates = misses[24:][filled] / counts[filled]
+            target = 1.0 - q
+            alpha = target
+            for rate in rates:
+                alpha = min(target, max(target / ACI_MAX_WIDENING,
+                                        alpha + self.aci_gamma * (target - rate)))
+            levels[j] = 1.0 - alpha
+        return levels
 
     # ---------------------------------------------------------------- predict
     def _predict_one(
@@ -279,11 +427,28 @@ class AutoForecaster(SeriesForecaster):
         last_day_complete = f.slots[-1] == f.matrix.shape[1] - 1
         profile = self._profile(f, f.day_of[-1] + 1 if last_day_complete else max(1, f.day_of[-1]))
         leads = np.arange(1, len(index) + 1)
-        point = self._point(f, profile, len(f.series.values) - 1, kinds, slots, leads)
+        point, scale = self._point(f, profile, len(f.series.values) - 1, kinds, slots, leads)
         lead_bucket = np.digitize(leads * f.series.step / pd.Timedelta(hours=1), LEAD_EDGES_H)
         hour = np.floor(slots * f.series.step / pd.Timedelta(hours=1)).astype(int)
-        offsets = f.errors.offsets(qs, lead_bucket, hour, kinds != WORKING_DAY)
+        levels = tuple(self._adapted_levels(f, qs))
+        offsets = f.errors.offsets(levels, lead_bucket, hour, kinds != WORKING_DAY)
+        offsets = offsets * scale[:, None]
         return f.series, index, point[:, None] + offsets
+
+
+def _rescale(curve: np.ndarray, ratio: float, floor: float, upper: float) -> np.ndarray:
+    """``curve`` times ``ratio`` where it is above the ``floor`` (at the floor, demand is
+    below it by an unknown amount: kept), between the floor and ``upper``."""
+    if ratio == 1.0:
+        return curve
+    return np.where(curve > floor + 1e-9, np.clip(curve * ratio, floor, upper), curve)
+
+
+def _trailing_sum(values: np.ndarray, window: int) -> np.ndarray:
+    """Sum of the last ``window`` values up to each position."""
+    sums = np.concatenate([[0.0], np.cumsum(values)])
+    end = np.arange(1, len(values) + 1)
+    return sums[end] - sums[np.maximum(0, end - window)]
 
 
 def _trailing_nanmean(values: np.ndarray, window: int) -> np.ndarray:
