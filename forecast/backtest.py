@@ -10,6 +10,9 @@ forecast starts one step later. Metrics per model (and horizon):
   equal. For integer series such as replica counts, exact ties are common (a quiet night sits
   at min replicas, and even a perfect forecast is met exactly), so a calibrated integer
   quantile has ``strict_coverage <= q <= coverage`` rather than coverage equal to q;
+* per series (``series_calibration``), the verdict on each quantile: ``calibrated`` when
+  ``strict_coverage <= q <= coverage`` (within ``tolerance``), else ``over-covers`` (GPUs
+  held back that were free) or ``under-covers`` (GPUs promised that were not);
 * window quality in GPU-hours, from the pool's free GPUs at a confidence: ``precision`` (of the
   GPU-hours promised free, the share that really were free) and ``recall`` (of the GPU-hours
   really free, the share that were promised).
@@ -114,6 +117,41 @@ def score(forecasts: pd.DataFrame, quantiles: Iterable[float]) -> pd.DataFrame:
             row[f"strict_coverage_{q:g}"] = float(np.mean(y < pred - 1e-9))
         rows.append(row)
     return pd.DataFrame(rows).set_index(MODEL)
+
+
+CALIBRATED, OVER, UNDER = "calibrated", "over-covers", "under-covers"
+
+
+def verdict(coverage: float, strict_coverage: float, q: float, tolerance: float = 0.02) -> str:
+    """``calibrated`` when ``strict_coverage <= q <= coverage`` up to ``tolerance`` (sampling
+    noise; on a continuous series the two coverages are equal), ``over-covers`` when even the
+    strict coverage is above ``q``, ``under-covers`` when the coverage is below it."""
+    if strict_coverage > q + tolerance:
+        return OVER
+    if coverage < q - tolerance:
+        return UNDER
+    return CALIBRATED
+
+
+def series_calibration(
+    forecasts: pd.DataFrame, quantiles: Iterable[float], *, tolerance: float = 0.02
+) -> pd.DataFrame:
+    """Per model and series: points, and per quantile the coverage, strict coverage and
+    verdict (``verdict``), over every forecast with an actual."""
+    rows = []
+    scored = forecasts.dropna(subset=[Y])
+    for (model, uid), group in scored.groupby([MODEL, UNIQUE_ID], sort=True, observed=True):
+        y = group[Y].to_numpy()
+        row: dict[str, float | str | int] = {MODEL: model, UNIQUE_ID: uid, "points": len(y)}
+        for q in quantiles:
+            pred = group[quantile_column(q)].to_numpy()
+            plain = float(np.mean(y <= pred + 1e-9))
+            strict = float(np.mean(y < pred - 1e-9))
+            row[f"coverage_{q:g}"] = plain
+            row[f"strict_coverage_{q:g}"] = strict
+            row[f"verdict_{q:g}"] = verdict(plain, strict, q, tolerance)
+        rows.append(row)
+    return pd.DataFrame(rows)
 
 
 def window_quality(

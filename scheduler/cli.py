@@ -522,7 +522,14 @@ def backtest_cmd(
     from rich.progress import Progress
     from rich.table import Table
 
-    from forecast.backtest import backtest, daily_cutoffs, score, window_quality
+    from forecast.backtest import (
+        CALIBRATED,
+        backtest,
+        daily_cutoffs,
+        score,
+        series_calibration,
+        window_quality,
+    )
     from forecast.models import MODEL_NAMES, model_for
 
     names = [m.strip() for m in models.split(",") if m.strip()]
@@ -573,6 +580,22 @@ def backtest_cmd(
         view.add_row(col, *[f"{v:,.4g}" for v in table[col]])
     console.print(view)
     console.print(f"table: {out}")
+    # per series: is the q0.9 (else the highest quantile) calibrated, or over/under-covering?
+    target = 0.9 if 0.9 in qs else max(qs)
+    series = series_calibration(run.forecasts, qs)
+    series_out = out.with_name(f"{out.stem}_series{out.suffix or '.csv'}")
+    series.to_csv(series_out, index=False, float_format="%.5g")
+    view = Table(title=f"Per series: q{target:g} calibrated when strict coverage (y < q) <= "
+                 f"{target:g} <= coverage (y <= q)", title_justify="left")
+    for col in ("model", "series", "strict cov.", "coverage", f"q{target:g}"):
+        view.add_column(col, justify="right" if "cov" in col else "left")
+    for _, row in series.iterrows():
+        mark = row[f"verdict_{target:g}"]
+        style = "green" if mark == CALIBRATED else "yellow"
+        view.add_row(row["model"], row["unique_id"], f"{row[f'strict_coverage_{target:g}']:.3f}",
+                     f"{row[f'coverage_{target:g}']:.3f}", f"[{style}]{mark}[/]")
+    console.print(view)
+    console.print(f"per series: {series_out}")
 
 
 @app.command(short_help="Compare admission policies on a history and a job trace.")

@@ -5,7 +5,18 @@ import pandas as pd
 import pytest
 from forecast_data import TZ, replica_history
 
-from forecast.backtest import backtest, daily_cutoffs, pinball, score, window_quality
+from forecast.backtest import (
+    CALIBRATED,
+    OVER,
+    UNDER,
+    backtest,
+    daily_cutoffs,
+    pinball,
+    score,
+    series_calibration,
+    verdict,
+    window_quality,
+)
 from forecast.errors import HistoryError
 from forecast.models import make_model
 
@@ -34,6 +45,23 @@ def test_pinball_and_scores_by_hand():
     assert table.loc["m", "strict_coverage_0.9"] == 0.75  # y == q at the third row
     assert table.loc["m", "coverage_0.5"] == 0.75
     assert table.loc["m", "pinball_0.5"] == pytest.approx((0 + 0.5 + 0 + 0.5) / 4)
+
+
+def test_per_series_verdicts_on_integer_ties():
+    # a: ties at q (strict 0.5 <= 0.9 <= plain 1.0): calibrated; b: always strictly below
+    # (strict 1.0 > 0.9): over-covers; c: above q half the time: under-covers
+    n = 10
+    forecasts = pd.DataFrame({
+        "model": "m", "unique_id": np.repeat(["a", "b", "c"], n),
+        "y": np.r_[np.tile([3.0, 2.0], n // 2), np.full(n, 1.0), np.tile([5.0, 1.0], n // 2)],
+        "q0.9": np.r_[np.full(n, 3.0), np.full(n, 4.0), np.full(n, 3.0)],
+    })
+    table = series_calibration(forecasts, [0.9]).set_index("unique_id")
+    assert table["verdict_0.9"].to_dict() == {"a": CALIBRATED, "b": OVER, "c": UNDER}
+    assert table.loc["a", "strict_coverage_0.9"] == 0.5 and table.loc["a", "coverage_0.9"] == 1
+    assert table.loc["c", "coverage_0.9"] == 0.5 and (table["points"] == n).all()
+    assert verdict(0.89, 0.89, 0.9) == CALIBRATED  # within the tolerance of a continuous one
+    assert verdict(0.85, 0.85, 0.9) == UNDER and verdict(0.95, 0.95, 0.9) == OVER
 
 
 class Spy:

@@ -67,6 +67,15 @@ def test_backtest_table(tmp_path, cli):
         assert table[column].notna().all(), column
     assert table.loc["auto", "points"] == 3 * 4 * 288
     assert "pinball_0.9" in stdout
+    # per series: the q0.9 verdict, printed and in bt_series.csv
+    series = pd.read_csv(tmp_path / "bt_series.csv")
+    assert len(series) == 8 and set(series["model"]) == {"auto", "seasonal_naive"}
+    assert (series["points"] == 3 * 288).all()
+    assert set(series["verdict_0.9"]) <= {"calibrated", "over-covers", "under-covers"}
+    ok = (series["strict_coverage_0.9"] <= 0.92) & (series["coverage_0.9"] >= 0.88)
+    assert ((series["verdict_0.9"] == "calibrated") == ok).all()
+    assert "Per series: q0.9 calibrated when" in stdout and "summarize/replicas" in stdout
+    assert stdout.count("calibrated") + stdout.count("covers") >= 9  # title + 8 verdicts
 
 
 @pytest.mark.parametrize(
