@@ -1,0 +1,283 @@
+"""Regenerate the real-traffic histories in data/real/ from public GitHub repositories.
+
+    python scripts/fetch_real_traces.py --nab DIR --cloud-monitoring DIR [--out data/real]
+
+``DIR`` is a copy of the source repository: a bare git directory (a mirror or ``git clone
+--bare``), or an ordinary clone (its work tree). The raw files are read at the pinned commit
+(bare directory) or from the work tree, and each one's git blob id is checked against the one
+recorded below before anything is converted, so a different version of a raw file is refused
+instead of silently giving other numbers. Nothing is downloaded here.
+
+Sources (details, licences and the exact rules in data/real/README.md):
+
+* ``nab-elb``: numenta/NAB ``data/realAWSCloudwatch/elb_request_count_8c0756.csv``, the request
+  count of an AWS Elastic Load Balancer per 5 minutes, 2014-04-10 to 2014-04-24 (MIT);
+* ``msft-ecommerce-api``: microsoft/cloud-monitoring-dataset
+  ``data/ecommerce-api-incoming-rps/api-01.csv``, the hourly incoming request rate of a
+  Microsoft e-commerce API, 2017-11-01 to 2018-07-16 (MIT);
+* ``msft-mongodb``: microsoft/cloud-monitoring-dataset
+  ``data/mongodb-machine-rps/machine-01.csv``, the per-minute query rate of one production
+  MongoDB server, 2018-06-13 to 2018-06-26 (MIT).
+
+Each trace becomes one tidy history ``data/real/<trace>.csv`` (``unique_id, ds, y``) with two
+series: ``<trace>/request_rate`` (mean requests per second over each step) and
+``<trace>/replicas`` (the replica count an HPA-like autoscaler would have run, ``hpa_replicas``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import math
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+REQUEST_RATE = "request_rate"
+REPLICAS = "replicas"
+COLUMNS = ["unique_id", "ds", "y"]
+
+
+@dataclass(frozen=True)
+class Source:
+    repo: str  # owner/name on GitHub
+    commit: str  # the commit the raw file is read at (bare git directory)
+    path: str  # the file inside the repository
+    blob: str  # its git blob id: the exact bytes converted
+    licence: str
+
+
+@dataclass(frozen=True)
+class Trace:
+    """One public trace and how it becomes a history."""
+
+    name: str
+    source: Source
+    kind: str  # "nab" (timestamp,value: requests per 5 min) | "cmd" (TimeStamp,Value,Label: a rate)
+    step: pd.Timedelta  # the step of the derived history
+    capacity: float  # requests per second one replica serves
+    min_replicas: int
+    max_replicas: int
+    stabilization: pd.Timedelta  # scale-down stabilization window
+    wall_clock_tz: str | None = None  # raw times are this zone's wall clock, not UTC
+    timezone: str = "UTC"  # the pool time zone the benchmark uses for this trace
+    holiday_country: str | None = None
+
+    @property
+    def csv(self) -> str:
+        return f"{self.name}.csv"
+
+
+NAB = "numenta/NAB"
+CMD = "microsoft/cloud-monitoring-dataset"
+NAB_COMMIT = "ea702d75cc2258d9d7dd35ca8e5e2539d71f3140"
+CMD_COMMIT = "6a07a53c2fac495fb6831811df4c980d6c04bd10"
+
+TRACES = (
+    Trace(
+        name="nab-elb",
+        source=Source(NAB, NAB_COMMIT, "data/realAWSCloudwatch/elb_request_count_8c0756.csv",
+                      "c2c83f9f470653d5db71f8aa6a038a98e075c7ae", "MIT"),
+        kind="nab",
+        step=pd.Timedelta(minutes=5),
+        capacity=0.08,
+        min_replicas=1,
+        max_replicas=16,
+        stabilization=pd.Timedelta(minutes=30),
+    ),
+    Trace(
+        name="msft-ecommerce-api",
+        source=Source(CMD, CMD_COMMIT, "data/ecommerce-api-incoming-rps/api-01.csv",
+                      "18fca867dcd996d505ea961a1e63125617165b57", "MIT"),
+        kind="cmd",
+        step=pd.Timedelta(hours=1),
+        capacity=12.0,
+        min_replicas=1,
+        max_replicas=16,
+        stabilization=pd.Timedelta(hours=1),
+        # the raw "Z" times repeat 01:00 on 2017-11-05 and skip 02:00 on 2018-03-11: US wall
+        # clock (the zone itself is not published; Pacific is assumed)
+        wall_clock_tz="America/Los_Angeles",
+        timezone="America/Los_Angeles",
+        holiday_country="US",
+    ),
+    Trace(
+        name="msft-mongodb",
+        source=Source(CMD, CMD_COMMIT, "data/mongodb-machine-rps/machine-01.csv",
+                      "da43e20272dfc5678cdae4b4ed3c6513ffa6c82a", "MIT"),
+        kind="cmd",
+        step=pd.Timedelta(minutes=5),
+        capacity=150.0,
+        min_replicas=1,
+        max_replicas=16,
+        stabilization=pd.Timedelta(minutes=30),
+    ),
+)
+BY_NAME = {t.name: t for t in TRACES}
+
+
+def git_blob_id(data: bytes) -> str:
+    """The id git gives a file with these bytes (``git hash-object``)."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def read_raw(root: Path, source: Source) -> bytes:
+    """The raw file from a bare git directory (at the pinned commit) or a clone's work tree,
+    refused unless its bytes are the recorded blob."""
+    root = Path(root)
+    if (root / "objects").is_dir() and (root / "HEAD").is_file():
+        done = subprocess.run(
+            ["git", "--git-dir", str(root), "show", f"{source.commit}:{source.path}"],
+            capture_output=True, check=False,
+        )
+        if done.returncode != 0:
+            raise SystemExit(
+                f"error: {root} has no {source.path} at commit {source.commit} of "
+                f"{source.repo}: {done.stderr.decode(errors='replace').strip()}"
+            )
+        data = done.stdout
+    else:
+        path = root / source.path
+        if not path.is_file():
+            raise SystemExit(f"error: {path} not found; pass a copy of {source.repo}")
+        data = path.read_bytes()
+    got = git_blob_id(data)
+    if got != source.blob:
+        raise SystemExit(
+            f"error: {source.repo}:{source.path} has blob {got}, expected {source.blob} "
+            f"(commit {source.commit}); this is another version of the raw file"
+        )
+    return data
+
+
+def parse_nab(text: str) -> pd.Series:
+    """NAB ``timestamp,value``: requests counted per 5-minute CloudWatch period, naive times
+    (read as UTC). Times are floored to the 5-minute grid; the value becomes requests/s."""
+    raw = pd.read_csv(io.StringIO(text))
+    ds = pd.to_datetime(raw["timestamp"], format="%Y-%m-%d %H:%M:%S").dt.tz_localize("UTC")
+    rate = pd.Series(raw["value"].astype(float).to_numpy() / 300.0,
+                     index=pd.DatetimeIndex(ds).floor("5min"))
+    if rate.index.duplicated().any():
+        raise ValueError("two NAB samples fall in one 5-minute step")
+    return rate.sort_index()
+
+
+def parse_cmd(text: str, wall_clock_tz: str | None = None) -> pd.Series:
+    """cloud-monitoring-dataset ``TimeStamp,Value,Label`` (the anomaly label is dropped).
+
+    With ``wall_clock_tz`` the times are that zone's wall clock despite their ``Z``: a repeated
+    time (the hour the clocks go back) is daylight time the first time and standard time the
+    second; a time that does not exist there is refused.
+    """
+    raw = pd.read_csv(io.StringIO(text), dtype={"TimeStamp": str})
+    stamps = raw["TimeStamp"].str.replace("Z", "", regex=False)
+    wall = pd.to_datetime(stamps, format="ISO8601")
+    values = pd.to_numeric(raw["Value"], errors="raise").astype(float).to_numpy()
+    if wall_clock_tz is None:
+        index = pd.DatetimeIndex(wall).tz_localize("UTC")
+    else:
+        first = ~wall.duplicated(keep="first").to_numpy()  # first of a repeated wall time: DST
+        try:
+            local = pd.DatetimeIndex(wall).tz_localize(
+                wall_clock_tz, ambiguous=first, nonexistent="raise"
+            )
+        except Exception as exc:  # pandas' (or pytz's) NonExistentTimeError
+            raise ValueError(
+                f"a time that does not exist on the {wall_clock_tz} wall clock: {exc}"
+            ) from exc
+        index = local.tz_convert("UTC")
+    series = pd.Series(values, index=index)
+    if series.index.duplicated().any():
+        raise ValueError("duplicate instants after reading the wall clock")
+    return series.sort_index()
+
+
+def to_step(series: pd.Series, step: pd.Timedelta) -> pd.Series:
+    """Mean over each step (labelled by its start); steps without a sample stay missing."""
+    if len(series) > 1 and series.index.to_series().diff().min() == step:
+        return series
+    binned = series.groupby(series.index.floor(step)).mean()
+    binned.index.name = None
+    return binned
+
+
+def hpa_replicas(
+    rate: pd.Series, *, capacity: float, lo: int, hi: int, stabilization: pd.Timedelta
+) -> pd.Series:
+    """The replicas an HPA-like autoscaler runs for this request rate.
+
+    ``desired(t) = clip(ceil(rate(t) / capacity), lo, hi)``; scaling up is immediate and
+    scaling down waits out the stabilization window, as Kubernetes' HPA does:
+    ``replicas(t) = max desired(s) for t - window <= s <= t`` (over the samples there are; a
+    missing sample stays missing).
+    """
+    desired = np.clip(np.ceil(rate.to_numpy() / capacity - 1e-9), lo, hi)
+    desired = pd.Series(desired, index=rate.index)
+    held = desired.rolling(stabilization, closed="both").max()
+    return held.astype(float)
+
+
+def convert(trace: Trace, data: bytes) -> pd.DataFrame:
+    """The tidy history of one trace from its raw file's bytes."""
+    text = data.decode("utf-8")
+    if trace.kind == "nab":
+        raw = parse_nab(text)
+    elif trace.kind == "cmd":
+        raw = parse_cmd(text, trace.wall_clock_tz)
+    else:
+        raise ValueError(f"unknown trace kind {trace.kind!r}")
+    rate = to_step(raw, trace.step)
+    replicas = hpa_replicas(rate, capacity=trace.capacity, lo=trace.min_replicas,
+                            hi=trace.max_replicas, stabilization=trace.stabilization)
+    frames = []
+    for metric, values in ((REQUEST_RATE, rate.round(6)), (REPLICAS, replicas)):
+        frames.append(pd.DataFrame({
+            "unique_id": f"{trace.name}/{metric}",
+            "ds": values.index,
+            "y": values.to_numpy(),
+        }))
+    return pd.concat(frames, ignore_index=True)
+
+
+def to_csv_text(frame: pd.DataFrame) -> str:
+    """The committed CSV: ISO UTC times, ``y`` with at most 6 decimals, no index."""
+    out = frame.copy()
+    out["ds"] = pd.DatetimeIndex(out["ds"]).tz_convert("UTC").strftime("%Y-%m-%dT%H:%M:%SZ")
+    out["y"] = [_number(v) for v in out["y"]]
+    return out.to_csv(index=False, lineterminator="\n")
+
+
+def _number(value: float) -> str:
+    if math.isfinite(value) and value == round(value):
+        return str(int(value))
+    return f"{value:.6f}".rstrip("0").rstrip(".")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nab", type=Path, required=True, help="a copy of numenta/NAB")
+    parser.add_argument("--cloud-monitoring", type=Path, required=True,
+                        help="a copy of microsoft/cloud-monitoring-dataset")
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1]
+                        / "data" / "real")
+    args = parser.parse_args(argv)
+    roots = {NAB: args.nab, CMD: args.cloud_monitoring}
+    args.out.mkdir(parents=True, exist_ok=True)
+    for trace in TRACES:
+        frame = convert(trace, read_raw(roots[trace.source.repo], trace.source))
+        target = args.out / trace.csv
+        target.write_text(to_csv_text(frame), encoding="utf-8")
+        span = frame["ds"].max() - frame["ds"].min()
+        print(f"{target}: {len(frame)} rows, {frame['unique_id'].nunique()} series, "
+              f"{frame['ds'].min():%Y-%m-%d %H:%M} to {frame['ds'].max():%Y-%m-%d %H:%M} UTC "
+              f"({span}), step {trace.step}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
