@@ -249,6 +249,9 @@ class AdmissionConfig(_Strict):
     the lead time of proactive preemption before the forecast ramp."""
     min_segment_seconds: int = Field(default=1800, gt=0)
     """Shortest run worth starting for a checkpointable job (restart costs)."""
+    restart_cost_seconds: int = Field(default=600, ge=0)
+    """What stopping a job costs beyond its unsaved work, in seconds per GPU (restart, reload,
+    warm-up); victims are chosen to free what is needed at the least unsaved work plus this."""
     kv_cache_pressure: float = Field(default=0.95, gt=0.0, le=1.0)
     """KV-cache usage at which the service is under pressure (preempt to free GPUs)."""
     waiting_pressure: float = Field(default=8.0, ge=0.0)

@@ -770,8 +770,10 @@ def plan(
 
         # what already runs holds its GPUs, and fair share counts what teams used lately
         with JobStore(_store_url(settings, store)) as job_store:
-            queue = job_store.waiting(start, lambda row: estimate(row.spec))
-            running = job_store.running(start, lambda row: estimate(row.spec))
+            overruns = job_store.overruns(lambda row: estimate(row.spec),
+                                          settings.admission.runtime_quantile)
+            queue = job_store.waiting(start, lambda row: estimate(row.spec), overruns)
+            running = job_store.running(start, lambda row: estimate(row.spec), overruns)
             usage = job_store.team_gpu_hours(start, settings.admission.fair_share_days * 86400)
         blocked = []
         source = _store_url(settings, store)
@@ -882,7 +884,8 @@ def run(
                             stop_timeout_s=_stop_timeout(settings),
                             max_unscheduled_attempts=settings.cluster.max_unscheduled_attempts,
                             recheck=_admission_recheck(settings),
-                            dry_run=dry_run)
+                            dry_run=dry_run,
+                            runtime_quantile=settings.admission.runtime_quantile)
     try:
         if once:
             # --dry-run: the manifests alone on stdout (kubectl apply -f -), the rest on stderr

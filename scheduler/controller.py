@@ -40,6 +40,7 @@ from scheduler.types import (
     Decision,
     FreeProfile,
     JobState,
+    Overruns,
     Plan,
     PolicySettings,
     ServingSignals,
@@ -82,6 +83,7 @@ class Controller:
         max_unscheduled_attempts: int | None = 4,
         recheck: Callable[[object], None] | None = None,
         dry_run: bool = False,
+        runtime_quantile: float = 0.9,
     ) -> None:
         """``pending_timeout_s``: an admitted Job whose pod no node has placed after this long
         is stopped and its unit requeued (None: wait forever). ``stop_timeout_s``: a stopped
@@ -93,7 +95,8 @@ class Controller:
         rules, run on each stored unit right before its Job is created (raises
         ``IdlegpuError``: the unit fails with the reason). ``dry_run``: decide and show what
         would be applied, but change nothing: the store is only read and the cluster (itself
-        in dry-run) only records manifests."""
+        in dry-run) only records manifests. ``runtime_quantile``: the quantile of finished
+        units' overruns a unit past its estimate is planned to run on for (``Overruns``)."""
         self.store = store
         self.cluster = cluster
         self.signals = signals
@@ -106,6 +109,10 @@ class Controller:
         self.max_unscheduled_attempts = max_unscheduled_attempts
         self.recheck = recheck
         self.dry_run = dry_run
+        self.runtime_quantile = runtime_quantile
+        # how long units overran their estimates: read from the store's finished units at the
+        # first pass, again after a pass that saw units finish
+        self._overruns: Overruns | None = None
         # units told to stop whose GPUs are not back yet: never counted twice against a need
         self._stopping: dict[str, int] = {}
         self._last_seen: datetime | None = None  # time of the newest good reading
@@ -131,8 +138,11 @@ class Controller:
         seen = True
         if not self.dry_run:
             seen = self._reconcile(now, report)
+        if report.finished:
+            self._overruns = None
         # without a view of the cluster nothing is admitted (never blind); stops still go out
-        waiting = self.store.waiting(now, self._estimate_row) if seen else []
+        overruns = self._overrun_model()
+        waiting = self.store.waiting(now, self._estimate_row, overruns) if seen else []
         usage = self.store.team_gpu_hours(now, self.fair_share_days * 86400)
         return self._decide_and_apply(now, report, waiting, usage)
 
@@ -140,7 +150,7 @@ class Controller:
         return self._decide_and_apply(now, PassReport(now=now), [], {})
 
     def _decide_and_apply(self, now: datetime, report: PassReport, waiting, usage) -> PassReport:
-        holding = self.store.running(now, self._estimate_row)
+        holding = self.store.running(now, self._estimate_row, self._overrun_model())
         report.signals = self._net_of_stopping(
             self._read_signals(now, report, job_gpus=sum(job.gpus for job in holding)))
         # the policy may still act on what runs, but not on what was already told to stop
@@ -160,6 +170,12 @@ class Controller:
 
     def _estimate_row(self, row) -> float:
         return float(self.estimate(row.spec))
+
+    def _overrun_model(self) -> Overruns:
+        """Ratios of runtime to estimate of the units that finished last (cached)."""
+        if self._overruns is None:
+            self._overruns = self.store.overruns(self._estimate_row, self.runtime_quantile)
+        return self._overruns
 
     def _reconcile(self, now: datetime, report: PassReport) -> bool:
         """Bring the store in line with the cluster; False when the cluster cannot be read."""

@@ -9,8 +9,9 @@
    period: where the free-GPU profile falls below what they hold, enough of them are told to
    checkpoint and stop now, so the GPUs are back before the service ramps up. Jobs whose planned
    window has ended are stopped too.
-3. **Victims** lose the least: lowest priority first, then the least unsaved work (GPU-seconds
-   since the last checkpoint), then the most GPUs; and no more victims than the need requires.
+3. **Victims** lose the least: lowest priority first, then the least unsaved work plus a
+   restart cost per GPU (GPU-seconds since the last checkpoint, plus ``restart_cost_s`` per
+   GPU), then the fewest victims; and no more victims than the need requires.
 4. **Admission** walks the queue by priority, then team fair share (fewest GPU-hours used
    lately), then age. A job starts now if its GPUs stay free, against the profile minus what is
    already running, for its runtime plus the grace period (a checkpointable job: for at least a
@@ -77,6 +78,10 @@ def decide(
         used[i0:last] += job.gpus
     free = np.asarray(profile.free, dtype=float)
     free = np.concatenate([free, [0.0]])  # beyond the forecast nothing is promised
+    # a hole (NaN: no replica history behind that stretch of the forecast) is a blind
+    # stretch: nothing is admitted into it, and nothing is stopped for it (it is no demand)
+    hole = np.isnan(free)
+    holes = bool(hole.any())
 
     # --- 1. live signals ---------------------------------------------------------------
     age = signals.age_s(now)
@@ -119,17 +124,33 @@ def decide(
                 victims[job.id] = ("its window closes: checkpoint and stop as planned", True)
         stopping = sum(j.gpus for j in running if j.id in victims)
         # within the grace period nobody is trusted to finish on time: a job may overrun its
-        # estimate, and stopping it later would make the service wait
-        held = sum(j.gpus for j in running) - stopping
-        window = free[i0 : min(n_steps, i0 + grace_steps + 1)]
-        deficit = float(np.max(held - window, initial=0.0))
-        need = max(live_need, math.ceil(deficit))
+        # estimate, and stopping it later would make the service wait (unless the runtimes
+        # are known, as the simulator's oracle knows them)
+        stop = min(n_steps, i0 + grace_steps + 1)
+        window = free[i0:stop]
+        if settings.runtimes_known:
+            held = np.zeros(len(window))
+            for job in running:
+                if job.id not in victims:
+                    held[: max(0, ends[job.id] - i0)] += job.gpus
+        else:
+            held = np.full(len(window), float(sum(j.gpus for j in running) - stopping))
+        short = held - window
+        short[np.isnan(window)] = 0.0  # a hole is no demand
+        deficit = float(np.max(short, initial=0.0))  # net of the jobs already stopping
+        need = max(live_need - stopping, math.ceil(deficit))
+        spared: dict[str, str] = {}
+        if settings.runtimes_known and live_need == 0 and deficit > 0:
+            # a job that ends before the GPUs are needed frees nothing by being stopped
+            first = int(np.flatnonzero(short > 0)[0])
+            spared = {j.id: "" for j in running if ends[j.id] - i0 <= first}
         if need > 0:
             reason = live_reason or (
                 f"the forecast needs {math.ceil(deficit)} of their GPUs for the service within "
                 f"{_hours(settings.grace_s)}"
             )
-            for job in _victims(running, need - stopping, now, exclude=victims):
+            for job in _victims(running, need, now, exclude={**victims, **spared},
+                                restart_cost_s=settings.restart_cost_s):
                 victims[job.id] = (reason, live_need == 0)
     for job in by_id:
         if job.id in victims:
@@ -154,6 +175,9 @@ def decide(
         gate = f"the forecast is {_hours((now - profile.made_at).total_seconds())} old; refresh it"
     elif i0 >= n_steps or profile.index_at(now) < 0:
         gate = "the forecast does not cover now"
+    elif holes and hole[i0]:
+        gate = ("the forecast has a hole now (no replica history behind it); not admitting "
+                "blind")
     elif live_need > 0:
         gate = f"the service is under pressure ({live_reason})"
     ordered = sorted(
@@ -170,6 +194,8 @@ def decide(
         idle_now = max(0.0, signals.idle_gpus - settings.headroom_gpus)
         cap_end = min(n_steps, i0 + _steps(settings.live_cap_s, step))
         values[i0:cap_end] = np.minimum(values[i0:cap_end], idle_now)
+    if holes:
+        values[hole[:n_steps]] = 0.0  # no admission into a hole, nor a reservation across it
     avail = _Availability(values, i0)
     reserved = False
     attempts = 0  # reservation attempts; bounded so a long queue stays cheap
@@ -184,28 +210,54 @@ def decide(
 
 
 def _victims(
-    running: Sequence[RunningJob], need: int, now: datetime, exclude: Mapping[str, str]
+    running: Sequence[RunningJob], need: int, now: datetime, exclude: Mapping[str, object],
+    *, restart_cost_s: float = 600.0,
 ) -> list[RunningJob]:
-    """Fewest, cheapest victims covering ``need`` GPUs."""
+    """The victims covering ``need`` GPUs that lose the least: from the lowest priorities that
+    can cover it, the set whose unsaved work plus a restart cost per GPU
+    (``(unsaved_work_s + restart_cost_s) * gpus``) is least, then the fewest victims. A 4-GPU
+    need stops a 4-GPU job rather than a 32-GPU one just past its checkpoint: the big one's
+    restart alone costs more. Exact (a min-cost cover over the GPUs needed)."""
     if need <= 0:
         return []
     candidates = sorted(
         (j for j in running if j.id not in exclude),
-        key=lambda j: (j.priority, j.unsaved_work_s(now) * j.gpus, -j.gpus, j.id),
+        key=lambda j: (j.priority, (j.unsaved_work_s(now) + restart_cost_s) * j.gpus, -j.gpus,
+                       j.id),
     )
-    chosen: list[RunningJob] = []
-    freed = 0
+    if sum(j.gpus for j in candidates) <= need:
+        return candidates
+    # the lowest priorities that can cover the need; of them, only the highest is spared
+    # where lower ones can do (its GPUs weigh more than any work of the others)
+    pool: list[RunningJob] = []
+    covered = 0
     for job in candidates:
-        if freed >= need:
+        if covered >= need and job.priority != pool[-1].priority:
             break
-        chosen.append(job)
-        freed += job.gpus
-    # drop victims that turned out unnecessary, most expensive first
-    for job in sorted(chosen, key=lambda j: (-j.priority, -j.unsaved_work_s(now) * j.gpus, j.id)):
-        if freed - job.gpus >= need:
-            chosen.remove(job)
-            freed -= job.gpus
-    return chosen
+        pool.append(job)
+        covered += job.gpus
+    top = pool[-1].priority
+    costs = [(j.unsaved_work_s(now) + restart_cost_s) * j.gpus for j in pool]
+    weight = sum(costs) + 1.0
+    per_victim = 1e-6 * weight / (len(pool) + 1)  # ties: the fewest victims
+    cost = np.array([c + (weight * j.gpus if j.priority == top and j.priority != pool[0].priority
+                          else 0.0) + per_victim for c, j in zip(costs, pool, strict=True)])
+    # best[x]: least cost freeing at least x GPUs (x up to need) with the jobs so far
+    best = np.full(need + 1, np.inf)
+    best[0] = 0.0
+    took = np.zeros((len(pool), need + 1), dtype=bool)
+    at = np.arange(need + 1)
+    for i, job in enumerate(pool):
+        with_it = best[np.maximum(0, at - job.gpus)] + cost[i]
+        took[i] = with_it < best
+        best = np.where(took[i], with_it, best)
+    chosen: list[RunningJob] = []
+    x = need
+    for i in range(len(pool) - 1, -1, -1):
+        if x > 0 and took[i, x]:
+            chosen.append(pool[i])
+            x = max(0, x - pool[i].gpus)
+    return sorted(chosen, key=lambda j: j.id)
 
 
 class _Availability:
@@ -330,4 +382,5 @@ def policy_settings(admission, headroom_gpus: int = 0) -> PolicySettings:
             else float(admission.missing_signals_preempt_after_seconds)
         ),
         max_forecast_age_s=float(admission.max_forecast_age_seconds),
+        restart_cost_s=float(admission.restart_cost_seconds),
     )

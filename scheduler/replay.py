@@ -103,16 +103,32 @@ def free_forecast(history: pd.DataFrame, settings: Settings, now: datetime, *,
                   horizon: timedelta = timedelta(hours=48), model: str = "auto",
                   **options) -> pd.Series:
     """Free GPUs per step at the configured confidence, forecast from the history before
-    ``now`` (``options`` go to the model, e.g. the ``auto`` cache shared by nightly refits)."""
+    ``now`` (``options`` go to the model, e.g. the ``auto`` cache shared by nightly refits).
+
+    Each series is forecast from its own newest sample. A service whose replicas stopped
+    being recorded earlier than the others (a metrics gap) is forecast that much further, so
+    it still covers the horizon, but by no more than ``max_forecast_age`` (no forecast is
+    trusted older than that): beyond, the pool's free GPUs are NaN, a hole the policy admits
+    nothing into."""
     from forecast.models import model_for
 
     replicas = metric_rows(history, REPLICAS)
     past = replicas[replicas[DS] < pd.Timestamp(now)]
     confidence = settings.admission.confidence
+    span = pd.Timedelta(horizon)
+    lag = pd.Timedelta(0)
+    if not past.empty:
+        ends = past.groupby(UNIQUE_ID, observed=True)[DS].max()
+        newest = ends.max()
+        lag = min(newest - ends.min(),
+                  pd.Timedelta(seconds=settings.admission.max_forecast_age_seconds))
     forecast = model_for(model, settings, **options).fit(past).predict(
-        pd.Timedelta(horizon), sorted({0.5, confidence})
+        span + lag, sorted({0.5, confidence})
     )
-    return forecast_pool_usage(forecast, settings, confidence)[FREE]
+    free = forecast_pool_usage(forecast, settings, confidence)[FREE]
+    if lag > pd.Timedelta(0):
+        free = free[free.index <= newest + span]  # the horizon of the freshest series
+    return free
 
 
 def profile_of(free: pd.Series, confidence: float, made_at: datetime) -> FreeProfile:
@@ -122,7 +138,12 @@ def profile_of(free: pd.Series, confidence: float, made_at: datetime) -> FreePro
     sample at 17:00 read at 17:00:14 gives a forecast from 17:05): the step holding
     ``made_at`` then takes the first forecast step's value, so a pass right after a refresh
     is not left without a forecast for up to a step (new jobs are capped by the live signals
-    for their first hour anyway)."""
+    for their first hour anyway).
+
+    A forecast can also start before ``made_at``: a service whose replicas stopped being
+    recorded (a metrics gap) is forecast from its last sample, and the pool's free GPUs are
+    NaN wherever a service is not forecast. Steps before the one holding ``made_at`` are the
+    past and are dropped; NaN left in the profile are holes the policy admits nothing into."""
     step = free.index[1] - free.index[0]
     values = free.to_numpy(dtype=float)
     start = free.index[0]
@@ -131,6 +152,10 @@ def profile_of(free: pd.Series, confidence: float, made_at: datetime) -> FreePro
         missing = int(-(-(start - made) // step))  # steps from the one holding made_at
         values = np.concatenate([np.full(missing, values[0]), values])
         start -= missing * step
+    elif made - start >= step:
+        past = int((made - start) // step)  # steps wholly before the one holding made_at
+        values = values[past:] if past < len(values) else np.full(1, np.nan)
+        start += past * step
     return FreeProfile(start.to_pydatetime(), int(step.total_seconds()), values, confidence,
                        made.to_pydatetime())
 

@@ -16,13 +16,24 @@ Policies, all driven by the same ``decide()``:
   preempts when the service needs them;
 * ``forecast``: ours: the free-GPU profile of the ``auto`` forecaster at the configured
   confidence, refreshed every evening from the history before that moment only;
-* ``oracle``: ours with the actual future in place of the forecast (the practical upper bound).
+* ``oracle``: ours with perfect knowledge: the actual future replicas in place of the
+  forecast, and every unit's true runtime in place of its estimate (an upper bound on what
+  ``decide()`` can harvest; ``physical_limit_gpu_hours`` bounds every policy).
+
+**Gaps** in the replica history (a metrics outage) are treated as the daemon treats missing
+live signals: no signals, so no admission, and every job stops once they have been missing for
+``missing_signals_preempt_after``; the oracle's future has holes there (nothing is admitted
+into them). Gap hours never count as idle (``unobserved_hours`` reports them); through a gap the
+simulated cluster assumes the service stays where it was last seen.
+
+**Overruns**: a unit running past its estimate is given the remaining work of
+``Overruns.remaining_s`` (learnt online from the units that finished so far), not one step.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 import numpy as np
@@ -37,6 +48,7 @@ from scheduler.types import (
     NIGHT_HOURS,
     Action,
     FreeProfile,
+    Overruns,
     PolicySettings,
     RunningJob,
     ServingSignals,
@@ -125,20 +137,26 @@ class _PoolTimeline:
     """The actual pool, step by step: service GPUs, free GPUs and live signals."""
 
     def __init__(self, history: pd.DataFrame, settings: Settings, start: datetime, end: datetime):
-        usage = pool_usage(history, settings).ffill()
+        usage = pool_usage(history, settings)  # NaN wherever a service's replicas are unknown
         self.step = usage.index[1] - usage.index[0]
         self.index = usage.index[(usage.index >= start) & (usage.index < end)]
         if len(self.index) < 2:
             raise ValueError("the simulation period is not covered by the history")
-        self.service_gpus = usage.loc[self.index, IN_USE].to_numpy()
-        self.free_all = usage[FREE].to_numpy()  # for the oracle: the actual future
+        here = usage.loc[self.index]
+        self.observed = here[IN_USE].notna().to_numpy()
+        # the cluster itself goes on through a gap: the service as it was last seen
+        self.service_gpus = usage[IN_USE].ffill().bfill().loc[self.index].to_numpy()
+        self.free_now = here[FREE].to_numpy()  # NaN in a gap
+        self.free_all = usage[FREE].to_numpy()  # for the oracle: the actual future, with holes
         self.offset = int(usage.index.get_loc(self.index[0]))
         wide = history.pivot(index=DS, columns=UNIQUE_ID, values=Y).reindex(usage.index).ffill()
         pressure = serving_pressure(wide, settings).loc[self.index]
         self.kv = pressure[KV_CACHE_USAGE].to_numpy()
         self.waiting = pressure[WAITING_PER_REPLICA].to_numpy()
         self.step_s = int(self.step.total_seconds())
-        self.free_gpu_hours = float(usage.loc[self.index, FREE].sum() * self.step_s / 3600)
+        self.free_gpu_hours = float(np.nansum(self.free_now) * self.step_s / 3600)
+        self.unobserved_hours = float((~self.observed).sum() * self.step_s / 3600)
+        self.lendable = float(settings.pool.lendable_gpus)
 
 
 def simulate(
@@ -160,6 +178,12 @@ def simulate(
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
     config = policy_config or policy_settings(settings.admission, settings.pool.headroom_gpus)
+    oracle = policy == "oracle"
+    if oracle:
+        # it knows the future: no need to cap new jobs at what is idle now for an hour
+        # (beyond the present step, where GPUs still held in a grace period count), and it
+        # knows when each running job ends
+        config = replace(config, live_cap_s=0.0, runtimes_known=True)
     pool = _PoolTimeline(history, settings, start, end)
     step_s, total = pool.step_s, settings.pool.total_gpus
     capacity = settings.pool.lendable_gpus
@@ -174,6 +198,8 @@ def simulate(
     profile: FreeProfile | None = None
     planned_stops = 0
     grace = timedelta(seconds=config.grace_s)
+    overruns = Overruns(quantile=settings.admission.runtime_quantile)  # learnt as units finish
+    last_seen: datetime | None = None  # the newest step with live signals
     if policy == "forecast" and forecast_profiles is None:
         forecast_profiles = forecast_profiles_for(history, settings, pool.index, refresh_hour,
                                                   horizon, on_refresh=on_refresh)
@@ -197,6 +223,8 @@ def simulate(
                     job.saved_s, job.progress_s = job.spec.work_s, 0.0
                     job.running, job.finished_at = False, now
                     finished = True
+                    if job.spec.estimate_s > 0:
+                        overruns = overruns.with_ratio(job.spec.work_s / job.spec.estimate_s)
                     runs.close(job, now, "finished", 0.0)
                     usage_log.append((now, job.spec.team, job.spec.gpus
                                       * (now - job.started_at).total_seconds() / 3600))
@@ -223,16 +251,22 @@ def simulate(
             delay_gpu_min += short * step_s / 60
             for victim in _evict(live, short - releasing):
                 _stop(victim, now, grace, planned=False, runs=runs)
-        signals = ServingSignals(
-            observed_at=now,
-            requests_waiting_per_replica=float(pool.waiting[k]),
-            kv_cache_usage=float(pool.kv[k]),
-            gpus_short=int(max(0.0, short - releasing)),
-            idle_gpus=int(max(0.0, total - service - held)),
-        )
+                releasing += victim.spec.gpus  # on their way back: not short any more
+        if pool.observed[k]:
+            last_seen = now
+            signals = ServingSignals(
+                observed_at=now,
+                requests_waiting_per_replica=float(pool.waiting[k]),
+                kv_cache_usage=float(pool.kv[k]),
+                gpus_short=int(max(0.0, short - releasing)),
+                idle_gpus=int(max(0.0, total - service - held)),
+            )
+        else:  # a gap: as the daemon sees it, the signals are missing since the last reading
+            signals = ServingSignals(observed_at=None, missing_since=last_seen)
         # 3. what the policy sees
-        queue = _waiting(live, state, step_s)
-        running = [_running(j, step_s) for j in live if j.running and j.releasing_until is None]
+        queue = _waiting(live, state, step_s, overruns, oracle=oracle)
+        running = [_running(j, step_s, overruns, oracle=oracle)
+                   for j in live if j.running and j.releasing_until is None]
         if not queue and not running:
             if on_step:
                 on_step(k, len(pool.index))
@@ -295,6 +329,8 @@ def simulate(
         "mean_queue_wait_hours": float(np.mean(waits)) if waits else float("nan"),
         "idle_gpu_hours": pool.free_gpu_hours,
         "idle_share_used": useful / pool.free_gpu_hours if pool.free_gpu_hours else float("nan"),
+        "unobserved_hours": pool.unobserved_hours,
+        "physical_limit_gpu_hours": _physical_limit(pool, jobs, config),
     }
     return SimResult(policy, metrics, frame)
 
@@ -334,7 +370,8 @@ def _evict(jobs, need: float) -> list[_Job]:
     return chosen
 
 
-def _waiting(live: list[_Job], state: dict[str, _Job], step_s: int) -> list[WaitingJob]:
+def _waiting(live: list[_Job], state: dict[str, _Job], step_s: int, overruns: Overruns, *,
+             oracle: bool = False) -> list[WaitingJob]:
     out = []
     for job in live:
         spec = job.spec
@@ -342,23 +379,59 @@ def _waiting(live: list[_Job], state: dict[str, _Job], step_s: int) -> list[Wait
             continue
         if any(state[d].finished_at is None for d in spec.depends_on if d in state):
             continue
-        key = (job.saved_s, job.preemptions)
+        # past its estimate, what it has left depends on what the others overran
+        learnt = len(overruns.ratios) if job.saved_s >= spec.estimate_s and not oracle else 0
+        key = (job.saved_s, job.preemptions, learnt)
         if job.queued_view is None or job.queued_view[0] != key:
-            job.queued_view = (key, spec.as_waiting(
-                runtime_s=max(step_s, spec.estimate_s - job.saved_s),
-                preemptions=job.preemptions))
+            left = (spec.work_s - job.saved_s if oracle
+                    else overruns.remaining_s(spec.estimate_s, job.saved_s))
+            job.queued_view = (key, spec.as_waiting(runtime_s=max(step_s, left),
+                                                    preemptions=job.preemptions))
         out.append(job.queued_view[1])
     return out
 
 
-def _running(job: _Job, step_s: int) -> RunningJob:
+def _running(job: _Job, step_s: int, overruns: Overruns, *, oracle: bool = False) -> RunningJob:
     spec = job.spec
+    done = job.saved_s + job.progress_s
+    left = spec.work_s - done if oracle else overruns.remaining_s(spec.estimate_s, done)
     return RunningJob(
         id=spec.id, team=spec.team, gpus=spec.gpus, priority=spec.priority,
         started_at=job.started_at, checkpointable=spec.checkpointable,
-        remaining_s=max(step_s, spec.estimate_s - job.saved_s - job.progress_s),
+        remaining_s=max(step_s, left),
         last_checkpoint_at=job.last_checkpoint_at, stop_by=job.stop_by, kind=spec.kind,
     )
+
+
+def _physical_limit(pool: _PoolTimeline, jobs: Sequence[SimJob], config: PolicySettings) -> float:
+    """GPU-hours the job trace could use at all: each step's idle GPUs (the lendable GPUs the
+    service leaves) filled from the work submitted by then and not yet done, ignoring GPU
+    counts, dependencies, windows and restarts, so no policy harvests more. Of a gap, only
+    what jobs may still hold before the missing signals stop them (the first
+    ``missing_signals_preempt_after`` plus the grace period) counts."""
+    step_s = pool.step_s
+    usable = np.nan_to_num(pool.free_now, nan=0.0)
+    after = config.missing_signals_preempt_after_s
+    reach = float("inf") if after is None else after + config.grace_s + step_s
+    seen = None
+    for k in range(len(usable)):
+        if pool.observed[k]:
+            seen = k
+        elif seen is not None and (k - seen) * step_s <= reach:
+            usable[k] = max(0.0, pool.lendable - pool.service_gpus[k])
+    arrivals = np.zeros(len(usable))
+    for job in jobs:
+        at = int(pool.index.searchsorted(pd.Timestamp(job.submit_at)))
+        if at < len(usable):
+            arrivals[at] += job.gpus * job.work_s / 3600
+    backlog = used = 0.0
+    hours = step_s / 3600
+    for k in range(len(usable)):
+        backlog += arrivals[k]
+        take = min(usable[k] * hours, backlog)
+        backlog -= take
+        used += take
+    return used
 
 
 def _steps_until_morning(index: pd.DatetimeIndex, tz: str, step_s: int) -> np.ndarray:

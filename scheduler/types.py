@@ -6,7 +6,8 @@ durations are seconds.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import bisect
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
 
@@ -75,6 +76,61 @@ class WaitingJob:
     kind: str = "job"
 
 
+OVERRUN_MIN_SAMPLES = 5
+"""Finished units beyond a unit's own overrun needed before their distribution is used."""
+
+
+@dataclass(frozen=True)
+class Overruns:
+    """How long units run past their estimate: the ratios ``runtime / estimate`` of units that
+    finished (sorted), learnt from what really ran (the simulator online, the daemon from the
+    store's finished attempts).
+
+    ``remaining_s(estimate_s, done_s)`` is the one rule for the work left of a unit that has
+    done ``done_s`` seconds of work on an estimate of ``estimate_s``: before the estimate, what
+    the estimate leaves; past it (own ratio ``rho = done_s / estimate_s``), the ``quantile`` of
+    the finished ratios beyond ``rho``, less ``rho``, times the estimate; with fewer than
+    ``min_samples`` such ratios, as long again as its overrun so far, at least a quarter of
+    its estimate. Never "it ends within a step": a unit past its estimate often runs on."""
+
+    ratios: tuple[float, ...] = ()
+    quantile: float = 0.9
+    min_samples: int = OVERRUN_MIN_SAMPLES
+
+    @classmethod
+    def of(cls, ratios, quantile: float = 0.9,
+           min_samples: int = OVERRUN_MIN_SAMPLES) -> Overruns:
+        """From any iterable of ratios (non-finite and non-positive ones dropped)."""
+        kept = sorted(float(r) for r in ratios if np.isfinite(r) and r > 0)
+        return cls(tuple(kept), quantile, min_samples)
+
+    def with_ratio(self, ratio: float) -> Overruns:
+        if not (np.isfinite(ratio) and ratio > 0):
+            return self
+        at = bisect.bisect_right(self.ratios, ratio)
+        return replace(self, ratios=self.ratios[:at] + (float(ratio),) + self.ratios[at:])
+
+    def remaining_s(self, estimate_s: float, done_s: float) -> float:
+        estimate, done = float(estimate_s), max(0.0, float(done_s))
+        if not estimate > 0:
+            return 0.0
+        if done < estimate:
+            return estimate - done
+        rho = done / estimate
+        tail = self.ratios[bisect.bisect_right(self.ratios, rho):]
+        if len(tail) >= max(1, self.min_samples):
+            return (_quantile(tail, self.quantile) - rho) * estimate
+        return max(done - estimate, 0.25 * estimate)
+
+
+def _quantile(values: tuple[float, ...], q: float) -> float:
+    """numpy's default (linear) quantile of sorted ``values``, without numpy's overhead."""
+    pos = q * (len(values) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(values) - 1)
+    return values[lo] + (values[hi] - values[lo]) * (pos - lo)
+
+
 @dataclass(frozen=True)
 class RunningJob:
     """A job unit holding GPUs now."""
@@ -86,7 +142,8 @@ class RunningJob:
     started_at: datetime
     checkpointable: bool
     remaining_s: float
-    """Estimated seconds of work left."""
+    """Estimated seconds of work left (``Overruns.remaining_s``: past its estimate, from how
+    long units that finished overran theirs)."""
     last_checkpoint_at: datetime | None = None
     stop_by: datetime | None = None
     """When the admitter planned to checkpoint and stop it (end of its window), if ever."""
@@ -167,6 +224,13 @@ class PolicySettings:
     """GPUs to free on queue/KV pressure when the autoscaler names no figure (one replica)."""
     headroom_gpus: int = 0
     """GPUs always left to the service (the pool's headroom)."""
+    restart_cost_s: float = 600.0
+    """What stopping a job costs beyond its unsaved work, in seconds per GPU (restart, reload,
+    warm-up): victims are chosen to free the need with the least unsaved work plus this."""
+    runtimes_known: bool = False
+    """Trust every running job's ``remaining_s`` within the grace period (only the
+    simulator's oracle, which knows the true runtimes, may): a job about to finish is not
+    stopped for a ramp that comes after it ends."""
     live_cap_s: float = 3600.0
     """For this long, new jobs get no more than the GPUs idle right now (minus headroom), even
     where the forecast promises more: a service above its forecast (an unplanned spike) tends

@@ -288,3 +288,97 @@ def test_new_jobs_get_no_more_than_what_is_idle_now():
     result = plan(flat(32, 6), [job("big", gpus=16, hours=2), job("small", gpus=8, hours=2)],
                   signals=signals, settings=capped)
     assert actions(result) == {"big": Action.DEFER, "small": Action.ADMIT}
+
+
+# ----------------------------------------------------------------------------- forecast holes
+
+NAN = float("nan")
+
+
+def test_a_hole_now_admits_nothing_and_stops_nothing():
+    prof = profile([NAN] * 12 + [32] * 60)
+    result = plan(prof, [job("j", gpus=4, hours=1)], running=[run("r", gpus=8)])
+    assert actions(result) == {"j": Action.DEFER}
+    assert "hole" in result.decisions[0].reason and "blind" in result.decisions[0].reason
+
+
+def test_nothing_is_admitted_into_a_hole_ahead_but_a_segment_stops_before_it():
+    prof = profile([32] * 36 + [NAN] * 12 + [32] * 60)  # a hole from 3 h on
+    result = plan(prof, [job("whole", gpus=8, hours=4), job("ckpt", gpus=8, hours=6, ckpt=True)])
+    by_id = {d.job_id: d for d in result.decisions}
+    assert by_id["whole"].action is Action.DEFER
+    assert by_id["ckpt"].action is Action.ADMIT
+    assert by_id["ckpt"].stop_by <= T0 + timedelta(hours=3) - timedelta(seconds=SETTINGS.grace_s)
+
+
+def test_a_hole_within_the_grace_period_is_no_demand():
+    prof = profile([16] + [NAN] * 24 + [16] * 60)
+    assert actions(plan(prof, running=[run("a", gpus=8), run("b", gpus=8)])) == {}
+    # a real ramp beside the hole still stops what is needed
+    ramp = profile([16, NAN, 8] + [8] * 60)
+    assert len(plan(ramp, running=[run("a", gpus=8), run("b", gpus=8)]).of(Action.PREEMPT)) == 1
+
+
+@hsettings(max_examples=100, deadline=None)
+@given(prof=st.lists(st.one_of(st.integers(0, 64), st.just(-1)), min_size=1, max_size=40).map(
+    lambda v: profile(np.repeat([NAN if x < 0 else x for x in v], 4))), queue=waiting_jobs)
+def test_never_a_crash_nor_an_admission_into_a_hole(prof, queue):
+    running = [run("r", gpus=8, hours_left=3.0)]
+    result = plan(prof, queue, running=running)  # never raises
+    by_id = {j.id: j for j in queue}
+    for d in result.of(Action.ADMIT):
+        j = by_id[d.job_id]
+        seconds = (d.stop_by - T0).total_seconds() if d.stop_by else j.runtime_s
+        steps = int(np.ceil((seconds + SETTINGS.grace_s) / STEP))
+        assert not np.isnan(prof.free[:steps]).any()
+    for d in result.of(Action.PREEMPT):  # only for a real demand, never for a hole
+        window = prof.free[: int(SETTINGS.grace_s // STEP) + 1]
+        assert (window[~np.isnan(window)] < 8).any()
+
+
+# ----------------------------------------------------------------------------- victims
+
+
+def test_a_small_shortfall_stops_the_small_job_not_a_big_one_past_its_checkpoint():
+    running = [run("big", gpus=32, since_ckpt_h=0.05), run("small", gpus=4, since_ckpt_h=1.0)]
+    short = ServingSignals(observed_at=T0, gpus_short=4)
+    # 32 GPUs x (3 min + 10 min restart) > 4 GPUs x (60 min + 10 min)
+    assert actions(plan(flat(64, 6), running=running, signals=short)) == {"small": Action.PREEMPT}
+    # without a restart cost only the unsaved work counts: the big one has the least
+    free_restart = PolicySettings(grace_s=600, min_segment_s=1800, restart_cost_s=0)
+    assert actions(plan(flat(64, 6), running=running, signals=short,
+                        settings=free_restart)) == {"big": Action.PREEMPT}
+
+
+def test_victims_free_the_need_at_the_least_cost_not_greedily():
+    # 12 GPUs: the two 8-GPU jobs have no unsaved work, but restarting both costs
+    # 16 x 600 GPU-s; the 12-GPU one, checkpointed 72 s ago, costs 12 x (72 + 600)
+    running = [run("y8", gpus=8, since_ckpt_h=0.0), run("z8", gpus=8, since_ckpt_h=0.0),
+               run("x12", gpus=12, since_ckpt_h=0.02)]
+    short = ServingSignals(observed_at=T0, gpus_short=12)
+    assert actions(plan(flat(64, 6), running=running, signals=short)) == {"x12": Action.PREEMPT}
+
+
+def test_higher_priority_jobs_are_spared_while_lower_ones_can_cover_the_need():
+    running = [run("vip", gpus=4, priority=5, since_ckpt_h=0.0),
+               run("low", gpus=32, priority=0, since_ckpt_h=2.0)]
+    short = ServingSignals(observed_at=T0, gpus_short=4)
+    assert actions(plan(flat(64, 6), running=running, signals=short)) == {"low": Action.PREEMPT}
+
+
+def test_known_runtimes_spare_a_job_that_ends_before_the_ramp():
+    prof = profile([16] * 2 + [8] * 60)  # a ramp in 10 min, within the grace period
+    ending = [run("ends", gpus=8, hours_left=5 / 60), run("stays", gpus=8)]
+    assert len(plan(prof, running=ending).of(Action.PREEMPT)) == 1  # nobody is trusted
+    known = PolicySettings(grace_s=600, min_segment_s=1800, runtimes_known=True)
+    assert actions(plan(prof, running=ending, settings=known)) == {}  # 8 GPUs left: enough
+    ramp = profile([16] * 2 + [4] * 60)
+    assert actions(plan(ramp, running=ending, settings=known)) == {"stays": Action.PREEMPT}
+
+
+def test_a_closing_window_and_a_ramp_together_stop_enough():
+    # 24 GPUs held, 8 of them stopping as planned; the ramp leaves 8: 8 more must go
+    running = [run("seg", gpus=8, stop_by=T0 + timedelta(minutes=5)),
+               run("a", gpus=8), run("b", gpus=8)]
+    result = plan(profile([8] * 60), running=running)
+    assert len(result.of(Action.PREEMPT)) == 2 and "seg" in actions(result)

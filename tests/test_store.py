@@ -724,3 +724,44 @@ StoreMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 test_store_state_machine = StoreMachine.TestCase
+
+
+# --------------------------------------------------------------------------- overruns
+
+
+def test_a_unit_past_its_estimate_has_work_left_from_the_overruns(store):
+    from scheduler.types import Overruns
+
+    rid = submit(store, [spec(0, m, gpus=2, checkpointable=False) for m in range(7)])
+    # six finished units ran twice their 3 h estimate: 2 h admitted, then 6 h
+    for m in range(6):
+        u = f"{rid}-0-{m}"
+        store.admit(u, T0)
+        store.started(u, T0 + 10 * M)
+        store.finished(u, T0 + 10 * M + 2 * EST * timedelta(seconds=1))
+    runs = store.finished_runs()
+    assert len(runs) == 6 and all(work == pytest.approx(2 * EST) for _, work in runs)
+    overruns = store.overruns(estimate)
+    assert overruns.ratios == pytest.approx((2.0,) * 6)
+    last = f"{rid}-0-6"
+    store.admit(last, T0)
+    store.started(last, T0)
+    # 4 h into a 3 h estimate: those that ran past 4/3 of theirs ran 2x, so 2 h are left
+    [running] = store.running(T0 + 4 * H, estimate, overruns)
+    assert running.remaining_s == pytest.approx(2 * 3600)
+    # nothing learnt: as long again as its overrun so far (1 h), at least a quarter (45 min)
+    [alone] = store.running(T0 + 4 * H, estimate)
+    assert alone.remaining_s == pytest.approx(3600)
+    [early] = store.running(T0 + 3 * H + 10 * M, estimate, Overruns())
+    assert early.remaining_s == pytest.approx(EST / 4)
+
+
+def test_a_checkpointed_unit_past_its_estimate_waits_with_work_left(store):
+    rid = submit(store, [spec(0, 0, gpus=4)])
+    u = f"{rid}-0-0"
+    store.admit(u, T0)
+    store.started(u, T0)
+    store.checkpointed(u, T0 + 4 * H, 4 * 3600.0)
+    store.preempted(u, T0 + 4 * H + 5 * M, lost_gpu_seconds=0.0)
+    [waiting] = store.waiting(T0 + 5 * H, estimate)
+    assert waiting.runtime_s == pytest.approx(3600)  # not 0: it has overrun 1 h so far

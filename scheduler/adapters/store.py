@@ -72,7 +72,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Connection, Engine
 
 from forecast.errors import PermanentError, TemporaryError
-from scheduler.types import EventKind, JobState, RunningJob, UnitSpec, WaitingJob
+from scheduler.types import EventKind, JobState, Overruns, RunningJob, UnitSpec, WaitingJob
 
 # --------------------------------------------------------------------------- errors
 
@@ -868,11 +868,14 @@ class JobStore:
             for r in rows
         ]
 
-    def waiting(self, now: datetime, estimate: Callable[[UnitRow], float]) -> list[WaitingJob]:
+    def waiting(self, now: datetime, estimate: Callable[[UnitRow], float],
+                overruns: Overruns | None = None) -> list[WaitingJob]:
         """QUEUED units submitted by ``now`` whose dependencies all SUCCEEDED, for the policy.
 
-        ``runtime_s`` is ``estimate(row)`` less the checkpointed progress of a checkpointable
-        unit (never below 0)."""
+        ``runtime_s`` is what ``overruns.remaining_s`` leaves of ``estimate(row)`` after the
+        checkpointed progress of a checkpointable unit (the estimate less that progress; past
+        the estimate, from the overruns of finished units; default: no overruns known)."""
+        overruns = overruns or Overruns()
         _aware(now)
         dep = UNITS.alias("dep")
         blocked = (
@@ -887,7 +890,7 @@ class JobStore:
         jobs = []
         for row in rows:
             total = float(estimate(row))
-            runtime = max(0.0, total - row.work_done_s) if row.checkpointable else total
+            runtime = overruns.remaining_s(total, row.work_done_s) if row.checkpointable else total
             jobs.append(WaitingJob(
                 id=row.id, team=row.team, gpus=row.gpus, runtime_s=runtime,
                 checkpointable=row.checkpointable, priority=row.priority,
@@ -897,13 +900,18 @@ class JobStore:
             ))
         return jobs
 
-    def running(self, now: datetime, estimate: Callable[[UnitRow], float]) -> list[RunningJob]:
+    def running(self, now: datetime, estimate: Callable[[UnitRow], float],
+                overruns: Overruns | None = None) -> list[RunningJob]:
         """Units holding GPUs (ADMITTED or RUNNING), including those marked for a cancel.
 
         ``started_at`` is the attempt's start (its admission until it started);
-        ``remaining_s = estimate(row) - work_done_s - (now - since)`` where ``since`` is the
-        attempt's last checkpoint, else its start (never below 0)."""
+        ``remaining_s = overruns.remaining_s(estimate(row), work_done_s + (now - since))``
+        where ``since`` is the attempt's last checkpoint, else its start: the estimate less
+        the work done, and past the estimate what finished units' overruns say (default: no
+        overruns known, so as long again as the overrun so far, at least a quarter of the
+        estimate), never "it ends now"."""
         _aware(now)
+        overruns = overruns or Overruns()
         jobs = []
         for row in self.holding():
             began = row.started_at or row.admitted_at or row.updated_at
@@ -914,13 +922,54 @@ class JobStore:
                 elapsed = 0.0
             else:
                 elapsed = max(0.0, (now - (checkpoint or began)).total_seconds())
-            remaining = max(0.0, float(estimate(row)) - row.work_done_s - elapsed)
+            remaining = overruns.remaining_s(float(estimate(row)), row.work_done_s + elapsed)
             jobs.append(RunningJob(
                 id=row.id, team=row.team, gpus=row.gpus, priority=row.priority,
                 started_at=began, checkpointable=row.checkpointable, remaining_s=remaining,
                 last_checkpoint_at=checkpoint, stop_by=row.stop_by, kind=row.kind,
             ))
         return jobs
+
+    def finished_runs(self, limit: int = 500) -> list[tuple[UnitRow, float]]:
+        """The ``limit`` units that SUCCEEDED last, each with the seconds of work it took in
+        all: the work checkpointed before its last attempt plus that attempt's runtime (from
+        its start, else its admission). What overran its estimate, and by how much, is learnt
+        from these."""
+        with self._tx(write=False) as conn:
+            last = conn.execute(
+                sa.select(ATTEMPTS.c.unit_id, ATTEMPTS.c.admitted_at, ATTEMPTS.c.started_at,
+                          ATTEMPTS.c.ended_at, ATTEMPTS.c.work_done_at_start_s)
+                .where(ATTEMPTS.c.outcome == AttemptOutcome.SUCCEEDED.value,
+                       ATTEMPTS.c.ended_at.is_not(None))
+                .order_by(ATTEMPTS.c.ended_at.desc(), ATTEMPTS.c.unit_id)
+                .limit(limit)
+            ).all()
+            if not last:
+                return []
+            rows = {row.id: row for row in self._units(conn, [
+                UNITS.c.id.in_([r.unit_id for r in last]),
+                UNITS.c.state == JobState.SUCCEEDED.value,
+            ])}
+        out = []
+        for r in last:
+            row = rows.get(r.unit_id)
+            if row is None:
+                continue
+            ran = max(0.0, (r.ended_at - (r.started_at or r.admitted_at)).total_seconds())
+            out.append((row, float(r.work_done_at_start_s or 0.0) + ran))
+        return out
+
+    def overruns(self, estimate: Callable[[UnitRow], float], quantile: float = 0.9,
+                 limit: int = 500) -> Overruns:
+        """How the last ``limit`` finished units ran against ``estimate``: the ratios
+        ``runtime / estimate(row)`` that ``running`` and ``waiting`` plan a unit past its own
+        estimate with."""
+        ratios = []
+        for row, work_s in self.finished_runs(limit):
+            planned = float(estimate(row))
+            if planned > 0:
+                ratios.append(work_s / planned)
+        return Overruns.of(ratios, quantile)
 
     def to_stop(self) -> list[UnitRow]:
         """Units holding GPUs whose cancel was requested: stop them, then call ``preempted``."""
