@@ -1,0 +1,391 @@
+"""Benchmark: the forecasters on real public traffic traces (data/real/), rolling origin.
+
+    OMP_NUM_THREADS=1 python bench/real_traffic_bench.py [--traces nab-elb,...]
+        [--models auto,seasonal_naive,prophet,sf_mstl,sf_autoets] [--out out/real_bench]
+
+Needs the ``models`` extra (Prophet) and the ``bench`` extra (statsforecast). statsforecast
+2.x requires pandas < 3, so install the ``bench`` extra into its own environment, not into one
+that must keep pandas 3 (see the README, "Benchmarks").
+
+Per trace (data/real/README.md: sources, licences, conversion), on HOURLY aggregates of its two
+series (``request_rate``: the hour's mean; ``replicas``: the hour's maximum, the GPUs held at
+some moment in it), every model is refitted at each daily cutoff on the past only and forecasts
+the next 24 hours. Cutoffs (``forecast.backtest.daily_cutoffs``): the last 14 days at 18:00
+local for the 8-month e-commerce trace, the last 7 days at 23:00 for the two 14-day traces (the
+first cutoff then has exactly one week of history, what seasonal-naive needs).
+
+Models:
+
+* ``auto``, ``seasonal_naive``, ``prophet``: idlegpu's own (``forecast.models``), with the
+  trace's time zone, holiday calendar and, for ``replicas``, the autoscaler's min/max replicas
+  as bounds (request rates: 0 to unbounded);
+* ``sf_mstl``: statsforecast ``MSTL`` (seasons 24 and 168 h where the history holds two full
+  weeks for the weekly one, else 24 h only; trend by ``AutoETS(model="ZZN")``) and
+  ``sf_autoets``: statsforecast ``AutoETS(season_length=24)``, both with conformal prediction
+  intervals (``ConformalIntervals(h=24, n_windows=k)``, k = up to 7 one-day windows the history
+  allows), fitted on the last 56 days (the window idlegpu's reference models use). q0.5 is the
+  point forecast, q0.9 the upper end of the 80 % interval; quantiles are sorted and clipped to
+  the same bounds as the other models'. Gaps are filled linearly for statsforecast (it needs a
+  complete series).
+
+Reported per trace and series: pinball loss of q0.9, MAE of q0.5, the P90 coverage band
+[strict y < q, plain y <= q] (for integer replica counts a calibrated q0.9 has strict <= 0.9 <=
+plain), fit+predict seconds per cutoff (both series), and the ratios of ``auto`` to
+seasonal-naive, Prophet and the better statsforecast model, against the goals of issue 12.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import argparse
+import importlib.util
+import math
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import numpy as np
+import pandas as pd
+from pandas.tseries.frequencies import to_offset
+from threadpoolctl import threadpool_limits
+
+from forecast.backtest import backtest, daily_cutoffs, score
+from forecast.models import make_model
+from forecast.models.base import (
+    finish_quantiles,
+    parse_horizon,
+    prepare_series,
+    to_frame,
+    validate_quantiles,
+)
+from forecast.schema import DS, UNIQUE_ID, Y
+from forecast.sources import read_history
+
+
+def _load_traces():
+    spec = importlib.util.spec_from_file_location(
+        "fetch_real_traces", REPO / "scripts" / "fetch_real_traces.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+TRACES = _load_traces()
+QUANTILES = (0.5, 0.9)
+HORIZON = pd.Timedelta(hours=24)
+HOUR = pd.Timedelta(hours=1)
+PROJECT_MODELS = ("auto", "seasonal_naive", "prophet")
+SF_MODELS = ("sf_mstl", "sf_autoets")
+ALL_MODELS = PROJECT_MODELS + SF_MODELS
+SF_WINDOW = pd.Timedelta(days=56)
+
+
+@dataclass(frozen=True)
+class Plan:
+    cutoff_hour: int
+    days: int
+
+
+PLANS = {
+    "msft-ecommerce-api": Plan(cutoff_hour=18, days=14),
+    "nab-elb": Plan(cutoff_hour=23, days=7),
+    "msft-mongodb": Plan(cutoff_hour=23, days=7),
+}
+
+GOALS = {"seasonal_naive": 0.8, "prophet": 0.9, "best_sf": 1.0}
+BAND = (0.85, 0.95)
+TIME_GOAL = 0.1
+
+
+def hourly(history: pd.DataFrame) -> pd.DataFrame:
+    """Hourly aggregates: ``request_rate`` the hour's mean, ``replicas`` the hour's maximum
+    (over the samples there are; an hour without any stays missing)."""
+    frames = []
+    for uid, group in history.groupby(UNIQUE_ID, sort=True, observed=True):
+        values = group.set_index(DS)[Y]
+        how = "max" if str(uid).endswith("/" + TRACES.REPLICAS) else "mean"
+        agg = values.groupby(values.index.floor("h")).agg(how).dropna()
+        frames.append(pd.DataFrame({UNIQUE_ID: str(uid), DS: agg.index, Y: agg.to_numpy()}))
+    out = pd.concat(frames, ignore_index=True)
+    out[UNIQUE_ID] = out[UNIQUE_ID].astype("string")
+    return out
+
+
+def bounds_for(trace) -> dict[str, tuple[float, float]]:
+    return {
+        f"{trace.name}/{TRACES.REPLICAS}": (float(trace.min_replicas), float(trace.max_replicas)),
+        f"{trace.name}/{TRACES.REQUEST_RATE}": (0.0, math.inf),
+    }
+
+
+class StatsForecastModel:
+    """statsforecast's MSTL or AutoETS with conformal intervals behind idlegpu's protocol."""
+
+    def __init__(self, kind: str, *, bounds, window: pd.Timedelta = SF_WINDOW,
+                 max_windows: int = 7) -> None:
+        if kind not in SF_MODELS:
+            raise ValueError(kind)
+        self.kind = kind
+        self.name = kind
+        self.bounds = bounds
+        self.window = window
+        self.max_windows = max_windows
+
+    def fit(self, history: pd.DataFrame) -> StatsForecastModel:
+        self.series_ = prepare_series(history, self.bounds)
+        return self
+
+    def _model(self, n: int, h: int, step_h: float):
+        from statsforecast.models import MSTL, AutoETS
+        from statsforecast.utils import ConformalIntervals
+
+        day, week = round(24 / step_h), round(168 / step_h)
+        windows = max(1, min(self.max_windows, n // h - 3))
+        intervals = ConformalIntervals(h=h, n_windows=windows)
+        if self.kind == "sf_autoets":
+            return AutoETS(season_length=day, prediction_intervals=intervals)
+        fit_len = n - windows * h  # the shortest training set the conformal refits see
+        seasons = [day] + ([week] if fit_len >= 2 * week else [])
+        return MSTL(season_length=seasons if len(seasons) > 1 else day,
+                    trend_forecaster=AutoETS(model="ZZN"), prediction_intervals=intervals)
+
+    def predict(self, horizon, quantiles) -> pd.DataFrame:
+        from statsforecast import StatsForecast
+
+        qs = validate_quantiles(quantiles)
+        span = parse_horizon(horizon)
+        levels = sorted({round(abs(2 * q - 1) * 100) for q in qs if q != 0.5})
+        frames = []
+        for series in self.series_:
+            values = series.values
+            values = values[values.index > values.index[-1] - self.window]
+            filled = values.interpolate(limit_direction="both")
+            index = series.future_index(span)
+            h = len(index)
+            step_h = series.step / HOUR
+            model = self._model(len(filled), h, step_h)
+            df = pd.DataFrame({
+                "unique_id": series.uid,
+                "ds": filled.index.tz_convert("UTC").tz_localize(None),
+                "y": filled.to_numpy(dtype=float),
+            })
+            sf = StatsForecast(models=[model], freq=to_offset(series.step), n_jobs=1)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                out = sf.forecast(df=df, h=h, level=levels)
+            alias = str(model)
+            cols = []
+            for q in qs:
+                if q == 0.5:
+                    cols.append(out[alias].to_numpy())
+                else:
+                    side = "hi" if q > 0.5 else "lo"
+                    cols.append(out[f"{alias}-{side}-{round(abs(2 * q - 1) * 100)}"].to_numpy())
+            arr = finish_quantiles(np.column_stack(cols), series, qs, integer=False)
+            frames.append(to_frame(series.uid, index, self.name, arr, qs))
+        return pd.concat(frames, ignore_index=True)
+
+
+def factories(trace, models):
+    bounds = bounds_for(trace)
+    out = {}
+    for name in models:
+        if name in SF_MODELS:
+            out[name] = lambda name=name: StatsForecastModel(name, bounds=bounds)
+        else:
+            out[name] = lambda name=name: make_model(
+                name, timezone=trace.timezone, holiday_country=trace.holiday_country,
+                bounds=bounds,
+            )
+    return out
+
+
+def run_trace(trace, models):
+    raw = read_history(REPO / "data" / "real" / trace.csv)
+    history = hourly(raw)
+    plan = PLANS[trace.name]
+    cutoffs = daily_cutoffs(history, timezone=trace.timezone, hour=plan.cutoff_hour,
+                            days=plan.days, horizon=HORIZON)
+    done = [0]
+    total = len(models) * len(cutoffs)
+
+    def tick(name, cutoff):
+        done[0] += 1
+        print(f"\r  {trace.name:<20} {name:<15} {done[0]}/{total}", end="", file=sys.stderr,
+              flush=True)
+
+    result = backtest(history, factories(trace, models), cutoffs=cutoffs, horizon=HORIZON,
+                      quantiles=QUANTILES, on_step=tick)
+    print(file=sys.stderr)
+    seconds = pd.Series(result.seconds) / len(cutoffs)
+    tables = {}
+    for metric in (TRACES.REPLICAS, TRACES.REQUEST_RATE):
+        uid = f"{trace.name}/{metric}"
+        part = result.forecasts[result.forecasts[UNIQUE_ID] == uid]
+        table = score(part, QUANTILES)
+        table["fit_predict_s"] = seconds
+        tables[metric] = table
+    return history, cutoffs, tables, result.forecasts
+
+
+def ratios(table: pd.DataFrame) -> dict[str, float]:
+    pin = table["pinball_0.9"]
+    out = {}
+    if "auto" not in table.index:
+        return out
+    for ref in ("seasonal_naive", "prophet"):
+        if ref in table.index:
+            out[ref] = pin["auto"] / pin[ref]
+    sf = [m for m in SF_MODELS if m in table.index]
+    if sf:
+        best = min(sf, key=lambda m: pin[m])
+        out["best_sf"] = pin["auto"] / pin[best]
+        out["best_sf_name"] = best
+    if "prophet" in table.index:
+        out["time_prophet"] = table.loc["auto", "fit_predict_s"] / table.loc["prophet",
+                                                                               "fit_predict_s"]
+    return out
+
+
+def verdicts(table: pd.DataFrame, r: dict) -> list[str]:
+    """One line per goal: measured value, target, met or missed."""
+    lines = []
+    for ref, goal in GOALS.items():
+        if ref in r:
+            label = {"seasonal_naive": "seasonal-naive", "prophet": "Prophet",
+                     "best_sf": f"best statsforecast ({r.get('best_sf_name')})"}[ref]
+            ok = r[ref] <= goal
+            lines.append(f"pinball auto / {label}: {r[ref]:.2f}x (goal <= {goal}x) "
+                         f"{'met' if ok else 'MISSED'}")
+    if "auto" in table.index:
+        strict = table.loc["auto", "strict_coverage_0.9"]
+        plain = table.loc["auto", "coverage_0.9"]
+        ok = strict <= BAND[1] + 1e-9 and plain >= BAND[0] - 1e-9
+        lines.append(f"auto P90 coverage band [{strict:.3f}, {plain:.3f}] overlaps "
+                     f"[{BAND[0]}, {BAND[1]}]: {'met' if ok else 'MISSED'}")
+    if "time_prophet" in r:
+        ok = r["time_prophet"] <= TIME_GOAL
+        lines.append(f"fit+predict auto / Prophet: {r['time_prophet']:.3f}x (goal <= "
+                     f"{TIME_GOAL}x) {'met' if ok else 'MISSED'}")
+    return lines
+
+
+def markdown(table: pd.DataFrame) -> str:
+    rows = ["| model | pinball q0.9 | MAE | P90 coverage [strict, plain] | fit+predict |",
+            "|---|---|---|---|---|"]
+    for model, row in table.iterrows():
+        name = f"**{model}**" if model == "auto" else model
+        rows.append(
+            f"| {name} | {_num(row['pinball_0.9'])} | {_num(row['mae'])} | "
+            f"[{row['strict_coverage_0.9']:.3f}, {row['coverage_0.9']:.3f}] | "
+            f"{row['fit_predict_s']:.2f} s |"
+        )
+    return "\n".join(rows)
+
+
+def combined(everything: dict[str, dict[str, pd.DataFrame]]) -> str:
+    """One table of every trace and model: replicas and request rate side by side."""
+    rows = [("| trace | model | replicas: pinball q0.9 | MAE | P90 [strict, plain] | "
+             "request rate: pinball q0.9 | MAE | P90 coverage | fit+predict |"),
+            "|---|---|---|---|---|---|---|---|---|"]
+    for name, tables in everything.items():
+        rep, rate = tables[TRACES.REPLICAS], tables[TRACES.REQUEST_RATE]
+        for model in rep.index:
+            a, b = rep.loc[model], rate.loc[model]
+            label = f"**{model}**" if model == "auto" else model
+            rows.append(
+                f"| {name} | {label} | {_num(a['pinball_0.9'])} | {_num(a['mae'])} | "
+                f"[{a['strict_coverage_0.9']:.3f}, {a['coverage_0.9']:.3f}] | "
+                f"{_num(b['pinball_0.9'])} | {_num(b['mae'])} | {b['coverage_0.9']:.3f} | "
+                f"{a['fit_predict_s']:.2f} s |"
+            )
+    return "\n".join(rows)
+
+
+def _num(x: float) -> str:
+    if x == 0 or not math.isfinite(x):
+        return f"{x:g}"
+    digits = max(0, 2 - math.floor(math.log10(abs(x))))
+    return f"{x:.{digits}f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--traces", default=",".join(t.name for t in TRACES.TRACES))
+    parser.add_argument("--models", default=",".join(ALL_MODELS))
+    parser.add_argument("--out", type=Path, default=REPO / "out" / "real_bench")
+    args = parser.parse_args()
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    unknown = [m for m in models if m not in ALL_MODELS]
+    if unknown:
+        parser.error(f"unknown model(s) {unknown}; choose from {', '.join(ALL_MODELS)}")
+    names = [t.strip() for t in args.traces.split(",") if t.strip()]
+    args.out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    summary = []
+    everything = {}
+    with threadpool_limits(1):
+        for name in names:
+            trace = TRACES.BY_NAME[name]
+            history, cutoffs, tables, forecasts = run_trace(trace, models)
+            forecasts.to_csv(args.out / f"{name}_forecasts.csv", index=False)
+            first = history[DS].min()
+            print(f"\n## {name}: {trace.source.repo} {trace.source.path}\n")
+            print(f"hourly, {history[DS].min():%Y-%m-%d} to {history[DS].max():%Y-%m-%d} UTC; "
+                  f"{len(cutoffs)} daily cutoffs {cutoffs[0]:%Y-%m-%d %H:%M} to "
+                  f"{cutoffs[-1]:%Y-%m-%d %H:%M} UTC ({trace.timezone}), horizon 24 h; "
+                  f"history at the first cutoff {(cutoffs[0] - first) / pd.Timedelta(days=1):.1f} d")
+            everything[name] = tables
+            for metric, table in tables.items():
+                table.to_csv(args.out / f"{name}_{metric}.csv")
+                r = ratios(table)
+                print(f"\n### {name}/{metric}\n")
+                print(markdown(table))
+                print()
+                for line in verdicts(table, r):
+                    print(f"- {line}")
+                summary.append({"trace": name, "series": metric, **{
+                    k: v for k, v in r.items() if k != "best_sf_name"},
+                    "best_sf_name": r.get("best_sf_name"),
+                    "strict": table.loc["auto", "strict_coverage_0.9"] if "auto" in table.index
+                    else float("nan"),
+                    "plain": table.loc["auto", "coverage_0.9"] if "auto" in table.index
+                    else float("nan")})
+    frame = pd.DataFrame(summary)
+    frame.to_csv(args.out / "summary.csv", index=False)
+    if everything:
+        print("\n### every trace (hourly, 24 h ahead)\n")
+        print(combined(everything))
+    if not frame.empty and "seasonal_naive" in frame:
+        print("\n### auto against the goals\n")
+        print("| trace / series | auto / seasonal-naive (<= 0.8) | auto / Prophet (<= 0.9) | "
+              "auto / best statsforecast (<= 1.0) | auto P90 band (overlaps 0.85-0.95) | "
+              "time auto / Prophet (<= 0.1) |")
+        print("|---|---|---|---|---|---|")
+        def cell(row, key, goal):
+            v = row.get(key, float("nan"))
+            if not isinstance(v, float) or not math.isfinite(v):
+                return "n/a"
+            return f"{v:.2f}x {'✅' if v <= goal else '❌'}"
+
+        for _, row in frame.iterrows():
+            band_ok = row["strict"] <= BAND[1] and row["plain"] >= BAND[0]
+            print(f"| {row['trace']}/{row['series']} | {cell(row, 'seasonal_naive', 0.8)} | "
+                  f"{cell(row, 'prophet', 0.9)} | {cell(row, 'best_sf', 1.0)} "
+                  f"({row['best_sf_name']}) | [{row['strict']:.3f}, {row['plain']:.3f}] "
+                  f"{'✅' if band_ok else '❌'} | {cell(row, 'time_prophet', 0.1)} |")
+    print(f"\n(total {time.perf_counter() - started:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
