@@ -84,6 +84,7 @@ class _Errors:
         # position of each error's target step in the series (for the adaptive level)
         self.targets = np.zeros(len(errors), dtype=np.int64) if targets is None else targets
         self._levels: dict[int, dict[int, np.ndarray]] = {}
+        self._sorted: dict[tuple[int, int], np.ndarray] = {}
 
     def level(self, n: int) -> dict[int, np.ndarray]:
         """Errors by bucket: 0 (lead, hour, off day), 1 (lead, off day), 2 (lead); built lazily
@@ -110,18 +111,38 @@ class _Errors:
             return np.zeros((len(keys), len(qs)))
         fine, inverse = np.unique(keys, return_inverse=True)
         table = np.empty((len(fine), len(qs)))
-        overall = None
+        qs = np.asarray(qs, dtype=float)
+        levels = [self.level(n) for n in range(3)]
         for i, key in enumerate(fine.tolist()):
             for level in range(3):
-                sample = self.level(level).get(_coarse_key(key, level))
+                coarse = _coarse_key(key, level)
+                sample = levels[level].get(coarse)
                 if sample is not None and len(sample) >= MIN_BUCKET:
-                    table[i] = np.quantile(sample, qs)
+                    table[i] = _sorted_quantiles(self._sorted_sample(level, coarse), qs)
                     break
             else:
-                if overall is None:
-                    overall = np.quantile(self.all, qs)
-                table[i] = overall
+                table[i] = _sorted_quantiles(self._sorted_sample(-1, 0), qs)
         return table[inverse.reshape(-1)]
+
+    def _sorted_sample(self, level: int, key: int) -> np.ndarray:
+        """A bucket's errors sorted (level -1: all of them), once per fit: the adaptive level
+        and the forecast read quantiles of the same buckets."""
+        found = self._sorted.get((level, key))
+        if found is None:
+            found = np.sort(self.all if level < 0 else self.level(level)[key])
+            self._sorted[(level, key)] = found
+        return found
+
+
+def _sorted_quantiles(values: np.ndarray, qs: np.ndarray) -> np.ndarray:
+    """``np.quantile(values, qs)`` (its default, linear method) of already sorted values."""
+    index = qs * (len(values) - 1)
+    below = np.floor(index).astype(np.int64)
+    above = np.minimum(below + 1, len(values) - 1)
+    t = index - below
+    a, b = values[below], values[above]
+    diff = b - a
+    return np.where(t >= 0.5, b - diff * (1 - t), a + diff * t)
 
 
 @dataclass
@@ -276,22 +297,26 @@ class AutoForecaster(SeriesForecaster):
             return out
         step_ratio = values[where] / curve[where]
         seen = np.searchsorted(where, at, side="right")  # active steps up to each position
-        oldest = LEVEL_MAX_AGE_DAYS * steps_per_day
+        ok = seen >= window
+        ok[ok] = at[ok] - where[seen[ok] - window] <= LEVEL_MAX_AGE_DAYS * steps_per_day
+        if not ok.any():
+            return out
 
-        def middle_mean(n: int, size: int) -> float:
-            last = np.sort(step_ratio[n - size : n])
-            return float(last[size // 4 : size - size // 4].mean())
+        def middle_mean(ends: np.ndarray, size: int) -> np.ndarray:
+            """The mean of the middle half of the ``size`` step ratios before each end."""
+            last = np.sort(step_ratio[ends[:, None] - size + np.arange(size)], axis=1)
+            return last[:, size // 4 : size - size // 4].mean(axis=1)
 
-        for k, (pos, n) in enumerate(zip(at, seen)):
-            if n < window or pos - where[n - window] > oldest:
-                continue
-            ratio = middle_mean(n, window)
-            if ratio < 1.0 and DOWN_WINDOWS > 1:
-                # a drop is followed once it lasts: a quiet day (an eve, a bridge day) is not
-                longer = min(n, DOWN_WINDOWS * window)
-                ratio = max(ratio, middle_mean(n, longer))
-            if abs(ratio - 1.0) > self.level_band:
-                out[k] = ratio
+        ends = seen[ok]
+        ratio = middle_mean(ends, window)
+        if DOWN_WINDOWS > 1 and (ratio < 1.0).any():
+            # a drop is followed once it lasts: a quiet day (an eve, a bridge day) is not
+            down = ratio < 1.0
+            longer = np.minimum(ends[down], DOWN_WINDOWS * window)
+            for size in np.unique(longer):
+                picked = np.flatnonzero(down)[longer == size]
+                ratio[picked] = np.maximum(ratio[picked], middle_mean(ends[picked], size))
+        out[ok] = np.where(np.abs(ratio - 1.0) > self.level_band, ratio, 1.0)
         return out
 
     def _calibration_errors(self, f: _Fitted) -> _Errors:
@@ -395,7 +420,8 @@ class AutoForecaster(SeriesForecaster):
         steps_per_hour = max(1, round(pd.Timedelta(hours=1) / f.series.step))
         end = len(f.series.values)
         start = end - (self.aci_days + 1) * steps_per_day  # a day more: the first day's rate
-        recent = errors.targets >= start
+        # the replays' first day of lead time (hourly cutoffs), with targets in the window
+        recent = (errors.targets >= start) & (errors._keys // 48 < len(LEAD_EDGES_H))
         if not recent.any():
             return levels
         offsets = errors.quantiles(qs, errors._keys[recent])
