@@ -10,6 +10,7 @@ the pool's capacity leaves zero free, never a negative number.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from zoneinfo import ZoneInfo
 
@@ -258,25 +259,33 @@ def typical_night(summary: pd.DataFrame, min_hours: float = 8.0) -> int:
 # ---------------------------------------------------------------- forecast pool view, windows
 
 
-def forecast_pool_usage(forecast: pd.DataFrame, settings: Settings, confidence: float) -> pd.DataFrame:
+def forecast_pool_usage(
+    forecast: pd.DataFrame,
+    settings: Settings,
+    confidence: float,
+    quantiles: Mapping[str, float] | None = None,
+) -> pd.DataFrame:
     """GPUs in use and free GPUs over a forecast, at a confidence level.
 
     The pool's usage at confidence ``c`` adds up each service's replica quantile ``q=c`` times its
     GPUs per replica. Adding quantiles is exact when services rise and fall together (they do:
     one office day drives them all) and conservative otherwise, so free GPUs are promised with
-    at least confidence ``c``.
+    at least confidence ``c``. ``quantiles`` plans the services it names with their own, wider,
+    quantile instead (a service whose forecasts have lately been covering less than promised).
     """
     from forecast.models.base import quantile_column
 
-    column = quantile_column(confidence)
-    if column not in forecast.columns:
-        have = [c for c in forecast.columns if c.startswith("q")]
-        raise ConfigError(
-            f"the forecast has no quantile {confidence:g} (has {', '.join(have) or 'none'}); "
-            f"forecast with --quantiles including {confidence:g}"
-        )
+    for q in {confidence, *(quantiles or {}).values()}:
+        column = quantile_column(q)
+        if column not in forecast.columns:
+            have = [c for c in forecast.columns if c.startswith("q")]
+            raise ConfigError(
+                f"the forecast has no quantile {q:g} (has {', '.join(have) or 'none'}); "
+                f"forecast with --quantiles including {q:g}"
+            )
     gpus = {}
     for service in settings.services:
+        column = quantile_column((quantiles or {}).get(service.name, confidence))
         rows = forecast[forecast[UNIQUE_ID] == series_id(service.name, REPLICAS)]
         if rows.empty:
             raise ConfigError(

@@ -732,7 +732,7 @@ def plan(
     from forecast.schema import infer_step
     from scheduler.plan import plan_ahead
     from scheduler.policy import policy_settings
-    from scheduler.replay import free_forecast, profile_of
+    from scheduler.refresh import Refresher
 
     _check(queue_days > 0, "use a number of days above 0", "--queue-days")
     span = _parse_horizon(horizon)
@@ -750,8 +750,11 @@ def plan(
         raise HistoryError(f"{history}: no history before {moment}")
     confidence = settings.admission.confidence
     with console.status("forecasting the pool..."):
-        free = free_forecast(past, settings, moment.to_pydatetime(), horizon=span)
-    profile = profile_of(free, confidence, moment.to_pydatetime())
+        # the daemon's refresh: services whose forecasts under-covered lately are planned wider
+        refreshed = Refresher(settings, horizon=span).refresh(past, moment.to_pydatetime())
+    free, profile = refreshed.free, refreshed.profile
+    for line in refreshed.warnings():
+        err_console.print(f"[yellow]warning:[/] {line}")
     estimate = _planning_estimate(settings, runs)
     start = profile.start
     if jobs is not None:

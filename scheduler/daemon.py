@@ -68,6 +68,14 @@ class DaemonMetrics:
                                         "Forecast refreshes that failed", registry=r)
         self.leader = Gauge("idlegpu_leader", "1 while this replica leads (runs passes), 0 "
                             "while it stands by", registry=r)
+        self.forecast_coverage = Gauge(
+            "idlegpu_forecast_coverage", "Share of the last week's replica samples at or below "
+            "what the forecasts in use promised at the admission confidence (NaN: none yet)",
+            ["service"], registry=r)
+        self.forecast_widened = Gauge(
+            "idlegpu_forecast_widened", "1 while a service is planned with a wider quantile "
+            "because its forecasts covered less than promised by more than chance",
+            ["service"], registry=r)
 
 
 class Daemon:
@@ -145,7 +153,7 @@ class Daemon:
 
     def _refresh(self, now: datetime) -> bool:
         try:
-            self.refresh_forecast(now)
+            result = self.refresh_forecast(now)
         except IdlegpuError as exc:
             self.metrics.errors.inc()
             self.metrics.refresh_failures.inc()
@@ -153,7 +161,18 @@ class Daemon:
             return False
         self.forecast_made = now
         log.info("forecast refreshed at %s", now.isoformat(timespec="seconds"))
+        self._record_coverage(getattr(result, "coverage", None))
         return True
+
+    def _record_coverage(self, coverage) -> None:
+        """A refresh's scores of the forecasts in use (``scheduler.refresh.Refresh``), per
+        service: the gauges, and a warning for each service planned wider."""
+        for service, c in (coverage or {}).items():
+            self.metrics.forecast_coverage.labels(service).set(c.coverage)
+            self.metrics.forecast_widened.labels(service).set(1 if c.widened else 0)
+            if c.widened:
+                log.warning("forecast of %s covers less than promised: %s", service,
+                            c.describe())
 
     def refresh_due(self, now: datetime) -> bool:
         """True when no forecast was made yet, or a refresh hour passed since the last one."""
@@ -404,29 +423,37 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
 
 class ForecastProvider:
     """The daemon's current free-GPU profile: refreshed nightly (and at start), from recorded
-    history in a replay, else from the last five weeks in Prometheus. In ``night-only`` mode
-    the profile offers nothing between 08:00 and 20:00 local, so jobs are admitted only into
-    the night and stopped (checkpointed, as planned) before the morning."""
+    history in a replay, else from the last five weeks in Prometheus, by the refresh the
+    simulator and ``plan`` share (``scheduler.refresh``: it scores the forecasts in use over
+    the last week and plans a service that under-covers with a wider quantile). In
+    ``night-only`` mode the profile offers nothing between 08:00 and 20:00 local, so jobs are
+    admitted only into the night and stopped (checkpointed, as planned) before the morning."""
 
     HISTORY = timedelta(days=35)
 
     def __init__(self, settings, frame=None) -> None:
+        from scheduler.refresh import Refresher
+
         self.settings = settings
         self.frame = frame
         self.profile = None
+        self.refresher = Refresher(settings)
+        self.last = None  # the last Refresh
 
-    def refresh(self, now: datetime) -> None:
-        from scheduler.replay import forecast_profile
-
+    def refresh(self, now: datetime):
+        """Refresh the profile; returns the ``Refresh`` (with the coverage scores)."""
         frame = self.frame
         if frame is None:
             from forecast.sources.prometheus import fetch_history
 
             frame = fetch_history(self.settings, now - self.HISTORY, now)
-        profile = forecast_profile(frame, self.settings, now)
+        result = self.refresher.refresh(frame, now)
+        profile = result.profile
         if self.settings.daemon.mode == "night-only":
             profile = night_only(profile, self.settings.pool.timezone)
         self.profile = profile
+        self.last = result
+        return result
 
     def __call__(self, now: datetime):
         return self.profile

@@ -6,6 +6,7 @@ the pool as it was at ``T`` (audits, demos on the sample data, tests).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 
 import numpy as np
@@ -103,7 +104,18 @@ def free_forecast(history: pd.DataFrame, settings: Settings, now: datetime, *,
                   horizon: timedelta = timedelta(hours=48), model: str = "auto",
                   **options) -> pd.Series:
     """Free GPUs per step at the configured confidence, forecast from the history before
-    ``now`` (``options`` go to the model, e.g. the ``auto`` cache shared by nightly refits).
+    ``now`` (``options`` go to the model, e.g. the ``auto`` cache shared by nightly refits;
+    see ``forecast_free``)."""
+    return forecast_free(history, settings, now, horizon=horizon, model=model, **options)[0]
+
+
+def forecast_free(history: pd.DataFrame, settings: Settings, now: datetime, *,
+                  horizon: timedelta = timedelta(hours=48), model: str = "auto",
+                  quantiles: Mapping[str, float] | None = None,
+                  **options) -> tuple[pd.Series, pd.DataFrame]:
+    """Free GPUs per step and the replica forecast they come from, fitted on the replicas
+    before ``now``: every service at the configured confidence, those in ``quantiles`` at
+    their own (a service planned wider, ``scheduler.refresh``).
 
     Each series is forecast from its own newest sample. A service whose replicas stopped
     being recorded earlier than the others (a metrics gap) is forecast that much further, so
@@ -123,12 +135,12 @@ def free_forecast(history: pd.DataFrame, settings: Settings, now: datetime, *,
         lag = min(newest - ends.min(),
                   pd.Timedelta(seconds=settings.admission.max_forecast_age_seconds))
     forecast = model_for(model, settings, **options).fit(past).predict(
-        span + lag, sorted({0.5, confidence})
+        span + lag, sorted({0.5, confidence, *(quantiles or {}).values()})
     )
-    free = forecast_pool_usage(forecast, settings, confidence)[FREE]
+    free = forecast_pool_usage(forecast, settings, confidence, quantiles)[FREE]
     if lag > pd.Timedelta(0):
         free = free[free.index <= newest + span]  # the horizon of the freshest series
-    return free
+    return free, forecast
 
 
 def profile_of(free: pd.Series, confidence: float, made_at: datetime) -> FreeProfile:
@@ -169,5 +181,5 @@ def forecast_profile(history: pd.DataFrame, settings: Settings, now: datetime, *
     return profile_of(free, settings.admission.confidence, now)
 
 
-__all__ = ["HistorySignals", "forecast_profile", "free_forecast", "profile_of",
+__all__ = ["HistorySignals", "forecast_free", "forecast_profile", "free_forecast", "profile_of",
            "serving_pressure"]

@@ -43,7 +43,8 @@ from forecast.capacity import FREE, IN_USE, pool_usage
 from forecast.config import Settings
 from forecast.schema import DS, KV_CACHE_USAGE, REPLICAS, UNIQUE_ID, Y, metric_rows
 from scheduler.policy import decide, policy_settings
-from scheduler.replay import WAITING_PER_REPLICA, forecast_profile, serving_pressure
+from scheduler.refresh import Refresher
+from scheduler.replay import WAITING_PER_REPLICA, serving_pressure
 from scheduler.types import (
     NIGHT_HOURS,
     Action,
@@ -463,18 +464,20 @@ def forecast_profiles_for(
     on_refresh: Callable[[int, int], None] | None = None,
 ) -> dict[datetime, FreeProfile]:
     """The free-GPU profiles the ``forecast`` policy sees: one per evening (and one at the
-    start), each fitted only on the history before it."""
+    start), each fitted only on the history before it, by the daemon's refresh
+    (``scheduler.refresh``: a service whose forecasts in use covered less than promised over
+    the last week is planned with a wider quantile)."""
     # the nightly refits only read replicas: filter the history once, not at every refit
     replicas = metric_rows(history, REPLICAS)
     local = index.tz_convert(settings.pool.timezone)
     refresh = sorted({index[0], *index[(local.hour == refresh_hour) & (local.minute == 0)]})
     cache: dict = {}  # the refits see growing prefixes of one history: reuse their work
     options = {"cache": cache} if model == "auto" else {}
+    refresher = Refresher(settings, horizon=horizon, model=model, refresh_hour=refresh_hour,
+                          **options)
     profiles = {}
     for n, at in enumerate(refresh):
-        profiles[at.to_pydatetime()] = forecast_profile(
-            replicas, settings, at.to_pydatetime(), horizon=horizon, model=model, **options
-        )
+        profiles[at.to_pydatetime()] = refresher.refresh(replicas, at.to_pydatetime()).profile
         if on_refresh:
             on_refresh(n + 1, len(refresh))
     return profiles

@@ -1,0 +1,125 @@
+"""One forecast refresh, shared by the daemon, the simulator and ``idlegpu plan``.
+
+A refresh scores what the forecasts in use promised over the last week against the replicas
+that really ran (``scheduler.coverage``), plans every service whose forecasts covered less
+than promised by more than chance with a wider quantile (q0.98) until it recovers, forecasts
+the pool from the history before ``now`` and keeps what this forecast promises for the next
+refreshes to score. A ``Refresher`` remembers the promises of its refreshes; one without any
+(a daemon just started, a one-off ``plan``) first makes the forecasts the refreshes of the last
+week would have made, from the history before each, so it judges from its first refresh on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+import pandas as pd
+
+from forecast.config import Settings
+from forecast.errors import HistoryError
+from forecast.schema import DS, REPLICAS, metric_rows
+from scheduler.coverage import (
+    WIDENED,
+    WINDOW,
+    Promise,
+    ServiceCoverage,
+    planned_quantiles,
+    promise_of,
+    score,
+)
+from scheduler.replay import forecast_free, profile_of
+from scheduler.types import FreeProfile
+
+
+@dataclass(frozen=True)
+class Refresh:
+    made_at: datetime
+    free: pd.Series  # free GPUs per step at the planned quantiles
+    profile: FreeProfile
+    promise: Promise  # what this forecast promises, at the confidence, per service
+    coverage: Mapping[str, ServiceCoverage]  # how the forecasts in use fared, per service
+    forecast: pd.DataFrame  # the replica forecast: unique_id, ds, model, q0.5, q0.9, ...
+
+    @property
+    def widened(self) -> dict[str, float]:
+        """The services planned with a wider quantile, and that quantile."""
+        return planned_quantiles(self.coverage)
+
+    def warnings(self) -> list[str]:
+        """One line per widened service."""
+        return [c.describe() for c in self.coverage.values() if c.widened]
+
+
+class Refresher:
+    """Forecast refreshes that remember what they promised (see the module).
+
+    ``refresh_hour``: the local hour of the nightly refresh, where the backfill places the
+    refreshes of the last week; ``widened``: the quantile a service that under-covers is
+    planned with; ``options`` go to the model (the ``auto`` cache of the simulator)."""
+
+    def __init__(self, settings: Settings, *, horizon: timedelta = timedelta(hours=48),
+                 model: str = "auto", refresh_hour: int | None = None,
+                 widened: float = WIDENED, window: timedelta = WINDOW, **options) -> None:
+        self.settings = settings
+        self.horizon = horizon
+        self.model = model
+        self.refresh_hour = (settings.daemon.forecast_refresh_hour if refresh_hour is None
+                             else refresh_hour)
+        self.widened = widened
+        self.window = window
+        self.options = options
+        self.promises: list[Promise] = []
+
+    def refresh(self, history: pd.DataFrame, now: datetime) -> Refresh:
+        """Score the promises in use, then forecast from the history before ``now``."""
+        replicas = metric_rows(history, REPLICAS)
+        options = dict(self.options)
+        if self.model == "auto":  # fits on prefixes of this history share their work
+            options.setdefault("cache", {})
+        if not self.promises:
+            self.backfill(replicas, now, **options)
+        confidence = self.settings.admission.confidence
+        services = self.settings.service_names
+        coverage = score(self.promises, replicas, now, services, target=confidence,
+                         widened=self.widened, window=self.window)
+        quantiles = planned_quantiles(coverage)
+        free, forecast = forecast_free(replicas, self.settings, now, horizon=self.horizon,
+                                       model=self.model, quantiles=quantiles, **options)
+        promise = promise_of(forecast, now, services, confidence)
+        self._keep(promise, now)
+        return Refresh(now, free, profile_of(free, confidence, now), promise, coverage,
+                       forecast)
+
+    def backfill(self, replicas: pd.DataFrame, now: datetime, **options) -> None:
+        """Make the forecasts of the nightly refreshes over the last ``window`` (each from
+        the history before it) and keep their promises."""
+        tz = self.settings.pool.timezone
+        local = pd.Timestamp(now).tz_convert(tz)
+        at = local.normalize() + pd.Timedelta(hours=self.refresh_hour)
+        if at >= local:
+            at -= pd.Timedelta(days=1)
+        first = replicas[DS].min() if len(replicas) else None
+        moments = []
+        while first is not None and at >= local - self.window and at - pd.Timedelta(days=1) > first:
+            moments.append(at.tz_convert("UTC").to_pydatetime())
+            at -= pd.Timedelta(days=1)
+        confidence = self.settings.admission.confidence
+        for moment in sorted(moments):
+            try:
+                _, forecast = forecast_free(replicas, self.settings, moment,
+                                            horizon=self.horizon, model=self.model,
+                                            **(options or self.options))
+            except HistoryError:  # too little history then: that evening has no promise
+                continue
+            self._keep(promise_of(forecast, moment, self.settings.service_names, confidence),
+                       now)
+
+    def _keep(self, promise: Promise, now: datetime) -> None:
+        self.promises.append(promise)
+        oldest = pd.Timestamp(now) - pd.Timedelta(self.window) - pd.Timedelta(self.horizon)
+        self.promises = [p for p in self.promises if pd.Timestamp(p.made_at) >= oldest]
+
+
+__all__ = ["Refresh", "Refresher"]
