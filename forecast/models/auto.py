@@ -22,7 +22,9 @@ the series' floor (the mean of the middle half of the step ratios: a spike does 
 the floor, a night at min replicas, a change of demand does not show), once that ratio leaves
 a dead band of +-12 %: ordinary days stay inside it and forecast as before, a +40 % launch is
 followed within hours. A drop must also show over three times that window (a quiet eve or a
-bridge day is not a new regime, and following it would under-forecast the next day). The calibration
+bridge day is not a new regime, and following it would under-forecast the next day), and is
+followed for a day ahead only, then fades back to the curve (a lull of a few days, the year's
+end, is not extrapolated for a week; each nightly refit measures it again). The calibration
 replays are rescaled the same way, their errors kept in the units of the curve and scaled with
 it, so the quantiles know how well rescaled forecasts do. A surge still outruns the ratio (it
 lags by half a window): the quantile level adapts to the replays' recent misses (one-sided
@@ -272,8 +274,9 @@ class AutoForecaster(SeriesForecaster):
         recent = (values[back : cutoff + 1] - seen)[-self.recent_steps :]
         level = float(np.nanmean(recent)) if np.isfinite(recent).any() else 0.0
         curve = profile[kinds, slots]
-        future = _rescale(curve, ratio, f.floor, f.series.upper)
-        scale = np.where(curve > f.floor + 1e-9, ratio, 1.0)  # of the errors
+        ahead = _ahead(ratio, leads, f.matrix.shape[1])
+        future = _rescale(curve, ahead, f.floor, f.series.upper)
+        scale = np.where(curve > f.floor + 1e-9, ahead, 1.0)  # of the errors
         return future + level * f.phi**leads, scale
 
     def _ratios(self, f: _Fitted, values: np.ndarray, curve: np.ndarray,
@@ -380,12 +383,13 @@ class AutoForecaster(SeriesForecaster):
                     seen = seg[r0 : at + 1] - _rescale(curve[r0 : at + 1], ratio, f.floor,
                                                        f.series.upper)
                     level = float(np.nanmean(seen)) if np.isfinite(seen).any() else 0.0
-                    ahead = _rescale(curve[at + 1 : stop - back], ratio, f.floor,
+                    factor = _ahead(ratio, leads_all[:m], steps_per_day)
+                    ahead = _rescale(curve[at + 1 : stop - back], factor, f.floor,
                                      f.series.upper)
                     # errors above the floor in the units of the curve: they scale with it
                     above = curve[at + 1 : stop - back] > f.floor + 1e-9
                     err = (seg[at + 1 : stop - back] - ahead - level * decay[:m]) / np.where(
-                        above, ratio, 1.0)
+                        above, factor, 1.0)
                 ok = np.isfinite(err)
                 keys_out.append(target_key[cutoff + 1 : stop][ok] + lead_key[:m][ok])
                 errors_out.append(err[ok])
@@ -462,10 +466,21 @@ class AutoForecaster(SeriesForecaster):
         return f.series, index, point[:, None] + offsets
 
 
-def _rescale(curve: np.ndarray, ratio: float, floor: float, upper: float) -> np.ndarray:
-    """``curve`` times ``ratio`` where it is above the ``floor`` (at the floor, demand is
-    below it by an unknown amount: kept), between the floor and ``upper``."""
-    if ratio == 1.0:
+def _ahead(ratio: float, leads: np.ndarray, steps_per_day: int):
+    """The ratio to rescale each lead with: a rise holds over the horizon; a drop holds for a
+    day and fades back to the curve over the next (a lull of a few days, the year's end, is
+    not followed for a week; under-forecasting is the side that costs the service)."""
+    if ratio >= 1.0:
+        return ratio
+    weight = np.clip(2.0 - leads / steps_per_day, 0.0, 1.0)
+    return 1.0 + (ratio - 1.0) * weight
+
+
+def _rescale(curve: np.ndarray, ratio, floor: float, upper: float) -> np.ndarray:
+    """``curve`` times ``ratio`` (a number, or one per step) where it is above the ``floor``
+    (at the floor, demand is below it by an unknown amount: kept), between the floor and
+    ``upper``."""
+    if np.isscalar(ratio) and ratio == 1.0:
         return curve
     return np.where(curve > floor + 1e-9, np.clip(curve * ratio, floor, upper), curve)
 
