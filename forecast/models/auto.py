@@ -59,6 +59,7 @@ LOOKBACK_HALF_LIVES = 5  # days older than this many half-lives weigh < 3 %: lef
 LEVEL_BAND = 0.12  # the last day within +-12 % of the curve: no rescaling (ordinary days)
 LEVEL_MAX_AGE_DAYS = 3  # the ratio's evidence reaches back at most this far (a weekend)
 DOWN_WINDOWS = 3  # a drop must show over three windows (a quiet day does not)
+ACI_TOLERANCE = 2.0  # the adaptive level widens once a day misses more than twice 1 - q
 ACI_MAX_WIDENING = 5.0  # the adaptive level misses at least (1 - q) / 5: q0.9 -> q0.98 at most
 
 
@@ -412,7 +413,9 @@ class AutoForecaster(SeriesForecaster):
         ``alpha = 1 - q`` moves by ``aci_gamma`` times (1 - q minus the miss rate of the 24
         hours up to it, a miss being an actual above the q-quantile the replay gave; a whole
         day, so the daily rhythm of misses cancels out): a surge the curve has not caught up
-        with lowers it, widening the band, and ordinary days raise it back. It
+        with lowers it, widening the band, and ordinary days raise it back; a day missing
+        more than 1 - q but at most ``ACI_TOLERANCE`` times that moves nothing (bad luck,
+        which a clipped level would otherwise only ever widen for). It
         never goes above 1 - q (no narrowing: on integer series most hours miss never, the
         night at its floor) nor below (1 - q) / ACI_MAX_WIDENING; quantiles up to the median
         stay as calibrated."""
@@ -442,6 +445,8 @@ class AutoForecaster(SeriesForecaster):
             target = 1.0 - q
             alpha = target
             for rate in rates:
+                if target < rate <= ACI_TOLERANCE * target:
+                    continue  # a day of ordinary bad luck: neither widen nor narrow back
                 alpha = min(target, max(target / ACI_MAX_WIDENING,
                                         alpha + self.aci_gamma * (target - rate)))
             levels[j] = 1.0 - alpha
