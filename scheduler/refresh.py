@@ -75,18 +75,18 @@ class Refresher:
     def refresh(self, history: pd.DataFrame, now: datetime) -> Refresh:
         """Score the promises in use, then forecast from the history before ``now``."""
         replicas = metric_rows(history, REPLICAS)
-        options = dict(self.options)
-        if self.model == "auto":  # fits on prefixes of this history share their work
-            options.setdefault("cache", {})
         if not self.promises:
-            self.backfill(replicas, now, **options)
+            # the backfill's fits share a cache of their own: reused replays keep the decay
+            # rate of the fit that made them, so the forecast in use stays what it would be
+            own = {**self.options, "cache": {}} if self.model == "auto" else self.options
+            self.backfill(replicas, now, **own)
         confidence = self.settings.admission.confidence
         services = self.settings.service_names
         coverage = score(self.promises, replicas, now, services, target=confidence,
                          widened=self.widened, window=self.window)
         quantiles = planned_quantiles(coverage)
         free, forecast = forecast_free(replicas, self.settings, now, horizon=self.horizon,
-                                       model=self.model, quantiles=quantiles, **options)
+                                       model=self.model, quantiles=quantiles, **self.options)
         promise = promise_of(forecast, now, services, confidence)
         self._keep(promise, now)
         return Refresh(now, free, profile_of(free, confidence, now), promise, coverage,
@@ -94,7 +94,7 @@ class Refresher:
 
     def backfill(self, replicas: pd.DataFrame, now: datetime, **options) -> None:
         """Make the forecasts of the nightly refreshes over the last ``window`` (each from
-        the history before it) and keep their promises."""
+        the history before it, ``options`` to the model) and keep their promises."""
         tz = self.settings.pool.timezone
         local = pd.Timestamp(now).tz_convert(tz)
         at = local.normalize() + pd.Timedelta(hours=self.refresh_hour)
@@ -109,8 +109,7 @@ class Refresher:
         for moment in sorted(moments):
             try:
                 _, forecast = forecast_free(replicas, self.settings, moment,
-                                            horizon=self.horizon, model=self.model,
-                                            **(options or self.options))
+                                            horizon=self.horizon, model=self.model, **options)
             except HistoryError:  # too little history then: that evening has no promise
                 continue
             self._keep(promise_of(forecast, moment, self.settings.service_names, confidence),
