@@ -455,9 +455,24 @@ class Volume(_Strict):
         return next(s for s in VOLUME_KINDS if getattr(self, s) is not None)
 
 
-def _one_reference(model: BaseModel, what: str) -> None:
-    if (model.secret is None) == (model.config_map is None):  # type: ignore[attr-defined]
-        both = "both" if model.secret is not None else "neither"  # type: ignore[attr-defined]
+class _ObjectRef(_Strict):
+    """Names exactly one Secret or ConfigMap (checked by ``_one_reference``)."""
+
+    secret: ObjectName | None = None
+    config_map: ObjectName | None = None
+
+    @property
+    def kind(self) -> str:
+        return "secret" if self.secret is not None else "config_map"
+
+    @property
+    def ref(self) -> str:
+        return self.secret if self.secret is not None else self.config_map  # type: ignore[return-value]
+
+
+def _one_reference(model: _ObjectRef, what: str) -> None:
+    if (model.secret is None) == (model.config_map is None):
+        both = "both" if model.secret is not None else "neither"
         raise ValueError(f"{what} names {both} secret and config_map; set exactly one of them")
 
 
@@ -472,13 +487,11 @@ def _check_prefix(value: str) -> str:
     return value
 
 
-class EnvFrom(_Strict):
+class EnvFrom(_ObjectRef):
     """Every key of a Secret or ConfigMap as an environment variable (``envFrom``): set one of
     ``secret`` or ``config_map``. The values never pass through idlegpu. Variables set in
     ``env`` take precedence over these."""
 
-    secret: ObjectName | None = None
-    config_map: ObjectName | None = None
     prefix: str = Field(default="", pattern=r"^([A-Za-z_][A-Za-z0-9_]*)?$")
     """Put in front of every key, e.g. ``WANDB_``."""
     optional: bool = False
@@ -491,20 +504,11 @@ class EnvFrom(_Strict):
         _one_reference(self, "an env_from entry")
         return self
 
-    @property
-    def kind(self) -> str:
-        return "secret" if self.secret is not None else "config_map"
-
-    @property
-    def ref(self) -> str:
-        return self.secret if self.secret is not None else self.config_map  # type: ignore[return-value]
 
 
-class KeyRef(_Strict):
+class KeyRef(_ObjectRef):
     """One key of a Secret or ConfigMap: ``{secret: wandb, key: api-key}``."""
 
-    secret: ObjectName | None = None
-    config_map: ObjectName | None = None
     key: str = Field(max_length=253, pattern=_KEY)
     optional: bool = False
     """Leave the variable unset when the key or object does not exist."""
@@ -514,13 +518,6 @@ class KeyRef(_Strict):
         _one_reference(self, "value_from")
         return self
 
-    @property
-    def kind(self) -> str:
-        return "secret" if self.secret is not None else "config_map"
-
-    @property
-    def ref(self) -> str:
-        return self.secret if self.secret is not None else self.config_map  # type: ignore[return-value]
 
 
 class ValueFrom(_Strict):
