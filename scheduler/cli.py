@@ -1288,7 +1288,7 @@ def report(
 
         with JobStore(_store_url(settings, store)) as job_store:
             table = runs_from_store(job_store, datetime.now(timezone.utc))
-    idle = accuracy = None
+    idle = check = None
     if history is not None:
         if settings is None:
             raise typer.BadParameter("--history needs the pool configuration (--config)",
@@ -1297,20 +1297,26 @@ def report(
 
         frame = read_history(history)
         idle = idle_by_day(frame, settings)
-        from scheduler.reports import Month, forecast_accuracy
+        from rich.progress import Progress
 
-        with console.status(f"checking the forecasts of {month}..."):
-            accuracy = forecast_accuracy(frame, settings, Month.parse(month),
-                                         confidence=settings.admission.confidence)
+        from scheduler.reports import Month, forecast_check
+
+        # the daemon's nightly refresh replayed over the month (widening included): one refit
+        # per evening gives the pooled accuracy and the per-service coverage
+        with Progress(console=err_console, transient=True) as progress:
+            task = progress.add_task(f"replaying the nightly forecasts of {month}", total=None)
+            check = forecast_check(
+                frame, settings, Month.parse(month),
+                on_step=lambda n, total: progress.update(task, completed=n, total=total))
     result = build_report(
         table, month, months=months, tz=tz,
         price=defaults.price_per_gpu_hour if price is None else price,
         currency=(defaults.currency if currency is None else currency),
         idle_daily=idle, pool=settings.pool.name if settings is not None else "GPU pool",
-        accuracy=accuracy,
+        forecast=check,
     )
     files = write_report(result, out)
-    from scheduler.reports import format_gpus, format_hours, format_money
+    from scheduler.reports import format_gpus, format_hours, format_money, format_share
 
     row = result.row
     console.print(
@@ -1320,6 +1326,14 @@ def report(
         f"(cumulative {format_money(row.cumulative_savings, row.currency)})",
         highlight=False,
     )
+    if check is not None:
+        verdicts = ", ".join(
+            f"{r.service} {format_share(r.coverage)} {r.verdict}"
+            + (f" (widened {r.days_widened} evening{'s' if r.days_widened != 1 else ''})"
+               if r.days_widened else "")
+            for r in check.services.itertuples())
+        console.print(f"q{check.confidence:g} coverage per service: {verdicts}",
+                      highlight=False, markup=False)
     console.print(f"wrote {', '.join(p.name for p in files)} to {out}/", highlight=False)
 
 

@@ -472,42 +472,205 @@ def idle_by_month(idle_daily: pd.Series) -> pd.Series:
 # --------------------------------------------------------------------------- the report
 
 
-def forecast_accuracy(
-    history: pd.DataFrame, settings: Any, month: str | Month, *, confidence: float = 0.9,
-    cutoff_hour: int = 18, on_step: Any = None,
-) -> dict[str, float]:
-    """How well the nightly forecasts of ``month`` did: the ``auto`` model refitted each day at
-    ``cutoff_hour`` (local) on the history before it, scored on the following 24 hours of every
-    service's replicas. Returns the MAE of the median, the pinball loss and coverage of the
-    ``confidence`` quantile, and idle-window precision and recall in GPU-hours."""
-    from forecast.backtest import backtest, score, window_quality
-    from forecast.models import model_for
-    from forecast.schema import DS, REPLICAS, metric_rows
+SERVICE_COVERAGE_COLUMNS = (
+    "month", "service", "forecasts", "points", "quantile", "strict_coverage", "coverage",
+    "verdict", "pinball", "mae", "evenings", "days_widened", "widened_on", "widened_quantile",
+    "held_back_gpu_hours",
+)
+DAILY_COVERAGE_COLUMNS = (
+    "date", "made_at", "service", "points", "strict_coverage", "coverage", "widened",
+    "planned_quantile", "tracked_last_day", "tracked_week", "held_back_gpu_hours",
+)
+
+
+@dataclass(frozen=True)
+class ForecastCheck:
+    """How the nightly forecasts of a month kept their promise, pooled and per service.
+
+    ``accuracy``: the pooled figures (``forecast_accuracy``); ``services``: one row per
+    service (``SERVICE_COVERAGE_COLUMNS``); ``daily``: one row per nightly refresh and service
+    (``DAILY_COVERAGE_COLUMNS``): the coverage of that evening's forecast over its next 24
+    hours, and whether that refresh planned the service wider."""
+
+    month: Month
+    confidence: float
+    widened_quantile: float
+    refresh_hour: int
+    accuracy: dict[str, float]
+    services: pd.DataFrame
+    daily: pd.DataFrame
+    held_back_gpu_hours: float
+    """GPU-hours the pool's plan promised free less than the ``confidence`` forecast would
+    have, over the 24 hours after each refresh that widened a service."""
+
+    @property
+    def widened(self) -> pd.DataFrame:
+        """The services widened at least once, most days first."""
+        rows = self.services[self.services["days_widened"] > 0]
+        return rows.sort_values(["days_widened", "service"], ascending=[False, True])
+
+
+def forecast_check(
+    history: pd.DataFrame, settings: Any, month: str | Month, *, confidence: float | None = None,
+    model: str = "auto", on_step: Callable[[int, int], None] | None = None,
+) -> ForecastCheck:
+    """Replay the daemon's nightly forecast refresh over ``month`` and score it.
+
+    Each local day of the month at ``daemon.forecast_refresh_hour`` (with a week of history
+    before it), the shared ``scheduler.refresh.Refresher`` (the daemon's and the simulator's
+    refresh; its fits share a cache, as the simulator's do) scores the promises in use,
+    widens the services that under-cover and forecasts from the history before that moment.
+    Every forecast whose next 24 hours are in the history is scored on them
+    (``forecast.backtest``: ``score``, ``series_calibration``, ``window_quality``): pooled, per
+    service for the month and per service and evening. ``confidence`` defaults to
+    ``admission.confidence``; ``on_step(done, total)`` after each refresh."""
+    from forecast.backtest import CUTOFF, HORIZON, score, series_calibration, window_quality
+    from forecast.capacity import FREE, forecast_pool_usage
+    from forecast.models.base import quantile_column
+    from forecast.schema import DS, REPLICAS, UNIQUE_ID, Y, metric_rows, series_id
+    from scheduler.refresh import Refresher
 
     m = Month.parse(month) if isinstance(month, str) else month
+    if confidence is not None and confidence != settings.admission.confidence:
+        admission = settings.admission.model_copy(update={"confidence": confidence})
+        settings = settings.model_copy(update={"admission": admission})
+    confidence = settings.admission.confidence
     tz = settings.pool.timezone
     replicas = metric_rows(history, REPLICAS)
-    last = replicas[DS].max() - pd.Timedelta(hours=24)
+    if replicas.empty:
+        raise ReportError(f"the history has no replica series to check the forecasts of "
+                          f"{m.label}")
+    first, newest = replicas[DS].min(), replicas[DS].max()
+    day = pd.Timedelta(hours=24)
+    cache: dict = {}
+    refresher = Refresher(settings, model=model, **({"cache": cache} if model == "auto" else {}))
+    hour = refresher.refresh_hour
     days = pd.date_range(m.start(tz), m.end(tz), freq="D", inclusive="left")
-    cutoffs = [d + pd.Timedelta(hours=cutoff_hour) for d in days]
-    cutoffs = [c.tz_convert("UTC") for c in cutoffs
-               if c.tz_convert("UTC") <= last and c - pd.Timedelta(days=7) > replicas[DS].min()]
-    if not cutoffs:
-        raise ReportError(f"the history does not cover {m.label} for a forecast accuracy check")
+    moments = [(d.tz_convert(tz).normalize() + pd.Timedelta(hours=hour)).tz_convert("UTC")
+               for d in days]
+    moments = [t for t in moments if t - pd.Timedelta(days=7) > first and t <= newest]
+    if not any(t + day <= newest + pd.Timedelta(hours=1) for t in moments):
+        raise ReportError(f"the history ({first:%Y-%m-%d} to {newest:%Y-%m-%d}) does not cover "
+                          f"{m.label} for a forecast accuracy check (a week before a refresh "
+                          "and the day after it)")
+    services = list(settings.service_names)
+    per_replica = {s.name: s.gpus_per_replica for s in settings.services}
+    actual = replicas[[UNIQUE_ID, DS, Y]]
+    q = quantile_column(confidence)
+    parts, daily = [], []
+    held_total = 0.0
+    for n, at in enumerate(moments):
+        result = refresher.refresh(replicas, at.to_pydatetime())
+        widened = result.widened
+        part = result.forecast[(result.forecast[DS] >= at) & (result.forecast[DS] < at + day)]
+        part = part.assign(**{CUTOFF: at, HORIZON: day})
+        step_h = float(pd.Series(sorted(part[DS].unique())).diff().min()
+                       / pd.Timedelta(hours=1)) if part[DS].nunique() > 1 else 0.0
+        held: dict[str, float] = {}
+        if widened:
+            plain = forecast_pool_usage(part, settings, confidence)[FREE]
+            planned = forecast_pool_usage(part, settings, confidence, widened)[FREE]
+            held_total += float((plain - planned).clip(lower=0).sum() * step_h)
+            for service, wide in widened.items():
+                rows = part[part[UNIQUE_ID] == series_id(service, REPLICAS)]
+                extra = (rows[quantile_column(wide)] - rows[q]).clip(lower=0).sum()
+                held[service] = float(extra * per_replica[service] * step_h)
+        observed = not part.empty and part[DS].max() <= newest  # its whole next day seen
+        scored = part.merge(actual, on=[UNIQUE_ID, DS], how="left")
+        if observed:
+            parts.append(scored)
+        calibration = (series_calibration(scored, [confidence]).set_index(UNIQUE_ID)
+                       if observed else None)
+        local = at.tz_convert(tz)
+        for service in services:
+            uid = series_id(service, REPLICAS)
+            cal = (calibration.loc[uid] if calibration is not None and uid in calibration.index
+                   else None)
+            tracked = result.coverage.get(service)
+            daily.append({
+                "date": local.strftime("%Y-%m-%d"),
+                "made_at": local.isoformat(),
+                "service": service,
+                "points": int(cal["points"]) if cal is not None else 0,
+                "strict_coverage": (float(cal[f"strict_coverage_{confidence:g}"])
+                                    if cal is not None else np.nan),
+                "coverage": float(cal[f"coverage_{confidence:g}"]) if cal is not None else np.nan,
+                "widened": service in widened,
+                "planned_quantile": widened.get(service, confidence),
+                "tracked_last_day": tracked.last_day if tracked is not None else np.nan,
+                "tracked_week": tracked.coverage if tracked is not None else np.nan,
+                "held_back_gpu_hours": held.get(service, 0.0),
+            })
+        if on_step:
+            on_step(n + 1, len(moments))
+    if not parts:
+        raise ReportError(f"the history ends {newest:%Y-%m-%d %H:%M} UTC: no forecast of "
+                          f"{m.label} has its next 24 hours in it to score")
+    frame = pd.concat(parts, ignore_index=True)
     qs = sorted({0.5, confidence})
-    run = backtest(replicas, {"auto": lambda: model_for("auto", settings)}, cutoffs=cutoffs,
-                   horizon=pd.Timedelta(hours=24), quantiles=qs, on_step=on_step)
-    scores = score(run.forecasts, qs).loc["auto"]
-    windows = window_quality(run.forecasts, replicas, settings, confidence).loc["auto"]
-    return {
-        "cutoffs": float(len(cutoffs)),
+    pooled = score(frame, qs).iloc[0]
+    windows = window_quality(frame, replicas, settings, confidence).iloc[0]
+    accuracy = {
+        "cutoffs": float(len(parts)),
         "confidence": confidence,
-        "mae": float(scores["mae"]),
-        "pinball": float(scores[f"pinball_{confidence:g}"]),
-        "coverage": float(scores[f"coverage_{confidence:g}"]),
+        "mae": float(pooled["mae"]),
+        "pinball": float(pooled[f"pinball_{confidence:g}"]),
+        "coverage": float(pooled[f"coverage_{confidence:g}"]),
+        "strict_coverage": float(pooled[f"strict_coverage_{confidence:g}"]),
         "precision": float(windows["precision"]),
         "recall": float(windows["recall"]),
+        "promised_gpu_hours": float(windows["promised_gpu_hours"]),
+        "refresh_hour": float(hour),
     }
+    daily_frame = pd.DataFrame(daily, columns=list(DAILY_COVERAGE_COLUMNS))
+    calibration = series_calibration(frame, [confidence]).set_index(UNIQUE_ID)
+    rows = []
+    for service in services:
+        uid = series_id(service, REPLICAS)
+        mine = daily_frame[daily_frame["service"] == service]
+        group = frame[frame[UNIQUE_ID] == uid]
+        figures = score(group, qs).iloc[0] if group[Y].notna().any() else None
+        cal = calibration.loc[uid] if uid in calibration.index else None
+        wide = mine[mine["widened"]]
+        rows.append({
+            "month": m.label,
+            "service": service,
+            "forecasts": int((mine["points"] > 0).sum()),
+            "points": int(cal["points"]) if cal is not None else 0,
+            "quantile": confidence,
+            "strict_coverage": (float(cal[f"strict_coverage_{confidence:g}"])
+                                if cal is not None else np.nan),
+            "coverage": float(cal[f"coverage_{confidence:g}"]) if cal is not None else np.nan,
+            "verdict": str(cal[f"verdict_{confidence:g}"]) if cal is not None else "",
+            "pinball": (float(figures[f"pinball_{confidence:g}"]) if figures is not None
+                        else np.nan),
+            "mae": float(figures["mae"]) if figures is not None else np.nan,
+            "evenings": len(mine),
+            "days_widened": len(wide),
+            "widened_on": " ".join(wide["date"]),
+            "widened_quantile": refresher.widened,
+            "held_back_gpu_hours": float(wide["held_back_gpu_hours"].sum()),
+        })
+    return ForecastCheck(
+        month=m, confidence=confidence, widened_quantile=refresher.widened, refresh_hour=hour,
+        accuracy=accuracy, services=pd.DataFrame(rows, columns=list(SERVICE_COVERAGE_COLUMNS)),
+        daily=daily_frame, held_back_gpu_hours=held_total,
+    )
+
+
+def forecast_accuracy(
+    history: pd.DataFrame, settings: Any, month: str | Month, *, confidence: float = 0.9,
+    on_step: Callable[[int, int], None] | None = None,
+) -> dict[str, float]:
+    """How well the nightly forecasts of ``month`` did, pooled over every service's replicas
+    (``forecast_check``'s ``accuracy``): the number of forecasts scored (``cutoffs``), the MAE
+    of the median, the pinball loss, coverage and strict coverage of the ``confidence``
+    quantile, and idle-window precision and recall in GPU-hours."""
+    return forecast_check(history, settings, month, confidence=confidence,
+                          on_step=on_step).accuracy
+
+
+# --------------------------------------------------------------------------- the report
 
 
 @dataclass(frozen=True)
@@ -526,6 +689,8 @@ class Report:
     commands: list[str] = field(default_factory=list)
     accuracy: dict[str, float] | None = None
     """Forecast accuracy of the report month (see ``forecast_accuracy``), when computed."""
+    forecast: ForecastCheck | None = None
+    """Per service: coverage, verdict and widened evenings of the month (``forecast_check``)."""
 
     @property
     def row(self) -> pd.Series:
@@ -544,8 +709,11 @@ def build_report(
     pool: str = "GPU pool",
     commands: Sequence[str] = (),
     accuracy: dict[str, float] | None = None,
+    forecast: ForecastCheck | None = None,
 ) -> Report:
-    """Compute everything a report shows for the ``months`` months ending with ``month``."""
+    """Compute everything a report shows for the ``months`` months ending with ``month``
+    (``forecast``: the forecast check of the month, ``forecast_check``; its pooled figures
+    are the ``accuracy`` unless given)."""
     if price < 0 or not math.isfinite(price):
         raise ReportError(f"the price per GPU-hour must be a number >= 0 (got {price})")
     currency = currency.strip()
@@ -577,7 +745,9 @@ def build_report(
         teams=_breakdown(last_runs, "team", price=price),
         kinds=_breakdown(last_runs, "kind", price=price),
         daily=daily_usage(runs, span, tz),
-        idle_daily=idle_daily, commands=list(commands), accuracy=accuracy,
+        idle_daily=idle_daily, commands=list(commands),
+        accuracy=accuracy if accuracy is not None or forecast is None else forecast.accuracy,
+        forecast=forecast,
     )
 
 
@@ -644,10 +814,21 @@ _DEFINITIONS = (
 )
 
 
+_MD_SPECIAL = str.maketrans({
+    **{c: "\\" + c for c in "\\`*_[]|#"}, "<": "&lt;", ">": "&gt;", "&": "&amp;"})
+
+
+def markdown_text(text: str) -> str:
+    """``text`` as Markdown shows it literally: HTML and emphasis, link, code and table
+    characters escaped (a team or service called ``<script>`` or ``a_b*c`` stays that)."""
+    return str(text).translate(_MD_SPECIAL)
+
+
 def _markdown_table(headers: list[str], rows: list[list[str]]) -> str:
     align = ["---"] + ["---:"] * (len(headers) - 1)
-    lines = ["| " + " | ".join(headers) + " |", "| " + " | ".join(align) + " |"]
-    lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
+    lines = ["| " + " | ".join(markdown_text(h) for h in headers) + " |",
+             "| " + " | ".join(align) + " |"]
+    lines += ["| " + " | ".join(markdown_text(cell) for cell in row) + " |" for row in rows]
     return "\n".join(lines)
 
 
@@ -660,7 +841,8 @@ def _html_table(headers: list[str], rows: list[list[str]]) -> str:
 
 
 def _sections(report: Report, charts: dict[str, Path]):
-    """(title, kind, payload) in order; kind is text, table or chart."""
+    """(kind, payload) in order; kind is h1, h2, h3, code, list, text, table or chart. Text
+    is plain (each renderer escapes it); list lines mark bold with ``**``."""
     label = report.month.label
     yield ("h1", f"{report.pool}: harvested GPUs, {label}")
     if report.commands:
@@ -672,36 +854,123 @@ def _sections(report: Report, charts: dict[str, Path]):
     yield ("text", _DEFINITIONS.format(tz=report.tz,
                                         price=format_money(report.price, report.currency)))
     if report.accuracy is not None:
-        a = report.accuracy
-        yield ("h2", f"Forecast accuracy, {label}")
-        yield ("table", (
-            ["daily forecasts", "MAE (replicas)", f"pinball q{a['confidence']:g}",
-             f"coverage q{a['confidence']:g}", "windows: precision", "windows: recall"],
-            [[f"{a['cutoffs']:.0f}", f"{a['mae']:.3f}", f"{a['pinball']:.3f}",
-              format_share(a["coverage"]), format_share(a["precision"]),
-              format_share(a["recall"])]],
-        ))
-        yield ("text", (
-            f"Each day at 18:00 the forecaster was refitted on the history before it and scored "
-            f"on the next 24 hours of every service's replicas. Precision: of the GPU-hours it "
-            f"promised free with {a['confidence']:.0%} confidence, the share that really were; "
-            "recall: of the GPU-hours really free, the share it promised."))
+        yield from _forecast_sections(report, charts)
     yield ("h2", f"By team, {label}")
     yield ("table", _breakdown_rows(report.teams, "team", report.currency))
     yield ("h2", f"By kind of job, {label}")
     yield ("table", _breakdown_rows(report.kinds, "kind", report.currency))
     yield ("h2", "Charts")
     for title, path in charts.items():
-        yield ("chart", (title, path))
+        if title != COVERAGE_CHART:  # shown with the forecast accuracy
+            yield ("chart", (title, path))
+
+
+COVERAGE_CHART = "Realised coverage per service"
+
+
+def _forecast_sections(report: Report, charts: dict[str, Path]):
+    """The forecast accuracy of the month: pooled, then per service with the chart of the
+    daily coverage and what the widened evenings meant for the GPUs lent."""
+    label = report.month.label
+    a = report.accuracy
+    c = a["confidence"]
+    hour = int(a.get("refresh_hour", 18))
+    strict = a.get("strict_coverage", math.nan)
+    yield ("h2", f"Forecast accuracy, {label}")
+    yield ("table", (
+        ["daily forecasts", "MAE (replicas)", f"pinball q{c:g}",
+         f"coverage q{c:g}: strict / plain", "windows: precision", "windows: recall"],
+        [[f"{a['cutoffs']:.0f}", f"{a['mae']:.3f}", f"{a['pinball']:.3f}",
+          (f"{format_share(strict)} / {format_share(a['coverage'])}" if math.isfinite(strict)
+           else format_share(a["coverage"])),
+          format_share(a["precision"]), format_share(a["recall"])]],
+    ))
+    yield ("text", (
+        f"Each day at {hour:02d}:00 the forecaster was refitted on the history before it and "
+        f"scored on the next 24 hours of every service's replicas. Precision: of the GPU-hours "
+        f"it promised free with {c:.0%} confidence, the share that really were; recall: of the "
+        "GPU-hours really free, the share it promised."))
+    check = report.forecast
+    if check is None:
+        return
+    wide = check.widened_quantile
+    yield ("h3", f"Per service: does the q{c:g} forecast keep its promise?")
+    rows = []
+    for r in check.services.itertuples():
+        days = _days(r.widened_on)
+        rows.append([
+            str(r.service), f"{r.forecasts:,}",
+            f"{format_share(r.strict_coverage)} / {format_share(r.coverage)}",
+            r.verdict or "n/a",
+            "n/a" if not math.isfinite(r.pinball) else f"{r.pinball:.3f}",
+            "n/a" if not math.isfinite(r.mae) else f"{r.mae:.3f}",
+            f"{r.days_widened} of {r.evenings}", days,
+            format_hours(r.held_back_gpu_hours),
+        ])
+    yield ("table", (
+        ["service", "forecasts", f"coverage q{c:g}: strict / plain", "verdict",
+         f"pinball q{c:g}", "MAE (replicas)", "evenings widened", "widened on",
+         "GPU-hours held back"], rows))
+    yield ("text", (
+        f"Coverage: the share of steps strictly below (strict) and at or below (plain) the "
+        f"q{c:g} forecast. Replica counts are whole numbers, so a forecast that keeps its "
+        f"promise has a strict coverage of at most {c:g} and a plain one of at least {c:g}: "
+        "calibrated (within 0.02). Under-covers: the service needed GPUs the forecast had "
+        "promised free (jobs on them are preempted); over-covers: even strictly below more "
+        "often than promised (GPUs held back that stayed free). Widened: at "
+        f"that evening's refresh the forecasts in use had covered less than q{c:g} by more than "
+        f"chance over the last day or week, so the service was planned with q{wide:g} until a "
+        f"day was covered again (as the daemon does, replayed); GPU-hours held back: its "
+        f"q{wide:g} minus q{c:g} replicas x GPUs per replica over those nights' 24 hours."))
+    if COVERAGE_CHART in charts:
+        yield ("chart", (COVERAGE_CHART, charts[COVERAGE_CHART]))
+    yield ("text", _widened_words(report))
+
+
+def _days(dates: str) -> str:
+    """``2025-12-08 2025-12-09`` as ``Dec 8, 9`` (one month: the report's)."""
+    days = [pd.Timestamp(d) for d in str(dates).split()]
+    if not days:
+        return "-"
+    return f"{days[0]:%b} " + ", ".join(str(d.day) for d in days)
+
+
+def _widened_words(report: Report) -> str:
+    """Which services were widened, how many evenings, and what it meant for lent GPUs."""
+    check = report.forecast
+    c, wide, label = check.confidence, check.widened_quantile, report.month.label
+    widened = check.widened
+    if widened.empty:
+        return (f"No service was widened in {label}: at every nightly refresh the forecasts "
+                f"in use of every service had kept their q{c:g} promise within chance, so every "
+                f"night was planned at q{c:g} and no GPUs were held back.")
+    parts = []
+    for r in widened.itertuples():
+        parts.append(f"{r.service} on {r.days_widened} evening{'s' if r.days_widened != 1 else ''}"
+                     f" ({_days(r.widened_on)}; {format_hours(r.held_back_gpu_hours)} GPU-hours "
+                     "held back)")
+    text = (f"Widened in {label}: {'; '.join(parts)}. Those nights the plan used the "
+            f"service's q{wide:g} forecast instead of q{c:g}: ")
+    promised = report.accuracy.get("promised_gpu_hours", math.nan)
+    share = (f" ({format_share(check.held_back_gpu_hours / promised)} of the "
+             f"{format_hours(promised)} GPU-hours the q{c:g} forecasts promised free over the "
+             "month)" if math.isfinite(promised) and promised > 0 else "")
+    text += (f"the pool lent up to {format_hours(check.held_back_gpu_hours)} GPU-hours fewer"
+             f"{share}, in exchange for fewer jobs preempted while the forecast was below the "
+             "service's traffic.")
+    never = [s for s in check.services["service"] if s not in set(widened["service"])]
+    if never:
+        text += f" Never widened: {', '.join(never)}."
+    return text
 
 
 def render_markdown(report: Report, charts: dict[str, Path]) -> str:
     parts = []
     for kind, payload in _sections(report, charts):
         if kind == "h1":
-            parts.append(f"# {payload}")
-        elif kind == "h2":
-            parts.append(f"## {payload}")
+            parts.append(f"# {markdown_text(payload)}")
+        elif kind in ("h2", "h3"):
+            parts.append(f"{'#' * int(kind[1])} {markdown_text(payload)}")
         elif kind == "code":
             parts.append("```sh\n" + payload + "\n```")
         elif kind == "list":
@@ -709,10 +978,11 @@ def render_markdown(report: Report, charts: dict[str, Path]) -> str:
         elif kind == "table":
             parts.append(_markdown_table(*payload))
         elif kind == "text":
-            parts.append(payload)
+            parts.append(markdown_text(payload))
         elif kind == "chart":
             title, path = payload
-            parts.append(f"### {title}\n\n![{title}]({path.name})")
+            text = markdown_text(title)
+            parts.append(f"### {text}\n\n![{text}]({path.name})")
     return "\n\n".join(parts) + "\n"
 
 
@@ -735,7 +1005,7 @@ p.note{color:#555;font-size:.9em}
 def render_html(report: Report, charts: dict[str, Path]) -> str:
     body = []
     for kind, payload in _sections(report, charts):
-        if kind in ("h1", "h2"):
+        if kind in ("h1", "h2", "h3"):
             body.append(f"<{kind}>{html.escape(payload)}</{kind}>")
         elif kind == "code":
             body.append(f"<pre><code>{html.escape(payload)}</code></pre>")
@@ -768,8 +1038,9 @@ def write_summary_csv(report: Report, path: Path) -> Path:
 
 
 def write_report(report: Report, out: Path, *, dpi: int = 100) -> list[Path]:
-    """Write ``report-YYYY-MM.md``, ``report-YYYY-MM.html``, ``summary.csv`` and the charts
-    into ``out``; returns the paths written."""
+    """Write ``report-YYYY-MM.md``, ``report-YYYY-MM.html``, ``summary.csv``, with a forecast
+    check ``report-YYYY-MM_coverage.csv`` and ``report-YYYY-MM_coverage_daily.csv``, and the
+    charts into ``out``; returns the paths written."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     charts = write_charts(report, out, dpi=dpi)
@@ -779,14 +1050,30 @@ def write_report(report: Report, out: Path, *, dpi: int = 100) -> list[Path]:
     page = out / f"report-{label}.html"
     page.write_text(render_html(report, charts), encoding="utf-8")
     summary = write_summary_csv(report, out / "summary.csv")
-    return [md, page, summary, *charts.values()]
+    extra = write_coverage_csv(report, out) if report.forecast is not None else []
+    return [md, page, summary, *extra, *charts.values()]
+
+
+def write_coverage_csv(report: Report, out: Path) -> list[Path]:
+    """The forecast check per service (``report-YYYY-MM_coverage.csv``,
+    ``SERVICE_COVERAGE_COLUMNS``) and per evening and service
+    (``report-YYYY-MM_coverage_daily.csv``, ``DAILY_COVERAGE_COLUMNS``)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    label = report.month.label
+    services = out / f"report-{label}_coverage.csv"
+    report.forecast.services.to_csv(services, index=False, float_format="%.6f")
+    daily = out / f"report-{label}_coverage_daily.csv"
+    report.forecast.daily.to_csv(daily, index=False, float_format="%.6f")
+    return [services, daily]
 
 
 # --------------------------------------------------------------------------- charts
 
 
 def write_charts(report: Report, out: Path, *, dpi: int = 100) -> dict[str, Path]:
-    """The four PNG charts (matplotlib Figure API), by title."""
+    """The PNG charts (matplotlib Figure API), by title: four, and with a forecast check the
+    daily coverage per service."""
     from matplotlib.figure import Figure
 
     label = report.month.label
@@ -861,4 +1148,58 @@ def write_charts(report: Report, out: Path, *, dpi: int = 100) -> dict[str, Path
     ax.set_title("GPU-hours per month")
     ax.legend(loc="upper left", fontsize=8)
     save(fig, "monthly", "GPU-hours per month")
+
+    # 5. with a forecast check: daily realised coverage per service, widened nights shaded
+    if report.forecast is not None:
+        save(_coverage_figure(report.forecast, report.tz), "coverage", COVERAGE_CHART)
     return charts
+
+
+def _mpl_text(text: str) -> str:
+    """``text`` as matplotlib draws it literally (``$`` would start mathtext)."""
+    return str(text).replace("$", r"\$")
+
+
+def _coverage_figure(check: ForecastCheck, tz: str):
+    """One panel per service: the coverage [strict, plain] of each evening's forecast over
+    the 24 hours it planned, the target, and the nights planned wider shaded."""
+    from matplotlib.figure import Figure
+
+    services = list(check.services["service"])
+    fig = Figure(figsize=(10, 1.6 + 1.5 * len(services)), layout="constrained")
+    axes = fig.subplots(len(services), 1, sharex=True, squeeze=False)[:, 0]
+    day = pd.Timedelta(hours=24)
+    for ax, service in zip(axes, services, strict=True):
+        rows = check.daily[check.daily["service"] == service]
+        made = pd.DatetimeIndex(pd.to_datetime(rows["made_at"], utc=True)).tz_convert(tz)
+        made = made.tz_localize(None)
+        middle = made + day / 2
+        for start, wide in zip(made, rows["widened"], strict=True):
+            if wide:
+                ax.axvspan(start, start + day, color="#DD8452", alpha=0.3, lw=0,
+                           label=f"planned with q{check.widened_quantile:g}")
+        ax.plot(middle, rows["coverage"], marker="o", ms=3, color="#4C72B0",
+                label=f"coverage (y <= q{check.confidence:g})")
+        ax.plot(middle, rows["strict_coverage"], ls=":", color="#4C72B0", lw=1,
+                label=f"strict (y < q{check.confidence:g})")
+        ax.axhline(check.confidence, color="#C44E52", ls="--", lw=1,
+                   label=f"target {check.confidence:g}")
+        ax.set_ylim(0, 1.05)
+        ax.set_ylabel("coverage")
+        ax.set_title(_mpl_text(service), loc="left", fontsize=9)
+        ax.grid(alpha=0.3)
+    handles, labels = axes[0].get_legend_handles_labels()
+    for other in axes[1:]:
+        for h, label in zip(*other.get_legend_handles_labels(), strict=True):
+            if label not in labels:
+                handles.append(h)
+                labels.append(label)
+    unique = dict(zip(labels, handles, strict=True))
+    fig.legend(unique.values(), unique.keys(), loc="outside lower center", fontsize=8,
+               ncols=min(len(unique), 5))
+    fig.suptitle(f"Realised coverage of each evening's q{check.confidence:g} forecast over "
+                 f"the next 24 h, {check.month.label} ({tz})", fontsize=10)
+    for label in axes[-1].get_xticklabels():
+        label.set_rotation(30)
+        label.set_ha("right")
+    return fig
