@@ -250,6 +250,19 @@ def test_rendered_report_reads_back(report, tmp_path):
     assert ".png\"" not in page and "KRW 441,000" in page and "<style>" in page
 
 
+def test_markdown_escapes_names(tmp_path):
+    runs = hand_runs()
+    runs.loc[runs["team"] == "beta", "team"] = "<img src=x>|be_ta*"
+    report = build_report(runs, "2026-01", tz=TZ, pool="pool [a](http://x)")
+    write_report(report, tmp_path)
+    md = (tmp_path / "report-2026-01.md").read_text(encoding="utf-8")
+    assert "<img" not in md and "[a](" not in md
+    assert "| &lt;img src=x&gt;\\|be\\_ta\\* |" in md
+    assert "# pool \\[a\\](http://x): harvested GPUs, 2026-01" in md
+    page = (tmp_path / "report-2026-01.html").read_text(encoding="utf-8")
+    assert "<img src=x>" not in page and "&lt;img src=x&gt;|be_ta*" in page
+
+
 def test_cli_report_from_a_runs_file(cli, tmp_path):
     path = tmp_path / "runs.csv"
     pd.DataFrame([run("big", "2026-01-01T00:00", "2026-02-01T00:00", 55)]).to_csv(path,
@@ -381,8 +394,10 @@ def test_forecast_accuracy_of_a_month_uses_only_the_past():
     history = read_history(repo / "data" / "sample" / "history.parquet")
     early = history[history["ds"] < pd.Timestamp("2025-10-12T15:00Z")]  # to Oct 13 00:00 KST
     accuracy = forecast_accuracy(early, settings, "2025-10")
-    assert accuracy["cutoffs"] == 4  # Oct 8-11 at 18:00: a week behind, a day ahead
+    assert accuracy["cutoffs"] == 4  # Oct 8-11 at 17:00 (the refresh hour): a week behind, a day ahead
     assert 0 <= accuracy["mae"] < 1 and 0 < accuracy["pinball"] < 1
     assert 0.5 <= accuracy["coverage"] <= 1 and 0.5 <= accuracy["precision"] <= 1
+    assert accuracy["strict_coverage"] <= accuracy["coverage"]
+    assert accuracy["refresh_hour"] == settings.daemon.forecast_refresh_hour
     with pytest.raises(ReportError, match="does not cover 2026-03"):
         forecast_accuracy(early, settings, "2026-03")
