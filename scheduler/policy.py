@@ -11,13 +11,19 @@
    window has ended are stopped too.
 3. **Victims** lose the least: lowest priority first, then the least unsaved work plus a
    restart cost per GPU (GPU-seconds since the last checkpoint, plus ``restart_cost_s`` per
-   GPU), then the fewest victims; and no more victims than the need requires.
+   GPU), then the fewest victims; and no more victims than the need requires. An elastic job
+   (``min_gpus`` below its GPUs) may instead be **shrunk**: it checkpoints and restarts on
+   exactly the GPUs the need leaves it (any whole number down to ``min_gpus``), which costs
+   its unsaved work plus the restart of the GPUs it keeps; chosen when that is the cheaper
+   cover (``Action.SHRINK``, ``Decision.gpus`` the GPUs it keeps).
 4. **Admission** walks the queue by priority, then team fair share (fewest GPU-hours used
    lately), then age. A job starts now if its GPUs stay free, against the profile minus what is
    already running, for its runtime plus the grace period (a checkpointable job: for at least a
    worthwhile segment, stopping before the window closes). The first job that cannot start gets
    a reservation at its earliest fitting time; later jobs backfill only around it (EASY
-   backfilling), so small jobs never starve a big one.
+   backfilling), so small jobs never starve a big one. An elastic job whose full size does
+   not fit now starts on the most GPUs that do (at least its ``min_gpus``), its runtime
+   scaled linearly (``runtime_s * gpus / granted``).
 Same inputs, same decisions: every ordering has a total tie-break on the job id.
 """
 
@@ -112,6 +118,7 @@ def decide(
     # --- 2. preemption -------------------------------------------------------------------
     by_id = sorted(running, key=lambda j: j.id)
     victims: dict[str, tuple[str, bool]] = {}  # id -> (reason, planned)
+    shrinks: dict[str, int] = {}  # id -> GPUs it keeps (victims that shrink, not stop)
     if give_up and running:
         what = "never read" if missing_for is None else f"missing for {missing_for / 60:.0f} min"
         for job in by_id:
@@ -121,8 +128,16 @@ def decide(
     else:
         for job in by_id:
             if job.stop_by is not None and job.stop_by <= now + timedelta(seconds=settings.grace_s):
-                victims[job.id] = ("its window closes: checkpoint and stop as planned", True)
-        stopping = sum(j.gpus for j in running if j.id in victims)
+                keep = _keep_after_window(job, now, free, used, ends, i0, n_steps,
+                                          grace_steps, settings, step)
+                if keep:
+                    shrinks[job.id] = keep
+                    text = (f"shrink {job.id} from {job.gpus} to {keep} GPUs: its window closes "
+                            f"for {job.gpus}, {keep} stay free; checkpoint and restart as planned")
+                    victims[job.id] = (text, True)
+                else:
+                    victims[job.id] = ("its window closes: checkpoint and stop as planned", True)
+        stopping = sum(j.gpus - shrinks.get(j.id, 0) for j in running if j.id in victims)
         # within the grace period nobody is trusted to finish on time: a job may overrun its
         # estimate, and stopping it later would make the service wait (unless the runtimes
         # are known, as the simulator's oracle knows them)
@@ -149,16 +164,41 @@ def decide(
                 f"the forecast needs {math.ceil(deficit)} of their GPUs for the service within "
                 f"{_hours(settings.grace_s)}"
             )
-            for job in _victims(running, need, now, exclude={**victims, **spared},
-                                restart_cost_s=settings.restart_cost_s):
-                victims[job.id] = (reason, live_need == 0)
+            exclude = {**victims, **spared}
+            whole: list[RunningJob] = []
+            cover = _cover(running, need, now, exclude, restart_cost_s=settings.restart_cost_s)
+            if any(keep for _, keep in cover):
+                # say what the shrink saves: the cover of whole stops it beats
+                whole = _victims(running, need, now, exclude,
+                                 restart_cost_s=settings.restart_cost_s)
+            for job, keep in cover:
+                if keep:
+                    shrinks[job.id] = keep
+                    text = (f"shrink {job.id} from {job.gpus} to {keep} GPUs: {reason}; "
+                            + _cheaper_than(job, whole, now))
+                else:
+                    text = reason
+                victims[job.id] = (text, live_need == 0)
     for job in by_id:
         if job.id in victims:
             reason, planned = victims[job.id]
-            decisions.append(Decision(Action.PREEMPT, job.id, job.gpus, reason, planned=planned))
             # a checkpointing job gives its GPUs back once the grace period has passed; one
             # that cannot checkpoint has nothing to save and is stopped at once
             release = min(n_steps, i0 + (grace_steps if job.checkpointable else 1))
+            keep = shrinks.get(job.id, 0)
+            if keep:
+                decisions.append(Decision(Action.SHRINK, job.id, keep, reason, planned=planned))
+                used[release : ends[job.id]] -= job.gpus - keep
+                # it restarts on fewer GPUs, so its work left takes longer
+                end = now + timedelta(seconds=settings.grace_s
+                                      + max(0.0, job.remaining_s) * job.gpus / keep)
+                if job.stop_by is not None:
+                    end = min(end, job.stop_by)
+                last = min(n_steps, math.ceil((end - profile.start).total_seconds() / step))
+                if last > ends[job.id]:
+                    used[ends[job.id] : last] += keep
+                continue
+            decisions.append(Decision(Action.PREEMPT, job.id, job.gpus, reason, planned=planned))
             used[release : ends[job.id]] -= job.gpus
 
     # --- 3. admission gates --------------------------------------------------------------
@@ -217,16 +257,45 @@ def _victims(
     can cover it, the set whose unsaved work plus a restart cost per GPU
     (``(unsaved_work_s + restart_cost_s) * gpus``) is least, then the fewest victims. A 4-GPU
     need stops a 4-GPU job rather than a 32-GPU one just past its checkpoint: the big one's
-    restart alone costs more. Exact (a min-cost cover over the GPUs needed)."""
+    restart alone costs more. Exact (a min-cost cover over the GPUs needed). Whole stops
+    only; ``_cover`` also shrinks elastic jobs."""
+    return [job for job, _ in _cover(running, need, now, exclude, restart_cost_s=restart_cost_s,
+                                     shrink=False)]
+
+
+def _stop_cost(job: RunningJob, now: datetime, restart_cost_s: float) -> float:
+    """GPU-seconds a stop loses: the unsaved work of every GPU, and every GPU's restart."""
+    return (job.unsaved_work_s(now) + restart_cost_s) * job.gpus
+
+
+def _shrink_cost(job: RunningJob, keep: int, now: datetime, restart_cost_s: float) -> float:
+    """GPU-seconds a shrink to ``keep`` GPUs loses: the job checkpoints and restarts, so by
+    the rule of a stop its unsaved work (all its GPUs), and the restart of the ``keep`` GPUs
+    it restarts on (the freed ones do not come back)."""
+    return job.unsaved_work_s(now) * job.gpus + restart_cost_s * keep
+
+
+def _cover(
+    running: Sequence[RunningJob], need: int, now: datetime, exclude: Mapping[str, object],
+    *, restart_cost_s: float = 600.0, shrink: bool = True,
+) -> list[tuple[RunningJob, int]]:
+    """The least costly way to free ``need`` GPUs: ``(job, keep)`` pairs sorted by id,
+    ``keep == 0`` a stop, ``keep > 0`` a shrink of an elastic job to ``keep`` GPUs.
+
+    From the lowest priorities that can cover the need, the set of stops (cost
+    ``_stop_cost``) and shrinks (``_shrink_cost``) of least cost, then the fewest victims;
+    an exact min-cost cover over the GPUs needed (a knapsack where each job is stopped,
+    shrunk by some GPUs, or spared). A shrink frees no more than the need still open (the
+    job keeps every GPU it can: what stops free beyond the need goes back to it); any whole
+    number of GPUs from ``min_gpus`` up is a size it accepts. Only checkpointable jobs shrink (a shrink is a checkpoint and a restart)."""
     if need <= 0:
         return []
     candidates = sorted(
         (j for j in running if j.id not in exclude),
-        key=lambda j: (j.priority, (j.unsaved_work_s(now) + restart_cost_s) * j.gpus, -j.gpus,
-                       j.id),
+        key=lambda j: (j.priority, _stop_cost(j, now, restart_cost_s), -j.gpus, j.id),
     )
     if sum(j.gpus for j in candidates) <= need:
-        return candidates
+        return [(j, 0) for j in sorted(candidates, key=lambda j: j.id)]
     # the lowest priorities that can cover the need; of them, only the highest is spared
     # where lower ones can do (its GPUs weigh more than any work of the others)
     pool: list[RunningJob] = []
@@ -237,27 +306,90 @@ def _victims(
         pool.append(job)
         covered += job.gpus
     top = pool[-1].priority
-    costs = [(j.unsaved_work_s(now) + restart_cost_s) * j.gpus for j in pool]
+    mixed = top != pool[0].priority
+    costs = [_stop_cost(j, now, restart_cost_s) for j in pool]
     weight = sum(costs) + 1.0
     per_victim = 1e-6 * weight / (len(pool) + 1)  # ties: the fewest victims
-    cost = np.array([c + (weight * j.gpus if j.priority == top and j.priority != pool[0].priority
-                          else 0.0) + per_victim for c, j in zip(costs, pool, strict=True)])
-    # best[x]: least cost freeing at least x GPUs (x up to need) with the jobs so far
+
+    def penalty(job: RunningJob, freed: int) -> float:
+        return weight * freed if mixed and job.priority == top else 0.0
+
+    # best[x]: least cost freeing at least x GPUs (x up to need) with the jobs so far;
+    # took[i, x]: what job i does in that cover (0 spared, -1 stopped, f > 0 shrunk by f)
     best = np.full(need + 1, np.inf)
     best[0] = 0.0
-    took = np.zeros((len(pool), need + 1), dtype=bool)
+    took = np.zeros((len(pool), need + 1), dtype=np.int64)
     at = np.arange(need + 1)
     for i, job in enumerate(pool):
-        with_it = best[np.maximum(0, at - job.gpus)] + cost[i]
-        took[i] = with_it < best
-        best = np.where(took[i], with_it, best)
-    chosen: list[RunningJob] = []
+        new = best.copy()
+        with_it = best[np.maximum(0, at - job.gpus)] + (costs[i] + penalty(job, job.gpus)
+                                                        + per_victim)
+        better = with_it < new
+        new[better] = with_it[better]
+        took[i, better] = -1
+        if shrink and job.elastic:
+            for freed in range(1, min(job.gpus - job.min_gpus, need) + 1):
+                cost = (_shrink_cost(job, job.gpus - freed, now, restart_cost_s)
+                        + penalty(job, freed) + per_victim)
+                with_f = np.full(need + 1, np.inf)
+                with_f[freed:] = best[: need + 1 - freed] + cost  # never beyond the need
+                better = with_f < new
+                new[better] = with_f[better]
+                took[i, better] = freed
+        best = new
+    chosen: list[tuple[RunningJob, int]] = []
     x = need
     for i in range(len(pool) - 1, -1, -1):
-        if x > 0 and took[i, x]:
-            chosen.append(pool[i])
+        if x <= 0:
+            break
+        what = int(took[i, x])
+        if what == -1:
+            chosen.append((pool[i], 0))
             x = max(0, x - pool[i].gpus)
-    return sorted(chosen, key=lambda j: j.id)
+        elif what > 0:
+            chosen.append((pool[i], pool[i].gpus - what))
+            x -= what
+    # what the stops free beyond the need goes back to the shrunk jobs (they keep more,
+    # the need is met exactly); a shrink left with nothing to free is dropped
+    extra = sum(job.gpus - keep for job, keep in chosen) - need
+    for n, (job, keep) in sorted(enumerate(chosen), key=lambda c: c[1][0].id):
+        if keep and extra > 0:
+            back = min(extra, job.gpus - keep)
+            chosen[n] = (job, keep + back)
+            extra -= back
+    chosen = [(job, keep) for job, keep in chosen if keep != job.gpus]
+    return sorted(chosen, key=lambda c: c[0].id)
+
+
+def _keep_after_window(job: RunningJob, now: datetime, free: np.ndarray, used: np.ndarray,
+                       ends: Mapping[str, int], i0: int, n_steps: int, grace_steps: int,
+                       settings: PolicySettings, step: int) -> int:
+    """GPUs an elastic job whose window closes can keep (0: none, it stops): the most, below
+    its size and at least ``min_gpus``, that the profile leaves beside the other jobs for a
+    worthwhile segment after its grace period (a hole: none)."""
+    if not job.elastic:
+        return 0
+    start = min(n_steps, i0 + grace_steps)
+    runtime_s = max(0.0, job.remaining_s) * job.gpus / job.min_gpus
+    stop = min(n_steps, start + _steps(min(runtime_s, settings.min_segment_s) + settings.grace_s,
+                                       step))
+    if stop <= start:
+        return 0
+    others = used[start:stop] - np.where(np.arange(start, stop) < ends[job.id], job.gpus, 0)
+    left = free[start:stop] - others
+    if np.isnan(left).any():
+        return 0
+    keep = min(job.gpus - 1, int(np.floor(left.min())))
+    return keep if keep >= job.min_gpus else 0
+
+
+def _cheaper_than(job: RunningJob, whole: Sequence[RunningJob], now: datetime) -> str:
+    """The end of a shrink's reason: the whole stops it spares."""
+    if [j.id for j in whole] == [job.id]:
+        return "cheaper than stopping it"
+    unsaved = sum(j.unsaved_work_s(now) * j.gpus for j in whole) / 3600
+    names = ", ".join(j.id for j in whole) or "nothing"
+    return f"cheaper than stopping {names} ({unsaved:.1f} GPU-h unsaved)"
 
 
 class _Availability:
@@ -300,7 +432,7 @@ def _place(
     step = profile.step_s
     avail, i0 = capacity.values, capacity.i0
     n = len(avail)
-    if not reserve and job.gpus > capacity.now():
+    if not reserve and job.min_gpus > capacity.now():
         return _too_big(job, capacity.now())
     if job.deadline is not None and now >= job.deadline:
         return Decision(Action.DEFER, job.id, job.gpus, "its deadline has passed")
@@ -312,21 +444,16 @@ def _place(
     min_steps = need_steps if whole else _steps(
         min(job.runtime_s, settings.min_segment_s) + settings.grace_s, step
     )
-    if job.gpus <= avail[i0] and i0 + min_steps <= n:
-        run = capacity.run_from_now(job.gpus)
-        if run >= need_steps:
-            capacity.take(i0, i0 + need_steps, job.gpus)
-            return Decision(Action.ADMIT, job.id, job.gpus,
-                            f"{job.gpus} GPUs stay free for its {_hours(job.runtime_s)}")
-        if not whole and run >= min_steps:
-            capacity.take(i0, i0 + run, job.gpus)
-            stop_by = profile.time_at(i0 + run) - timedelta(seconds=settings.grace_s)
-            return Decision(
-                Action.ADMIT, job.id, job.gpus,
-                f"a {_hours((stop_by - now).total_seconds())} segment of its "
-                f"{_hours(job.runtime_s)} fits; checkpoints and stops before the window closes",
-                stop_by=stop_by,
-            )
+    # its full size first; an elastic job then on the most GPUs that fit now, its runtime
+    # scaled linearly (the same work on fewer GPUs takes gpus / granted as long)
+    for gpus in range(job.gpus, job.min_gpus - 1, -1):
+        if gpus > avail[i0]:
+            continue
+        admitted = _admit_now(job, gpus, whole, now, profile, capacity, settings)
+        if admitted is not None:
+            return admitted
+    if not reserve and job.gpus > capacity.now():
+        return _too_big(job, capacity.now())
     what = "whole" if whole else "for a worthwhile segment"
     if reserve:
         start = _earliest_fit(avail, i0 + 1, job.gpus, min_steps)
@@ -350,6 +477,39 @@ def _place(
         f"{job.gpus} GPUs do not stay free {what} ({_hours(job.runtime_s)} + grace)"
         + ("" if reserve else " without delaying the reserved job"),
     )
+
+
+def _admit_now(job: WaitingJob, gpus: int, whole: bool, now: datetime, profile: FreeProfile,
+               capacity: _Availability, settings: PolicySettings) -> Decision | None:
+    """Admit ``job`` on ``gpus`` GPUs now if they stay free long enough (taking them)."""
+    step = profile.step_s
+    i0 = capacity.i0
+    runtime_s = job.runtime_s * job.gpus / gpus
+    need_steps = _steps(runtime_s + settings.grace_s, step)
+    min_steps = need_steps if whole else _steps(
+        min(runtime_s, settings.min_segment_s) + settings.grace_s, step
+    )
+    if i0 + min_steps > len(capacity.values):
+        return None
+    fewer = "" if gpus == job.gpus else (
+        f"{gpus} of its {job.gpus} GPUs ({job.gpus} do not fit now; it may run on "
+        f"{job.min_gpus}): "
+    )
+    run = capacity.run_from_now(gpus)
+    if run >= need_steps:
+        capacity.take(i0, i0 + need_steps, gpus)
+        return Decision(Action.ADMIT, job.id, gpus,
+                        f"{fewer}{gpus} GPUs stay free for its {_hours(runtime_s)}")
+    if not whole and run >= min_steps:
+        capacity.take(i0, i0 + run, gpus)
+        stop_by = profile.time_at(i0 + run) - timedelta(seconds=settings.grace_s)
+        return Decision(
+            Action.ADMIT, job.id, gpus,
+            f"{fewer}a {_hours((stop_by - now).total_seconds())} segment of its "
+            f"{_hours(runtime_s)} fits; checkpoints and stops before the window closes",
+            stop_by=stop_by,
+        )
+    return None
 
 
 def _run_length(avail: np.ndarray, start: int, gpus: int) -> int:

@@ -26,6 +26,13 @@ live signals: no signals, so no admission, and every job stops once they have be
 into them). Gap hours never count as idle (``unobserved_hours`` reports them); through a gap the
 simulated cluster assumes the service stays where it was last seen.
 
+**Elastic jobs** (``min_gpus`` below ``gpus``) may be admitted on fewer GPUs and shrunk
+while they run: a shrink checkpoints (planned: nothing lost; for a live need, like any
+unplanned stop, the work since the last checkpoint is lost), holds its GPUs through the grace
+period, then runs on at the smaller size. A job on ``n`` of its ``gpus`` GPUs does
+``n / gpus`` seconds of work per second (linear scaling), so useful and lost GPU-hours are
+counted in GPU-seconds whatever the size (``shrinks`` counts the shrinks).
+
 **Overruns**: a unit running past its estimate is given the remaining work of
 ``Overruns.remaining_s`` (learnt online from the units that finished so far), not one step.
 """
@@ -78,6 +85,9 @@ class SimJob:
     deadline: datetime | None = None
     max_preemptions: int | None = None
     depends_on: tuple[str, ...] = ()
+    min_gpus: int | None = None
+    """Elastic: the fewest GPUs it can run on (None: ``gpus`` only); on fewer GPUs its work
+    goes proportionally slower."""
 
     def as_waiting(self, *, runtime_s: float | None = None, preemptions: int = 0) -> WaitingJob:
         """What the policy sees of it in the queue (by default: never started)."""
@@ -86,7 +96,7 @@ class SimJob:
             runtime_s=self.estimate_s if runtime_s is None else runtime_s,
             checkpointable=self.checkpointable, priority=self.priority,
             submitted_at=self.submit_at, deadline=self.deadline, preemptions=preemptions,
-            max_preemptions=self.max_preemptions, kind=self.kind,
+            max_preemptions=self.max_preemptions, kind=self.kind, min_gpus=self.min_gpus,
         )
 
 
@@ -95,6 +105,9 @@ class _Job:
     spec: SimJob
     saved_s: float = 0.0
     progress_s: float = 0.0  # work since the last checkpoint of the current attempt
+    # (work is counted in seconds at the full size: on n of g GPUs, n / g per second)
+    gpus: int = 0  # what the current (or last) attempt holds
+    resume_gpus: int | None = None  # a shrink under way: restarts on these after its grace
     running: bool = False
     releasing_until: datetime | None = None
     started_at: datetime | None = None
@@ -127,9 +140,9 @@ class _Run:
         self.rows.append(
             {
                 "job_id": job.spec.id, "team": job.spec.team, "kind": job.spec.kind,
-                "gpus": job.spec.gpus, "start": start, "end": end, "outcome": outcome,
-                "gpu_hours": job.spec.gpus * hours,
-                "lost_gpu_hours": job.spec.gpus * lost_s / 3600,
+                "gpus": job.gpus, "start": start, "end": end, "outcome": outcome,
+                "gpu_hours": job.gpus * hours,
+                "lost_gpu_hours": job.spec.gpus * lost_s / 3600,  # full-size work seconds
             }
         )
 
@@ -198,6 +211,7 @@ def simulate(
     delay_gpu_min = 0.0
     profile: FreeProfile | None = None
     planned_stops = 0
+    shrinks = 0
     grace = timedelta(seconds=config.grace_s)
     overruns = Overruns(quantile=settings.admission.runtime_quantile)  # learnt as units finish
     last_seen: datetime | None = None  # the newest step with live signals
@@ -219,7 +233,7 @@ def simulate(
             if not job.running:
                 continue
             if job.releasing_until is None:
-                job.progress_s += step_s
+                job.progress_s += step_s * _rate(job)
                 if job.saved_s + job.progress_s >= job.spec.work_s:
                     job.saved_s, job.progress_s = job.spec.work_s, 0.0
                     job.running, job.finished_at = False, now
@@ -227,7 +241,7 @@ def simulate(
                     if job.spec.estimate_s > 0:
                         overruns = overruns.with_ratio(job.spec.work_s / job.spec.estimate_s)
                     runs.close(job, now, "finished", 0.0)
-                    usage_log.append((now, job.spec.team, job.spec.gpus
+                    usage_log.append((now, job.spec.team, job.gpus
                                       * (now - job.started_at).total_seconds() / 3600))
                 elif job.spec.checkpointable and job.last_checkpoint_at is not None and (
                     now - job.last_checkpoint_at
@@ -237,22 +251,26 @@ def simulate(
                     job.last_checkpoint_at = now
             elif now >= job.releasing_until:
                 job.running, job.releasing_until = False, None
+                if job.resume_gpus is not None:  # a shrink: it restarts on fewer GPUs
+                    job.running, job.gpus, job.resume_gpus = True, job.resume_gpus, None
+                    job.started_at = job.last_checkpoint_at = now
+                    job.progress_s = 0.0
         if finished:
             live = [j for j in live if j.finished_at is None]
         # 2. the service takes what it needs; evictions if jobs are in the way
         held = releasing = 0
         for job in live:
             if job.running:
-                held += job.spec.gpus
+                held += job.gpus
                 if job.releasing_until is not None:
-                    releasing += job.spec.gpus
+                    releasing += job.gpus - (job.resume_gpus or 0)
         service = pool.service_gpus[k]
         short = max(0.0, service + held - total)
         if short > 0:
             delay_gpu_min += short * step_s / 60
             for victim in _evict(live, short - releasing):
                 _stop(victim, now, grace, planned=False, runs=runs)
-                releasing += victim.spec.gpus  # on their way back: not short any more
+                releasing += victim.gpus  # on their way back: not short any more
         if pool.observed[k]:
             last_seen = now
             signals = ServingSignals(
@@ -301,7 +319,11 @@ def simulate(
             if d.action is Action.PREEMPT:
                 planned_stops += d.planned
                 _stop(job, now, grace, planned=d.planned, runs=runs)
+            elif d.action is Action.SHRINK:
+                shrinks += 1
+                _stop(job, now, grace, planned=d.planned, runs=runs, shrink_to=d.gpus)
             elif d.action is Action.ADMIT:
+                job.gpus = d.gpus
                 job.running, job.started_at, job.last_checkpoint_at = True, now, now
                 job.stop_by, job.progress_s = d.stop_by, 0.0
                 job.first_start = job.first_start or now
@@ -324,6 +346,7 @@ def simulate(
         "lost_gpu_hours": lost,
         "preemptions": float(sum(j.preemptions for j in state.values())),
         "planned_stops": float(planned_stops),
+        "shrinks": float(shrinks),
         "service_delay_gpu_minutes": delay_gpu_min,
         "jobs_finished": float(sum(j.finished_at is not None for j in state.values())),
         "jobs": float(len(state)),
@@ -336,8 +359,11 @@ def simulate(
     return SimResult(policy, metrics, frame)
 
 
-def _stop(job: _Job, now: datetime, grace: timedelta, *, planned: bool, runs: _Run) -> None:
-    """Start the grace period of a running job; planned stops checkpoint, others lose work."""
+def _stop(job: _Job, now: datetime, grace: timedelta, *, planned: bool, runs: _Run,
+          shrink_to: int | None = None) -> None:
+    """Start the grace period of a running job; planned stops checkpoint, others lose work.
+    ``shrink_to``: a shrink, not a stop: after its grace period the job runs on with these
+    GPUs (not a preemption either way)."""
     if planned and job.spec.checkpointable:
         job.saved_s += job.progress_s
         lost = 0.0
@@ -345,13 +371,15 @@ def _stop(job: _Job, now: datetime, grace: timedelta, *, planned: bool, runs: _R
         lost = job.progress_s if job.spec.checkpointable else job.saved_s + job.progress_s
         if not job.spec.checkpointable:
             job.saved_s = 0.0
-        job.preemptions += not planned
+        job.preemptions += not planned and shrink_to is None
     job.lost_s += lost
     job.progress_s = 0.0
     # only a checkpointing job uses the grace period; the others are stopped at once
     job.releasing_until = now + (grace if job.spec.checkpointable else timedelta(0))
     job.stop_by = None
-    runs.close(job, job.releasing_until, "stopped" if planned else "preempted", lost)
+    job.resume_gpus = shrink_to
+    outcome = "stopped" if planned or shrink_to is not None else "preempted"
+    runs.close(job, job.releasing_until, outcome, lost)
 
 
 def _evict(jobs, need: float) -> list[_Job]:
@@ -367,7 +395,7 @@ def _evict(jobs, need: float) -> list[_Job]:
         if freed >= need:
             break
         chosen.append(job)
-        freed += job.spec.gpus
+        freed += job.gpus
     return chosen
 
 
@@ -392,15 +420,22 @@ def _waiting(live: list[_Job], state: dict[str, _Job], step_s: int, overruns: Ov
     return out
 
 
+def _rate(job: _Job) -> float:
+    """Seconds of (full-size) work per second at its current size: linear scaling."""
+    return job.gpus / job.spec.gpus if job.spec.gpus and job.gpus else 1.0
+
+
 def _running(job: _Job, step_s: int, overruns: Overruns, *, oracle: bool = False) -> RunningJob:
     spec = job.spec
     done = job.saved_s + job.progress_s
     left = spec.work_s - done if oracle else overruns.remaining_s(spec.estimate_s, done)
+    left /= _rate(job)  # on fewer GPUs the work left takes longer
     return RunningJob(
-        id=spec.id, team=spec.team, gpus=spec.gpus, priority=spec.priority,
+        id=spec.id, team=spec.team, gpus=job.gpus, priority=spec.priority,
         started_at=job.started_at, checkpointable=spec.checkpointable,
         remaining_s=max(step_s, left),
         last_checkpoint_at=job.last_checkpoint_at, stop_by=job.stop_by, kind=spec.kind,
+        min_gpus=spec.min_gpus,
     )
 
 
@@ -506,6 +541,7 @@ def trace_jobs(entries, estimate: Callable[[object], float]) -> list[SimJob]:
                     deadline=unit.deadline,
                     max_preemptions=unit.max_preemptions,
                     depends_on=tuple(f"{prefix}-{s}-{m}" for s, m in unit.depends_on),
+                    min_gpus=unit.min_gpus,
                 )
             )
     return jobs

@@ -52,7 +52,7 @@ import string
 import types
 import typing
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
@@ -115,6 +115,7 @@ __all__ = [
     "quantity_bytes",
     "recheck_unit",
     "render",
+    "resize_unit",
     "scalar_text",
     "validate_request",
 ]
@@ -806,6 +807,7 @@ class StepSpec(_Runnable):
     parameters: dict[str, Scalar] = Field(default_factory=dict)
     env: EnvMap = Field(default_factory=dict)
     gpus: int | None = None
+    min_gpus: int | None = None
     cpu: Cpu | None = None
     memory: Memory | None = None
     runtime_estimate: Duration | None = None
@@ -850,6 +852,12 @@ class JobRequest(_Runnable):
     """Secrets and ConfigMaps whose every key becomes an environment variable."""
     gpus: int | None = None
     """GPUs per unit, allocated together (gang); required here unless every step sets it."""
+    min_gpus: int | None = None
+    """Elastic units: the fewest GPUs a unit can run on (1..``gpus``; needs ``checkpoint``).
+    The admitter may start it on fewer GPUs than ``gpus`` (down to this), or shrink it
+    while it runs (checkpoint, then restart on fewer GPUs from the checkpoint) when the service
+    needs GPUs back. The unit reads its GPU count from ``IDLEGPU_GPUS``. Left out: always
+    ``gpus``."""
     cpu: Cpu | None = None
     """CPU cores per unit (``"500m"`` works too); default 8 per GPU."""
     memory: Memory | None = None
@@ -917,6 +925,7 @@ class _Step:
     parameters: dict[str, Any]
     env: dict[str, Any]
     gpus: int | None
+    min_gpus: int | None
     cpu: float | None
     memory: str | None
     runtime: float | None
@@ -934,7 +943,7 @@ class _Step:
 
 
 _STEP_FIELDS = (
-    "kind", "image", "command", "args", "gpus", "cpu", "memory", "runtime_estimate",
+    "kind", "image", "command", "args", "gpus", "min_gpus", "cpu", "memory", "runtime_estimate",
     "checkpoint", "priority", "deadline", "max_preemptions", "output", "volumes", "env_from",
     "ephemeral_storage",
 )
@@ -946,7 +955,8 @@ def _step(index: int, name: str, value: Mapping[str, Any], parameters: dict[str,
     return _Step(
         index=index, name=name, kind=value["kind"], image=value["image"],
         command=list(value["command"]), args=list(value["args"]), parameters=parameters,
-        env=env, gpus=value["gpus"], cpu=value["cpu"], memory=value["memory"],
+        env=env, gpus=value["gpus"], min_gpus=value["min_gpus"], cpu=value["cpu"],
+        memory=value["memory"],
         runtime=value["runtime_estimate"], checkpoint=value["checkpoint"],
         priority=value["priority"], deadline=value["deadline"],
         max_preemptions=value["max_preemptions"], output=value["output"],
@@ -1129,6 +1139,7 @@ def _build_units(req: JobRequest) -> list[UnitSpec]:
                 )
         gpus = int(step.gpus)  # type: ignore[arg-type]
         checkpointable = step.checkpoint is not None and step.checkpoint.enabled
+        min_gpus = _check_min_gpus(step, gpus, checkpointable, req)
         this_step: list[tuple[int, int]] = []
         for member, point in enumerate(members):
             params = {**base, **point}
@@ -1187,6 +1198,7 @@ def _build_units(req: JobRequest) -> list[UnitSpec]:
                 env=tuple(env),
                 parameters=tuple((k, scalar_text(params[k])) for k in sorted(params)),
                 gpus=gpus,
+                min_gpus=min_gpus,
                 cpu=float(step.cpu) if step.cpu is not None else DEFAULT_CPU_PER_GPU * gpus,
                 memory=step.memory or f"{DEFAULT_MEMORY_GI_PER_GPU * gpus}Gi",
                 runtime_estimate_s=step.runtime,
@@ -1227,6 +1239,69 @@ def _build_units(req: JobRequest) -> list[UnitSpec]:
                 )
         previous = tuple(this_step)
     return units
+
+
+def _check_min_gpus(step: _Step, gpus: int, checkpointable: bool,
+                    req: JobRequest) -> int | None:
+    """The unit's ``min_gpus`` (None: not elastic), or ``_RuleError`` at the field."""
+    if step.min_gpus is None:
+        return None
+    where = step.where["min_gpus"]
+    least = int(step.min_gpus)
+
+    def refuse(message: str) -> _RuleError:
+        return _RuleError(where, _in_step_text(message, where, step, req))
+
+    if least < 1:
+        raise refuse(f"min_gpus must be at least 1 (got {least}); set it to the fewest GPUs "
+                     f"the unit can run on, from 1 to its {gpus} GPUs")
+    if least > gpus:
+        raise refuse(f"min_gpus {least} is above the unit's {gpus} GPUs; set min_gpus to at "
+                     f"most {gpus} (or leave it out: the unit then always runs on {gpus})")
+    if least == gpus:
+        return None  # not elastic: it runs on gpus or not at all
+    if not checkpointable:
+        raise refuse(
+            "an elastic unit shrinks by checkpointing and restarting on fewer GPUs, so it needs "
+            "checkpointing; add checkpoint: {interval: 30m, resume_args: [...]}, or remove "
+            "min_gpus"
+        )
+    templates = [("args", t) for t in step.args]
+    templates += [("env", t) for t in step.env.values() if isinstance(t, str)]
+    if step.checkpoint is not None:
+        templates += [("resume_args", t) for t in step.checkpoint.resume_args]
+    templates += [("volumes", v.sub_path) for v in step.volumes if v.sub_path]
+    for field, template in templates:
+        try:
+            names = {f for _, f, _, _ in _FORMATTER.parse(template) if f}
+        except ValueError:
+            continue  # reported by the rendering, with its fix
+        if "gpus" in names:
+            raise refuse(
+                f"{{gpus}} in {step.where.get(field, field)} is filled in once, but an elastic "
+                f"unit may run on {least} to {gpus} GPUs; read the IDLEGPU_GPUS environment "
+                "variable instead (it holds the GPUs of each attempt), or remove min_gpus"
+            )
+    return least
+
+
+def resize_unit(spec: UnitSpec, gpus: int) -> UnitSpec:
+    """An elastic unit as it runs on ``gpus`` GPUs (``min_gpus`` to ``spec.gpus``): CPU and
+    memory scaled to the same share of the full size (so the per-GPU caps still hold) and
+    ``IDLEGPU_GPUS`` set to ``gpus``; the rest (image, args, output, checkpoint) unchanged."""
+    full = int(spec.gpus)
+    gpus = int(gpus)
+    if gpus == full:
+        return spec
+    least = spec.min_gpus or full
+    if not least <= gpus < full:
+        raise ValueError(f"unit {spec.step}/{spec.member} runs on {least} to {full} GPUs, "
+                         f"not {gpus}")
+    memory = quantity_bytes(spec.memory) * gpus / full
+    mib = int((memory / 2**20).to_integral_value(rounding="ROUND_CEILING"))
+    env = tuple((k, str(gpus) if k == "IDLEGPU_GPUS" else v) for k, v in spec.env)
+    return replace(spec, gpus=gpus, cpu=round(spec.cpu * gpus / full, 3),
+                   memory=f"{max(1, mib)}Mi", env=env)
 
 
 def expand_units(request: JobRequest) -> list[UnitSpec]:
@@ -1602,6 +1677,7 @@ def admission_context(admission: AdmissionConfig | None = None) -> dict[str, Any
 
 _HINTS = {
     "gpus": "use a whole number of GPUs from 1 to {max_gpus}",
+    "min_gpus": "use a whole number of GPUs from 1 to the unit's gpus, or leave it out",
     "cpu": "use a number of CPU cores such as 8, 0.5 or 500m",
     "memory": "use a Kubernetes quantity such as 64Gi",
     "runtime_estimate": "use a duration such as 90m, 36h or 2d",

@@ -56,6 +56,14 @@ class Action(StrEnum):
     ADMIT = "admit"
     PREEMPT = "preempt"
     DEFER = "defer"
+    SHRINK = "shrink"
+    """An elastic running job checkpoints and restarts on fewer GPUs (``Decision.gpus``)."""
+
+
+def _elastic_min(job) -> None:
+    """``min_gpus`` defaults to ``gpus`` (not elastic); never above it."""
+    least = job.gpus if job.min_gpus is None else min(int(job.min_gpus), job.gpus)
+    object.__setattr__(job, "min_gpus", max(1, least) if job.gpus > 0 else job.gpus)
 
 
 @dataclass(frozen=True)
@@ -74,6 +82,17 @@ class WaitingJob:
     preemptions: int = 0
     max_preemptions: int | None = None
     kind: str = "job"
+    min_gpus: int | None = None
+    """An elastic job may start on as few as this many GPUs, its runtime then scaled
+    linearly (``runtime_s * gpus / granted``); None (the default) becomes ``gpus``: not
+    elastic."""
+
+    def __post_init__(self) -> None:
+        _elastic_min(self)
+
+    @property
+    def elastic(self) -> bool:
+        return self.min_gpus < self.gpus
 
 
 OVERRUN_MIN_SAMPLES = 5
@@ -148,6 +167,17 @@ class RunningJob:
     stop_by: datetime | None = None
     """When the admitter planned to checkpoint and stop it (end of its window), if ever."""
     kind: str = "job"
+    min_gpus: int | None = None
+    """An elastic job may be shrunk to as few as this many GPUs (a checkpoint, then a restart
+    on fewer GPUs); None (the default) becomes ``gpus``: not elastic. ``gpus`` and
+    ``remaining_s`` are what it holds and needs at its current size."""
+
+    def __post_init__(self) -> None:
+        _elastic_min(self)
+
+    @property
+    def elastic(self) -> bool:
+        return self.min_gpus < self.gpus and self.checkpointable
 
     def unsaved_work_s(self, now: datetime) -> float:
         """Seconds of work a preemption now would lose (since the last checkpoint or start)."""
@@ -242,6 +272,8 @@ class Decision:
     action: Action
     job_id: str
     gpus: int
+    """ADMIT: the GPUs granted (an elastic job may get fewer than it asks); SHRINK: the GPUs it
+    keeps (it frees the rest); PREEMPT and DEFER: the GPUs it holds or asks for."""
     reason: str
     stop_by: datetime | None = None
     """For admissions: when the job must checkpoint and stop (end of its window), if before it
@@ -249,7 +281,7 @@ class Decision:
     start_at: datetime | None = None
     """For deferrals with a reservation: when the job is expected to start."""
     planned: bool = False
-    """For preemptions: a proactive stop with the full lead time (its window closes, or the
+    """For preemptions and shrinks: a proactive stop with the full lead time (its window closes, or the
     forecast ramp comes within the grace period), so the job checkpoints and stops cleanly;
     False when a live need or missing signals force it."""
 
@@ -357,6 +389,9 @@ class UnitSpec:
     ephemeral_storage_limit: str | None = None
     """Node-local disk (container writable layer, logs, disk ``empty_dir``s) as Kubernetes
     quantities; None: not set."""
+    min_gpus: int | None = None
+    """Elastic: the fewest GPUs it can run on (below ``gpus``, checkpointable); None: it runs
+    on ``gpus`` only. An attempt on fewer GPUs is ``specs.resize_unit(spec, n)``."""
 
     @property
     def family(self) -> str:

@@ -1,0 +1,335 @@
+"""Elastic jobs (``min_gpus``): the spec rules, shrinks chosen by decide() when they cost less
+than whole stops, admission on fewer GPUs, and the simulator's accounting of both."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from forecast.config import load_config
+from scheduler.policy import decide
+from scheduler.simulate import SimJob, simulate, trace_jobs
+from scheduler.specs import SpecError, TraceEntry, expand_units, resize_unit, validate_request
+from scheduler.types import (
+    Action,
+    FreeProfile,
+    PolicySettings,
+    RunningJob,
+    ServingSignals,
+    WaitingJob,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+IMAGE = "registry.example.com/research/trainer:1.4.2"
+T0 = datetime(2026, 1, 28, 11, 0, tzinfo=UTC)
+H = 3600
+SETTINGS = PolicySettings(grace_s=600, min_segment_s=1800, restart_cost_s=600)
+
+
+# ----------------------------------------------------------------------------- the spec
+
+
+def request(**over) -> dict:
+    data = {
+        "name": "sft-elastic", "team": "alignment", "kind": "sft", "image": IMAGE,
+        "args": ["--out", "{output}"], "gpus": 16, "min_gpus": 8,
+        "checkpoint": {"interval": "30m", "resume_args": ["--resume", "{output}/ckpt"]},
+        "runtime_estimate": "6h", "output": "s3://runs/{team}/{name}/{step}/{member}",
+    }
+    data.update(over)
+    return {k: v for k, v in data.items() if v is not None}
+
+
+def test_min_gpus_reaches_the_unit_and_a_resized_attempt_scales_with_it():
+    (unit,) = expand_units(validate_request(request(cpu=64, memory="512Gi")))
+    assert unit.gpus == 16 and unit.min_gpus == 8
+    half = resize_unit(unit, 8)
+    assert (half.gpus, half.min_gpus, half.cpu, half.memory) == (8, 8, 32.0, "262144Mi")
+    assert dict(half.env)["IDLEGPU_GPUS"] == "8" and half.args == unit.args
+    assert resize_unit(unit, 16) is unit
+    with pytest.raises(ValueError, match="runs on 8 to 16 GPUs, not 4"):
+        resize_unit(unit, 4)
+    # left out, or equal to gpus: not elastic
+    (plain,) = expand_units(validate_request(request(min_gpus=None)))
+    (same,) = expand_units(validate_request(request(min_gpus=16)))
+    assert plain.min_gpus is None and same.min_gpus is None
+
+
+def test_a_step_inherits_min_gpus_or_sets_its_own():
+    steps = [{"name": "sft", "args": ["--out", "{output}"]},
+             {"name": "eval", "gpus": 4, "min_gpus": 2, "args": ["--out", "{output}"]}]
+    units = expand_units(validate_request(request(steps=steps)))
+    assert [(u.step, u.gpus, u.min_gpus) for u in units] == [("sft", 16, 8), ("eval", 4, 2)]
+
+
+@pytest.mark.parametrize("over, field, words", [
+    ({"min_gpus": 0}, "min_gpus:", "must be at least 1 (got 0)"),
+    ({"min_gpus": 24}, "min_gpus:", ("min_gpus 24 is above the unit's 16 GPUs; set min_gpus "
+                                     "to at most 16")),
+    ({"min_gpus": "eight"}, "min_gpus:", "use a whole number of GPUs from 1 to the unit's gpus"),
+    ({"checkpoint": None}, "min_gpus:", "needs checkpointing; add checkpoint:"),
+    ({"args": ["--world-size", "{gpus}"]}, "min_gpus:", "read the IDLEGPU_GPUS environment"),
+    ({"steps": [{"name": "sft"}, {"name": "eval", "gpus": 4}]}, "min_gpus:",
+     "in step 'eval': min_gpus 8 is above the unit's 4 GPUs"),
+    ({"steps": [{"name": "sft", "min_gpus": 20}]}, "steps.0.min_gpus:", "is above the unit's"),
+])
+def test_min_gpus_errors_name_the_field_and_the_fix(over, field, words):
+    with pytest.raises(SpecError) as err:
+        validate_request(request(**over), source="req.yaml")
+    text = str(err.value)
+    assert f"req.yaml: {field}" in text and words in text, text
+    assert "\n" not in text
+
+
+def test_the_elastic_example_is_valid_and_elastic():
+    from scheduler.specs import load_request
+    units = expand_units(load_request(REPO / "examples/jobs/sft-elastic.yaml"))
+    assert units and all(u.min_gpus is not None and u.min_gpus < u.gpus for u in units
+                         if u.step == "sft")
+
+
+# ----------------------------------------------------------------------------- decide()
+
+
+def flat(gpus, hours=6):
+    return FreeProfile(start=T0, step_s=300, free=np.full(int(hours * 12), float(gpus)),
+                       confidence=0.9, made_at=T0)
+
+
+def running(id, gpus, since_ckpt_h, min_gpus=None, priority=0, hours_left=4.0, ckpt=True):
+    return RunningJob(id=id, team="a", gpus=gpus, priority=priority,
+                      started_at=T0 - timedelta(hours=5), checkpointable=ckpt,
+                      remaining_s=hours_left * H,
+                      last_checkpoint_at=T0 - timedelta(hours=since_ckpt_h), min_gpus=min_gpus)
+
+
+def short(n):
+    return ServingSignals(observed_at=T0, gpus_short=n)
+
+
+def test_a_shortfall_shrinks_an_elastic_job_rather_than_stop_a_costlier_one():
+    # 4 GPUs short: stopping the 4-GPU eval loses 4 x 0.4 h = 1.6 GPU-h of unsaved work plus
+    # 4 restarts (8,160 GPU-s); the 16-GPU SFT just checkpointed: stopping it loses 16
+    # restarts (9,600 GPU-s), shrinking it to 12 only the 12 restarts (7,200 GPU-s)
+    jobs = [running("0012-sft", 16, since_ckpt_h=0.0, min_gpus=8),
+            running("0040-eval", 4, since_ckpt_h=0.4)]
+    plan = decide(T0, flat(64), jobs, [], short(4), {}, SETTINGS)
+    (d,) = plan.decisions
+    assert (d.action, d.job_id, d.gpus, d.planned) == (Action.SHRINK, "0012-sft", 12, False)
+    assert d.reason == ("shrink 0012-sft from 16 to 12 GPUs: the services want 4 GPUs they "
+                        "cannot get; cheaper than stopping 0040-eval (1.6 GPU-h unsaved)")
+    # the same plan every time
+    assert decide(T0, flat(64), jobs[::-1], [], short(4), {}, SETTINGS) == plan
+
+
+def test_a_shrink_that_costs_more_than_a_whole_stop_is_not_chosen():
+    # the SFT is an hour past its checkpoint: a shrink loses 16 GPU-h; the eval just saved
+    jobs = [running("0012-sft", 16, since_ckpt_h=1.0, min_gpus=8),
+            running("0040-eval", 4, since_ckpt_h=0.0)]
+    plan = decide(T0, flat(64), jobs, [], short(4), {}, SETTINGS)
+    assert [(d.action, d.job_id) for d in plan.decisions] == [(Action.PREEMPT, "0040-eval")]
+    # and a shrink never beats the same cover by whole stops when it costs more: the eval
+    # 0.6 h past its checkpoint (4 x (2,160 + 600) = 11,040 GPU-s) against the SFT 0.1 h
+    # past its own (16 x 360 + 12 x 600 = 12,960 GPU-s to shrink, 15,360 to stop)
+    jobs = [running("0012-sft", 16, since_ckpt_h=0.1, min_gpus=8),
+            running("0040-eval", 4, since_ckpt_h=0.6)]
+    plan = decide(T0, flat(64), jobs, [], short(4), {}, SETTINGS)
+    assert [(d.action, d.job_id) for d in plan.decisions] == [(Action.PREEMPT, "0040-eval")]
+    # a higher priority protects an elastic job from shrinking like from a stop
+    jobs = [running("0012-sft", 16, since_ckpt_h=0.0, min_gpus=8, priority=5),
+            running("0040-eval", 4, since_ckpt_h=0.4)]
+    plan = decide(T0, flat(64), jobs, [], short(4), {}, SETTINGS)
+    assert [(d.action, d.job_id) for d in plan.decisions] == [(Action.PREEMPT, "0040-eval")]
+
+
+def test_a_shrink_frees_exactly_the_need_and_never_goes_below_min_gpus():
+    jobs = [running("sft", 16, since_ckpt_h=0.0, min_gpus=8)]
+    (d,) = decide(T0, flat(64), jobs, [], short(5), {}, SETTINGS).decisions
+    assert (d.action, d.gpus) == (Action.SHRINK, 11)
+    assert "cheaper than stopping it" in d.reason
+    # more than it can give (16 - 10 = 6 < 8): the eval stops and the SFT gives the other 6
+    # (10 x 600 + 4 x 600 GPU-s, against 16 x 600 to stop the SFT); it keeps the GPUs the
+    # stop frees beyond the need, so the need is met exactly
+    jobs = [running("sft", 16, since_ckpt_h=0.0, min_gpus=8),
+            running("eval", 4, since_ckpt_h=0.0)]
+    plan = decide(T0, flat(64), jobs, [], short(10), {}, SETTINGS)
+    assert {(d.job_id, d.action, d.gpus) for d in plan.decisions} == {
+        ("sft", Action.SHRINK, 10), ("eval", Action.PREEMPT, 4)}
+    plan = decide(T0, flat(64), jobs, [], short(12), {}, SETTINGS)
+    assert {(d.job_id, d.action, d.gpus) for d in plan.decisions} == {
+        ("sft", Action.SHRINK, 8), ("eval", Action.PREEMPT, 4)}
+
+
+def test_min_gpus_10_cannot_free_10_of_16():
+    jobs = [running("sft", 16, since_ckpt_h=0.0, min_gpus=10),
+            running("eval", 4, since_ckpt_h=0.0)]
+    plan = decide(T0, flat(64), jobs, [], short(10), {}, SETTINGS)
+    # shrink by 6 (to 10) and stop the eval (4): 10 x 600 + 4 x 600 GPU-s, less than
+    # stopping the SFT whole (16 x 600)
+    assert {(d.job_id, d.action, d.gpus) for d in plan.decisions} == {
+        ("sft", Action.SHRINK, 10), ("eval", Action.PREEMPT, 4)}
+
+
+def test_a_job_that_cannot_checkpoint_is_never_shrunk():
+    jobs = [running("gen", 16, since_ckpt_h=0.0, min_gpus=8, ckpt=False)]
+    (d,) = decide(T0, flat(64), jobs, [], short(4), {}, SETTINGS).decisions
+    assert d.action is Action.PREEMPT
+
+
+def test_a_forecast_ramp_shrinks_as_planned_and_the_shrunk_job_keeps_its_gpus_in_the_plan():
+    prof = FreeProfile(start=T0, step_s=300, free=np.array([16.0] * 1 + [12.0] * 70),
+                       confidence=0.9, made_at=T0)
+    jobs = [running("sft", 16, since_ckpt_h=0.0, min_gpus=8)]
+    queue = [WaitingJob(id="w", team="b", gpus=1, runtime_s=H, checkpointable=False,
+                        priority=0, submitted_at=T0 - timedelta(hours=1))]
+    plan = decide(T0, prof, jobs, queue, ServingSignals(observed_at=T0, idle_gpus=0), {},
+                  SETTINGS)
+    shrink = plan.of(Action.SHRINK)
+    assert [(d.job_id, d.gpus, d.planned) for d in shrink] == [("sft", 12, True)]
+    assert "the forecast needs 4 of their GPUs" in shrink[0].reason
+    # the 12 GPUs it keeps leave nothing for the waiting job
+    assert [d.action for d in plan.decisions if d.job_id == "w"] == [Action.DEFER]
+
+
+def waiting(id, gpus, hours, min_gpus=None, ckpt=True):
+    return WaitingJob(id=id, team="a", gpus=gpus, runtime_s=hours * H, checkpointable=ckpt,
+                      priority=0, submitted_at=T0 - timedelta(hours=1), min_gpus=min_gpus)
+
+
+def test_an_elastic_job_is_admitted_on_fewer_gpus_with_its_runtime_scaled():
+    (d,) = decide(T0, flat(12, 12), [], [waiting("sft", 16, 6, min_gpus=8)],
+                  ServingSignals(observed_at=T0), {}, SETTINGS).decisions
+    assert (d.action, d.gpus, d.stop_by) == (Action.ADMIT, 12, None)
+    assert d.reason == ("12 of its 16 GPUs (16 do not fit now; it may run on 8): 12 GPUs stay "
+                        "free for its 8.0 h")
+    # the scaled runtime must fit: 6 h x 16 / 12 = 8 h does not fit a 7 h window whole...
+    whole = waiting("sft", 16, 6, min_gpus=8, ckpt=False)
+    (d,) = decide(T0, flat(12, 7), [], [whole], ServingSignals(observed_at=T0), {},
+                  SETTINGS).decisions
+    assert d.action is Action.DEFER
+    # ... nor below min_gpus, and a job that is not elastic waits for all its GPUs
+    for job in (waiting("sft", 16, 6, min_gpus=14), waiting("sft", 16, 6)):
+        (d,) = decide(T0, flat(12, 12), [], [job], ServingSignals(observed_at=T0), {},
+                      SETTINGS).decisions
+        assert d.action is Action.DEFER and d.gpus == 16
+
+
+def test_full_size_first_when_it_fits():
+    (d,) = decide(T0, flat(16, 12), [], [waiting("sft", 16, 6, min_gpus=8)],
+                  ServingSignals(observed_at=T0), {}, SETTINGS).decisions
+    assert (d.action, d.gpus) == (Action.ADMIT, 16)
+
+
+# ----------------------------------------------------------------------------- simulate()
+
+TZ = "Asia/Seoul"
+START = pd.Timestamp("2026-01-05 00:00", tz=TZ)
+
+
+def sim_pool(day_replicas=9.0):
+    """40 GPUs, one service of 4-GPU replicas: 2 replicas by night (32 free), ``day_replicas``
+    by day."""
+    settings = load_config(data={
+        "pool": {"total_gpus": 40, "headroom_gpus": 0, "timezone": TZ},
+        "query_templates": {"replicas": "r"},
+        "services": [{"name": "svc", "gpus_per_replica": 4, "min_replicas": 2,
+                      "max_replicas": 10}],
+        "admission": {"grace_seconds": 900, "min_segment_seconds": 1800},
+    })
+    local = pd.date_range(START, periods=14 * 96, freq="15min")
+    night = (local.hour >= 20) | (local.hour < 8)
+    history = pd.DataFrame({"unique_id": "svc/replicas", "ds": local.tz_convert("UTC"),
+                            "y": np.where(night, 2.0, day_replicas)})
+    return settings, history
+
+
+def at(day, hour):
+    return (START + pd.Timedelta(days=day, hours=hour)).tz_convert("UTC").to_pydatetime()
+
+
+def sim_job(id, gpus, hours, min_gpus=None, submit=(7, 19), ckpt=True):
+    return SimJob(id=id, team="t", kind="sft", gpus=gpus, submit_at=at(*submit),
+                  work_s=hours * H, estimate_s=hours * H, checkpointable=ckpt,
+                  checkpoint_interval_s=H, min_gpus=min_gpus)
+
+
+def check_conservation(result, grace_h=0.25):
+    """Every GPU-hour held is useful, lost, a grace period, or the end of a finishing step."""
+    m, runs = result.metrics, result.runs
+    held = float(runs["gpu_hours"].sum())
+    assert m["lost_gpu_hours"] == pytest.approx(float(runs["lost_gpu_hours"].sum()))
+    overhead = held - m["useful_gpu_hours"] - m["lost_gpu_hours"]
+    graces = runs.loc[runs["outcome"].isin(["stopped", "preempted"]), "gpus"].sum() * grace_h
+    last_steps = runs.loc[runs["outcome"] == "finished", "gpus"].sum() * 0.25
+    assert -1e-6 <= overhead <= graces + last_steps + 1e-6, (held, m)
+
+
+def test_an_elastic_job_starts_on_the_gpus_free_now_and_finishes_its_work():
+    settings, history = sim_pool()
+    # 32 free at night; a 40-GPU ask would never fit, 32 of it does (work 4 h at 40 GPUs)
+    jobs = [sim_job("big", 40, 4.0, min_gpus=16)]
+    for policy in ("reactive", "oracle"):
+        result = simulate(history, settings, jobs, policy, start=at(7, 0), end=at(9, 0))
+        m = result.metrics
+        assert m["jobs_finished"] == 1, policy
+        assert m["useful_gpu_hours"] == pytest.approx(40 * 4), policy
+        assert set(result.runs["gpus"]) == {32}, policy
+        # 4 h x 40 / 32 = 5 h at 32 GPUs
+        run = result.runs.iloc[0]
+        assert (run["end"] - run["start"]) == pd.Timedelta(hours=5), policy
+        check_conservation(result)
+
+
+def test_the_simulator_shrinks_for_the_morning_ramp_and_conserves_gpu_hours():
+    # the day leaves 12 GPUs (7 replicas): a 16-GPU elastic job that may run on 12 shrinks
+    # at the morning ramp instead of stopping, and runs on through the day
+    settings, history = sim_pool(day_replicas=7.0)
+    elastic = [sim_job("sft", 16, 14.0, min_gpus=12, submit=(7, 20))]
+    result = simulate(history, settings, elastic, "oracle", start=at(7, 0), end=at(10, 0))
+    m = result.metrics
+    assert m["shrinks"] >= 1 and m["jobs_finished"] == 1
+    assert m["lost_gpu_hours"] == 0 and m["service_delay_gpu_minutes"] == 0
+    assert m["useful_gpu_hours"] == pytest.approx(16 * 14)
+    assert {16, 12} <= set(result.runs["gpus"])
+    check_conservation(result)
+    # without min_gpus the same job stops each morning and waits for the night
+    rigid = [sim_job("sft", 16, 14.0, submit=(7, 20))]
+    base = simulate(history, settings, rigid, "oracle", start=at(7, 0), end=at(10, 0)).metrics
+    assert base["shrinks"] == 0 and base["planned_stops"] >= 1
+    assert base["jobs_finished"] == 1
+    finished = result.runs.loc[result.runs["outcome"] == "finished", "end"].max()
+    assert finished < at(8, 20)  # finished during the day, not the next night
+
+
+def test_trace_jobs_carries_min_gpus():
+    entry = TraceEntry.model_validate({
+        "submit_at": "2026-01-12T19:00:00+09:00", "actual_runtime": "6h",
+        "request": request(),
+    })
+    (job,) = trace_jobs([entry], lambda unit: 6 * H)
+    assert (job.gpus, job.min_gpus) == (16, 8)
+    assert job.as_waiting().min_gpus == 8 and job.as_waiting().elastic
+
+
+def test_an_elastic_job_whose_window_closes_shrinks_to_what_stays_free():
+    prof = FreeProfile(start=T0, step_s=300, free=np.array([16.0] * 2 + [12.0] * 70),
+                       confidence=0.9, made_at=T0)
+    closing = RunningJob(id="sft", team="a", gpus=16, priority=0,
+                         started_at=T0 - timedelta(hours=5), checkpointable=True,
+                         remaining_s=6 * H, last_checkpoint_at=T0,
+                         stop_by=T0 + timedelta(minutes=5), min_gpus=8)
+    (d,) = decide(T0, prof, [closing], [], ServingSignals(observed_at=T0), {},
+                  SETTINGS).decisions
+    assert (d.action, d.gpus, d.planned) == (Action.SHRINK, 12, True)
+    assert d.reason == ("shrink sft from 16 to 12 GPUs: its window closes for 16, 12 stay free; "
+                        "checkpoint and restart as planned")
+    # below its min_gpus, or a job that is not elastic: the planned stop as before
+    for job in (replace(closing, min_gpus=14), replace(closing, min_gpus=None)):
+        (d,) = decide(T0, prof, [job], [], ServingSignals(observed_at=T0), {},
+                      SETTINGS).decisions
+        assert d.action is Action.PREEMPT and d.planned
