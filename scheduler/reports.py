@@ -29,6 +29,12 @@ the job store's attempts.
   months from the first one;
 - *idle GPU-hours*: the pool's free GPUs (``pool_usage`` FREE: capacity minus headroom minus
   the services) summed over the month; *share used*: held GPU-hours / idle GPU-hours.
+- *forecast accuracy* (``forecast_check``, with a history): the daemon's nightly forecast
+  refresh replayed over the month (``scheduler.refresh.Refresher``, widening included), each
+  evening's forecast scored on its next 24 hours: pooled, and per service the coverage of the
+  admission quantile [strict y < q, plain y <= q], its verdict (``forecast.backtest``:
+  calibrated when strict <= q <= plain), pinball, MAE, the evenings the refresh planned it
+  with the wider quantile and the GPU-hours that held back.
 
 **Money** is written with its ISO 4217 code, a space and the amount with thousands separators
 and the currency's minor-unit decimals: ``KRW 75,000,000`` (0 decimals: KRW, JPY, ...),
