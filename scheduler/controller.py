@@ -13,6 +13,15 @@
 4. **Apply**: a stop is sent to the cluster (the unit is released when the cluster reports the
    Job stopped); an admission is recorded in the store first, then the Job is created. If the
    cluster is down, the unit stays ADMITTED and the next pass creates it.
+
+**Shrinks** of elastic units: the Job is stopped like any other (planned: it checkpoints),
+then ``shrink_to`` is recorded on the unit. When the cluster reports the Job stopped, one store
+transition (``shrunk``) saves the progress, closes the attempt and opens the next one on fewer
+GPUs, and the next attempt's Job is created under its own name (a new Job, not the old one
+resized: each attempt keeps its name, GPUs and accounting, and a crash before the create is
+the ADMITTED-without-Job case above). Its checkpoint and output are the unit's, so it resumes
+where the last one stopped. A crash between the stop and the record sends the unit back to the
+queue, as a planned stop, instead.
 """
 
 from __future__ import annotations
@@ -61,10 +70,18 @@ class PassReport:
     released: list[str] = field(default_factory=list)
     recreated: list[str] = field(default_factory=list)
     created: list[str] = field(default_factory=list)
+    shrunk: list[str] = field(default_factory=list)
+    """Units whose stopped Job was followed by an attempt on fewer GPUs."""
     stopped: list[str] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     signals: ServingSignals | None = None
+
+
+def _rate(row) -> float:
+    """Seconds of work per second of the unit's current attempt: an elastic unit on fewer
+    GPUs than it asks for does proportionally less (``work_done_s`` is at full size)."""
+    return row.gpus / row.spec.gpus if 0 < row.gpus < row.spec.gpus else 1.0
 
 
 class Controller:
@@ -215,7 +232,7 @@ class Controller:
             # admitted, then the process died (or the cluster was down) before the Job existed
             try:
                 self._recheck(row)
-                self.cluster.apply(row.id, row.attempts, row.spec, team=row.team,
+                self.cluster.apply(row.id, row.attempts, row.attempt_spec, team=row.team,
                                    stop_by=row.stop_by, now=now)
             except JobRejectedError as exc:
                 self._reject(row.id, now, exc, report)
@@ -229,7 +246,8 @@ class Controller:
         if job.phase.is_over():
             self._stopping.pop(row.id, None)
         elif job.stop_kind is not None:  # told to stop (maybe by a process before this one)
-            self._stopping.setdefault(row.id, row.gpus if job.phase is JobPhase.STOPPING else 0)
+            self._stopping.setdefault(row.id, row.gpus - (row.shrink_to or 0)
+                                      if job.phase is JobPhase.STOPPING else 0)
         if job.phase is JobPhase.STOPPING:
             # its pods still terminate: never recorded started, never released while they
             # hold GPUs, unless they never end (a dead node never confirms)
@@ -273,6 +291,9 @@ class Controller:
         planned stop as planned."""
         self._stopping.pop(row.id, None)
         why = job.message or "stopped"
+        if row.shrink_to is not None:
+            self._restart_smaller(row, job, now, report)
+            return
         if overdue:
             why = (f"its pods did not end within {self.stop_timeout_s / 60:.0f} min of the stop "
                    f"(node lost?); released: {why}")
@@ -294,10 +315,42 @@ class Controller:
         if planned and row.started_at is not None:
             stopped = min(job.stopped_at or now, now)  # it checkpoints when told to stop
             ran = max(0.0, (stopped - row.started_at).total_seconds())
-            self.store.checkpointed(row.id, now, row.work_done_s + ran)
+            self.store.checkpointed(row.id, now, row.work_done_s + ran * _rate(row))
         self.store.preempted(row.id, now, lost_gpu_seconds=0.0 if planned else None,
                              reason="stopped as planned" if planned else why)
         report.released.append(row.id)
+
+    def _restart_smaller(self, row, job: ClusterJob, now: datetime, report: PassReport) -> None:
+        """A shrinking unit's Job stopped: save its progress (a planned stop checkpointed), open
+        the attempt on ``shrink_to`` GPUs and create its Job."""
+        planned = job.stop_kind is StopKind.PLANNED and row.checkpointable
+        work = None
+        if planned and row.started_at is not None:
+            stopped = min(job.stopped_at or now, now)
+            ran = max(0.0, (stopped - row.started_at).total_seconds())
+            work = row.work_done_s + ran * _rate(row)
+        elif planned:
+            work = row.work_done_s  # stopped before it ran: nothing new, nothing lost
+        attempt = self.store.shrunk(row.id, now, work_done_s=work,
+                                    reason=f"shrunk from {row.gpus} to {row.shrink_to} GPUs")
+        report.released.append(row.id)
+        if attempt is None:  # a cancel came first
+            return
+        report.shrunk.append(row.id)
+        self._create(self.store.unit(row.id), attempt, None, now, report)
+
+    def _create(self, row, attempt: int, stop_by: datetime | None, now: datetime,
+                report: PassReport) -> None:
+        """Create the Job of ``row``'s (ADMITTED) attempt; the unit fails if it is refused."""
+        try:
+            self._recheck(row)
+            name = self.cluster.apply(row.id, attempt, row.attempt_spec, team=row.team,
+                                      stop_by=stop_by, now=now)
+            report.created.append(name)
+        except JobRejectedError as exc:
+            self._reject(row.id, now, exc, report)
+        except IdlegpuError as exc:
+            report.errors.append(f"{row.id}: admitted, Job not created yet ({exc})")
 
     def _unplaceable(self, row) -> bool:
         """This attempt and the ones before it in a row never ran."""
@@ -377,8 +430,26 @@ class Controller:
                 kind = StopKind.PLANNED if decision.planned else StopKind.PREEMPT
                 if self._stop(name, decision.reason, kind, now, report):
                     self._stopping[row.id] = row.gpus
+            elif decision.action is Action.SHRINK:
+                self._shrink(now, decision, report)
             elif decision.action is Action.ADMIT:
                 self._admit(now, decision, report)
+
+    def _shrink(self, now: datetime, decision: Decision, report: PassReport) -> None:
+        """Stop the Job, then record what it restarts on (see the module docstring)."""
+        row = self.store.unit(decision.job_id)
+        name = self.cluster.job_name(row.id, row.attempts)
+        kind = StopKind.PLANNED if decision.planned else StopKind.PREEMPT
+        if not self._stop(name, decision.reason, kind, now, report):
+            return
+        self._stopping[row.id] = row.gpus - decision.gpus  # what comes back
+        if self.dry_run:
+            return
+        try:
+            self.store.shrinking(row.id, now, decision.gpus)
+        except IdlegpuError as exc:  # e.g. it ended meanwhile: an ordinary stop then
+            report.errors.append(f"{row.id}: stopped, shrink not recorded ({exc})")
+            self._stopping[row.id] = row.gpus
 
     def _admit(self, now: datetime, decision: Decision, report: PassReport) -> None:
         # the decision is recorded first: a crash after this line leaves an ADMITTED unit that
@@ -388,20 +459,16 @@ class Controller:
                 row = self.store.unit(decision.job_id)
                 attempt = row.attempts + 1
             else:
-                attempt = self.store.admit(decision.job_id, now, stop_by=decision.stop_by)
+                attempt = self.store.admit(decision.job_id, now, stop_by=decision.stop_by,
+                                           gpus=decision.gpus)
                 row = self.store.unit(decision.job_id)
         except IdlegpuError as exc:  # e.g. cancelled since the queue was read
             report.errors.append(f"{decision.job_id}: not admitted ({exc})")
             return
-        try:
-            self._recheck(row)
-            name = self.cluster.apply(row.id, attempt, row.spec, team=row.team,
-                                      stop_by=decision.stop_by, now=now)
-            report.created.append(name)
-        except JobRejectedError as exc:
-            self._reject(row.id, now, exc, report)
-        except IdlegpuError as exc:
-            report.errors.append(f"{row.id}: admitted, Job not created yet ({exc})")
+        if self.dry_run and decision.gpus < row.gpus:
+            from scheduler.specs import resize_unit
+            row = replace(row, spec=resize_unit(row.spec, decision.gpus))
+        self._create(row, attempt, decision.stop_by, now, report)
 
     def _reject(self, unit_id: str, now: datetime, exc: Exception, report: PassReport) -> None:
         """The cluster refuses the Job itself: the unit fails with the reason (and its

@@ -15,6 +15,8 @@ queries: nothing below the schema-migration lock is dialect-specific SQL.
   a ``version`` bumped by every transition, ``attempts``, ``preemptions``, checkpointed
   progress ``work_done_s`` and ``last_checkpoint_at``, the ``current_attempt`` while it holds
   GPUs, its ``stop_by``, ``cancel_requested_at`` and the ``reason`` of a failure or cancel;
+  ``shrink_to`` (version 3): while an elastic unit is told to shrink, the GPUs its next
+  attempt runs on;
 - ``unit_deps``: ``(unit_id, depends_on)`` edges inside a request (from ``UnitSpec.depends_on``);
 - ``attempts``: one row per admission, ``id = f"{unit_id}/{number}"``: ``admitted_at``,
   ``started_at``, ``ended_at``, ``outcome``, ``gpus``, ``gpu_seconds``, ``lost_gpu_seconds``,
@@ -38,6 +40,11 @@ call                       from                          to
 ``preempted``              ADMITTED, RUNNING             QUEUED (CANCELLED if a cancel
                                                          was requested)
 ``requeue_admitted``       ADMITTED                      QUEUED (idem), not a preemption
+``shrinking``              ADMITTED, RUNNING             unchanged, ``shrink_to`` set
+``shrunk``                 ADMITTED, RUNNING             ADMITTED (attempt closed
+                                                         ``shrunk``, the next opened on
+                                                         ``shrink_to`` GPUs), not a
+                                                         preemption
 ``finished``               ADMITTED, RUNNING             SUCCEEDED
 ``failed``                 QUEUED, ADMITTED, RUNNING     FAILED; dependants CANCELLED
 ``cancel``                 QUEUED                        CANCELLED; dependants too
@@ -48,7 +55,10 @@ call                       from                          to
 **Accounting**: an attempt holds ``gpus`` GPUs from ``admitted_at`` to ``ended_at`` whatever
 happens in between (the GPUs were the team's and nobody else's), so its ``gpu_seconds`` is
 ``gpus * (ended_at - admitted_at)``; ``lost_gpu_seconds`` is the part of it whose work was
-thrown away (since the last checkpoint of the attempt, or since admission).
+thrown away (since the last checkpoint of the attempt, or since admission). An elastic unit's
+attempt may hold fewer GPUs than the unit asks for (``admit(gpus=)``, ``shrunk``): the
+attempt's ``gpus`` is what it held; ``work_done_s`` counts seconds of work at the unit's full
+size (an attempt on ``n`` of ``gpus`` GPUs does ``n / gpus`` of it per second).
 
 Times are passed in (``now``), never read from a clock here; they must be timezone-aware and
 are stored as UTC.
@@ -130,6 +140,8 @@ class AttemptOutcome(StrEnum):
     REQUEUED = "requeued"
     """Returned to the queue by a reconciler: admitted but never started."""
     CANCELLED = "cancelled"
+    SHRUNK = "shrunk"
+    """An elastic unit checkpointed and went on in the next attempt on fewer GPUs."""
 
 
 @dataclass(frozen=True)
@@ -145,6 +157,8 @@ class UnitRow:
     step_index: int
     member: int
     gpus: int
+    """GPUs the current attempt holds while it holds GPUs (an elastic unit may hold fewer than
+    it asks for), else what the unit asks for (``spec.gpus``)."""
     priority: int
     checkpointable: bool
     state: JobState
@@ -170,6 +184,17 @@ class UnitRow:
     depends_on: tuple[str, ...]
     """Unit ids that must succeed first."""
     spec: UnitSpec
+    shrink_to: int | None = None
+    """Set while the unit is told to shrink: the GPUs of its next attempt."""
+
+    @property
+    def attempt_spec(self) -> UnitSpec:
+        """What the current attempt runs: the spec on the attempt's GPUs (an elastic unit on
+        fewer GPUs: CPU, memory and ``IDLEGPU_GPUS`` scaled, see ``specs.resize_unit``)."""
+        if self.gpus == self.spec.gpus or not self.state.holds_gpus():
+            return self.spec
+        from scheduler.specs import resize_unit
+        return resize_unit(self.spec, self.gpus)
 
     @property
     def family(self) -> str:
@@ -259,12 +284,14 @@ _ID = sa.String(160)
 _BIGINT_PK = sa.BigInteger().with_variant(sa.Integer(), "sqlite")  # rowid alias on SQLite
 
 
-def _define_tables(md: sa.MetaData) -> dict[str, sa.Table]:
-    """The tables of schema version 1.
+def _define_tables(md: sa.MetaData, version: int = 3) -> dict[str, sa.Table]:
+    """The tables as of schema ``version`` (1: what ``_v1_initial`` creates; the live
+    definition is the newest).
 
-    Never change what a released migration creates: when a later migration alters a table,
-    freeze a copy of this function for ``_v1_initial`` and change the live definition.
+    Never change what a released migration creates: a later migration that alters a table
+    adds its change here under ``version >=`` its number (3: ``units.shrink_to``).
     """
+    later = [sa.Column("shrink_to", sa.Integer)] if version >= 3 else []
     requests = sa.Table(
         "requests", md,
         sa.Column("id", _ID, primary_key=True),
@@ -300,6 +327,7 @@ def _define_tables(md: sa.MetaData) -> dict[str, sa.Table]:
         sa.Column("reason", sa.Text),
         sa.Column("submitted_at", UTCDateTime, nullable=False),
         sa.Column("updated_at", UTCDateTime, nullable=False),
+        *later,
         sa.UniqueConstraint("request_id", "step_index", "member", name="uq_units_step_member"),
         sa.Index("ix_units_state", "state"),
     )
@@ -360,7 +388,7 @@ SCHEMA_VERSION_TABLE = sa.Table(
 
 def _v1_initial(conn: Connection) -> None:
     md = sa.MetaData()
-    _define_tables(md)
+    _define_tables(md, version=1)
     md.create_all(conn)
 
 
@@ -379,10 +407,15 @@ def _v2_store_id(conn: Connection) -> None:
     conn.execute(sa.insert(STORE_META).values(key="store_id", value=secrets.token_hex(4)))
 
 
+def _v3_shrink_to(conn: Connection) -> None:
+    conn.execute(sa.text("ALTER TABLE units ADD COLUMN shrink_to INTEGER"))
+
+
 Migration = tuple[str, Callable[[Connection], None]]
 MIGRATIONS: list[Migration] = [
     ("initial schema: requests, units, unit_deps, attempts, events", _v1_initial),
     ("store_meta with the store's random id", _v2_store_id),
+    ("units.shrink_to: the GPUs an elastic unit shrinks to", _v3_shrink_to),
 ]
 """Applied in order at open, all pending ones in one transaction; version N = MIGRATIONS[N-1].
 Append only."""
@@ -477,6 +510,11 @@ def spec_from_json(data: Mapping[str, Any]) -> UnitSpec:
         return UnitSpec(**values)
     except TypeError as exc:
         raise StoreError(f"stored unit spec cannot be read: {exc}") from exc
+
+
+def _rate(gpus: int | None, full: int) -> float:
+    """Seconds of work per second of an attempt on ``gpus`` of a unit's ``full`` GPUs."""
+    return gpus / full if gpus and full and gpus < full else 1.0
 
 
 def unit_id_for(request_id: str, step_index: int, member: int) -> str:
@@ -774,6 +812,7 @@ class JobStore:
                 UNITS, REQUESTS.c.name.label("request_name"),
                 ATTEMPTS.c.admitted_at.label("att_admitted_at"),
                 ATTEMPTS.c.started_at.label("att_started_at"),
+                ATTEMPTS.c.gpus.label("att_gpus"),
             )
             .join(REQUESTS, REQUESTS.c.id == UNITS.c.request_id)
             .outerjoin(ATTEMPTS, ATTEMPTS.c.id == UNITS.c.current_attempt)
@@ -799,14 +838,15 @@ class JobStore:
     def _to_row(r: Any, depends_on: tuple[str, ...]) -> UnitRow:
         return UnitRow(
             id=r.id, request_id=r.request_id, request_name=r.request_name, team=r.team,
-            kind=r.kind, step=r.step, step_index=r.step_index, member=r.member, gpus=r.gpus,
+            kind=r.kind, step=r.step, step_index=r.step_index, member=r.member,
+            gpus=r.att_gpus if r.att_gpus is not None else r.gpus,
             priority=r.priority, checkpointable=bool(r.checkpointable), state=JobState(r.state),
             attempts=r.attempts, preemptions=r.preemptions, work_done_s=float(r.work_done_s),
             last_checkpoint_at=r.last_checkpoint_at, submitted_at=r.submitted_at,
             updated_at=r.updated_at, current_attempt=r.current_attempt,
             admitted_at=r.att_admitted_at, started_at=r.att_started_at, stop_by=r.stop_by,
             cancel_requested_at=r.cancel_requested_at, reason=r.reason, depends_on=depends_on,
-            spec=spec_from_json(r.spec),
+            spec=spec_from_json(r.spec), shrink_to=r.shrink_to,
         )
 
     def queue(self, include_terminal: bool = False) -> list[UnitRow]:
@@ -896,7 +936,7 @@ class JobStore:
                 checkpointable=row.checkpointable, priority=row.priority,
                 submitted_at=row.submitted_at, deadline=row.spec.deadline,
                 preemptions=row.preemptions, max_preemptions=row.spec.max_preemptions,
-                kind=row.kind,
+                kind=row.kind, min_gpus=row.spec.min_gpus,
             ))
         return jobs
 
@@ -922,11 +962,14 @@ class JobStore:
                 elapsed = 0.0
             else:
                 elapsed = max(0.0, (now - (checkpoint or began)).total_seconds())
-            remaining = overruns.remaining_s(float(estimate(row)), row.work_done_s + elapsed)
+            rate = _rate(row.gpus, row.spec.gpus)  # an elastic unit on fewer GPUs is slower
+            remaining = overruns.remaining_s(float(estimate(row)),
+                                             row.work_done_s + elapsed * rate) / rate
             jobs.append(RunningJob(
                 id=row.id, team=row.team, gpus=row.gpus, priority=row.priority,
                 started_at=began, checkpointable=row.checkpointable, remaining_s=remaining,
                 last_checkpoint_at=checkpoint, stop_by=row.stop_by, kind=row.kind,
+                min_gpus=row.spec.min_gpus,
             ))
         return jobs
 
@@ -938,7 +981,8 @@ class JobStore:
         with self._tx(write=False) as conn:
             last = conn.execute(
                 sa.select(ATTEMPTS.c.unit_id, ATTEMPTS.c.admitted_at, ATTEMPTS.c.started_at,
-                          ATTEMPTS.c.ended_at, ATTEMPTS.c.work_done_at_start_s)
+                          ATTEMPTS.c.ended_at, ATTEMPTS.c.work_done_at_start_s,
+                          ATTEMPTS.c.gpus)
                 .where(ATTEMPTS.c.outcome == AttemptOutcome.SUCCEEDED.value,
                        ATTEMPTS.c.ended_at.is_not(None))
                 .order_by(ATTEMPTS.c.ended_at.desc(), ATTEMPTS.c.unit_id)
@@ -956,6 +1000,7 @@ class JobStore:
             if row is None:
                 continue
             ran = max(0.0, (r.ended_at - (r.started_at or r.admitted_at)).total_seconds())
+            ran *= _rate(r.gpus, row.spec.gpus)
             out.append((row, float(r.work_done_at_start_s or 0.0) + ran))
         return out
 
@@ -1096,17 +1141,20 @@ class JobStore:
 
     def admit(
         self, unit_id: str, now: datetime, stop_by: datetime | None = None,
-        attempt_label: str | None = None,
+        attempt_label: str | None = None, gpus: int | None = None,
     ) -> int:
         """QUEUED -> ADMITTED: open attempt ``attempts + 1`` (returned) and log ADMITTED.
 
         ``stop_by``: when the job must have checkpointed and stopped (end of its window);
-        ``attempt_label``: the window it was admitted into, for reports."""
+        ``attempt_label``: the window it was admitted into, for reports; ``gpus``: what the
+        attempt runs on (default: what the unit asks for; an elastic unit may get as few as
+        its ``min_gpus``)."""
         _aware(now)
         _aware_opt(stop_by, "stop_by")
         with self._tx(write=True) as conn:
             row = self._load(conn, unit_id)
             self._expect(row, "admit", (JobState.QUEUED,))
+            gpus = self._granted(row, gpus)
             dep = UNITS.alias("dep")
             unmet = conn.execute(
                 sa.select(dep.c.id, dep.c.state)
@@ -1124,13 +1172,113 @@ class JobStore:
                 attempts=number, current_attempt=attempt_id, stop_by=stop_by, updated_at=now,
             )
             conn.execute(sa.insert(ATTEMPTS).values(
-                id=attempt_id, unit_id=unit_id, number=number, admitted_at=now, gpus=row.gpus,
+                id=attempt_id, unit_id=unit_id, number=number, admitted_at=now, gpus=gpus,
                 window_label=attempt_label, stop_by=stop_by,
                 work_done_at_start_s=row.work_done_s,
             ))
-            self._event(conn, now, EventKind.ADMITTED, row, gpus=row.gpus, detail={
+            self._event(conn, now, EventKind.ADMITTED, row, gpus=gpus, detail={
                 "attempt": number, "stop_by": _iso(stop_by), "window": attempt_label,
             })
+        return number
+
+    @staticmethod
+    def _granted(row: Any, gpus: int | None) -> int:
+        """The GPUs of a new attempt: ``gpus`` checked against the unit's range (None, or
+        more than it asks for: what it asks for)."""
+        if gpus is None or int(gpus) >= row.gpus:
+            return int(row.gpus)
+        least = spec_from_json(row.spec).min_gpus or row.gpus
+        if not least <= int(gpus) <= row.gpus:
+            raise TransitionRefusedError(
+                f"unit {row.id} runs on {least} to {row.gpus} GPUs, not {gpus}")
+        return int(gpus)
+
+    @staticmethod
+    def _held(conn: Connection, row: Any) -> int:
+        """GPUs of the unit's open attempt (what it holds), else what it asks for."""
+        if row.current_attempt is None:
+            return int(row.gpus)
+        held = conn.execute(
+            sa.select(ATTEMPTS.c.gpus).where(ATTEMPTS.c.id == row.current_attempt)
+        ).scalar()
+        return int(held if held is not None else row.gpus)
+
+    def shrinking(self, unit_id: str, now: datetime, gpus: int) -> None:
+        """An elastic unit holding GPUs is told to shrink: ``shrink_to = gpus`` (at least its
+        ``min_gpus``, below what its attempt holds), so whoever sees its Job stopped restarts
+        it on ``gpus`` (``shrunk``) instead of sending it back to the queue."""
+        _aware(now)
+        with self._tx(write=True) as conn:
+            row = self._load(conn, unit_id)
+            self._expect(row, "shrink", _HOLDING)
+            gpus = self._granted(row, gpus)
+            held = self._held(conn, row)
+            if not gpus < held:
+                raise TransitionRefusedError(
+                    f"cannot shrink unit {unit_id} to {gpus} GPUs: it holds {held}")
+            if row.shrink_to == gpus:
+                return
+            self._cas(conn, row, "shrink", _HOLDING, shrink_to=gpus, updated_at=now)
+
+    def shrunk(
+        self, unit_id: str, now: datetime, work_done_s: float | None = None,
+        lost_gpu_seconds: float | None = None, reason: str | None = None,
+    ) -> int | None:
+        """A shrinking unit's Job stopped: in one transaction its progress is saved
+        (``work_done_s``, total seconds of work at full size; None: nothing saved, the work
+        since the last checkpoint is lost unless ``lost_gpu_seconds`` says otherwise), its
+        attempt closed ``shrunk`` and attempt ``attempts + 1`` opened on ``shrink_to`` GPUs:
+        ADMITTED again, not a preemption. Returns the new attempt's number; None when a
+        cancel was requested meanwhile (the unit is CANCELLED instead)."""
+        _aware(now)
+        with self._tx(write=True) as conn:
+            row = self._load(conn, unit_id)
+            self._expect(row, "finish the shrink of", _HOLDING)
+            if row.shrink_to is None:
+                raise TransitionRefusedError(f"unit {unit_id} is not shrinking")
+        if row.cancel_requested_at is not None:
+            if work_done_s is not None and row.state == JobState.RUNNING.value:
+                self.checkpointed(unit_id, now, work_done_s)
+            self.preempted(unit_id, now, lost_gpu_seconds=lost_gpu_seconds, reason=reason)
+            return None
+        with self._tx(write=True) as conn:
+            row = self._load(conn, unit_id)
+            self._expect(row, "finish the shrink of", _HOLDING)
+            gpus = self._granted(row, row.shrink_to)
+            saved = row.work_done_s
+            checkpoint = row.last_checkpoint_at
+            if work_done_s is not None and row.checkpointable:
+                if not work_done_s >= row.work_done_s:
+                    raise TransitionRefusedError(
+                        f"unit {unit_id}: checkpointed progress {work_done_s:.0f} s is below "
+                        f"the {row.work_done_s:.0f} s already saved")
+                saved, checkpoint = float(work_done_s), now
+            number = row.attempts + 1
+            attempt_id = f"{unit_id}/{number}"
+            self._cas(
+                conn, row, "finish the shrink of", _HOLDING, state=JobState.ADMITTED.value,
+                attempts=number, current_attempt=attempt_id, stop_by=None, shrink_to=None,
+                work_done_s=saved, last_checkpoint_at=checkpoint, updated_at=now,
+            )
+            old, gpu_s, lost = self._close_attempt(
+                conn, row, now, AttemptOutcome.SHRUNK,
+                0.0 if work_done_s is not None and lost_gpu_seconds is None else lost_gpu_seconds,
+                default_lost=True,
+            )
+            held = conn.execute(sa.select(ATTEMPTS.c.gpus).where(
+                ATTEMPTS.c.id == row.current_attempt)).scalar()
+            conn.execute(sa.insert(ATTEMPTS).values(
+                id=attempt_id, unit_id=unit_id, number=number, admitted_at=now, gpus=gpus,
+                window_label=None, stop_by=None, work_done_at_start_s=saved,
+            ))
+            if work_done_s is not None and row.checkpointable:
+                self._event(conn, now, EventKind.CHECKPOINTED, row, gpus=held, detail={
+                    "attempt": old, "work_done_s": saved})
+            self._event(conn, now, EventKind.PREEMPTED, row, gpus=held, gpu_seconds=gpu_s,
+                        detail={"attempt": old, "lost_gpu_seconds": lost, "reason": reason,
+                                "shrunk_to": gpus})
+            self._event(conn, now, EventKind.ADMITTED, row, gpus=gpus, detail={
+                "attempt": number, "stop_by": None, "window": None, "shrunk_from": held})
         return number
 
     def started(self, unit_id: str, now: datetime) -> None:
@@ -1145,7 +1293,7 @@ class JobStore:
                 .where(ATTEMPTS.c.id == row.current_attempt, ATTEMPTS.c.started_at.is_(None))
                 .values(started_at=now)
             )
-            self._event(conn, now, EventKind.STARTED, row, gpus=row.gpus,
+            self._event(conn, now, EventKind.STARTED, row, gpus=self._held(conn, row),
                         detail={"attempt": row.attempts})
 
     def checkpointed(self, unit_id: str, now: datetime, work_done_s: float) -> None:
@@ -1164,9 +1312,8 @@ class JobStore:
                 )
             self._cas(conn, row, "checkpoint", (JobState.RUNNING,),
                       work_done_s=float(work_done_s), last_checkpoint_at=now, updated_at=now)
-            self._event(conn, now, EventKind.CHECKPOINTED, row, gpus=row.gpus, detail={
-                "attempt": row.attempts, "work_done_s": float(work_done_s),
-            })
+            self._event(conn, now, EventKind.CHECKPOINTED, row, gpus=self._held(conn, row),
+                        detail={"attempt": row.attempts, "work_done_s": float(work_done_s)})
 
     def _release(
         self, unit_id: str, now: datetime, *, action: str, allowed: Sequence[JobState],
@@ -1179,9 +1326,10 @@ class JobStore:
             self._expect(row, action, allowed)
             cancel = row.cancel_requested_at is not None
             new_state = JobState.CANCELLED if cancel else JobState.QUEUED
+            held = self._held(conn, row)
             self._cas(
                 conn, row, action, allowed, state=new_state.value, current_attempt=None,
-                stop_by=None,
+                stop_by=None, shrink_to=None,
                 preemptions=row.preemptions + (1 if count_preemption and not cancel else 0),
                 work_done_s=row.work_done_s if row.checkpointable else 0.0,
                 reason=(row.reason or "cancelled") if cancel else reason,
@@ -1195,12 +1343,12 @@ class JobStore:
             detail = {"attempt": number, "lost_gpu_seconds": lost, "reason": reason}
             if cancel:
                 detail["cancel_requested_at"] = _iso(row.cancel_requested_at)
-                self._event(conn, now, EventKind.CANCELLED, row, gpus=row.gpus,
+                self._event(conn, now, EventKind.CANCELLED, row, gpus=held,
                             gpu_seconds=gpu_s, detail=detail)
             else:
                 if outcome is AttemptOutcome.REQUEUED:
                     detail["requeued"] = True
-                self._event(conn, now, EventKind.PREEMPTED, row, gpus=row.gpus,
+                self._event(conn, now, EventKind.PREEMPTED, row, gpus=held,
                             gpu_seconds=gpu_s, detail=detail)
             return new_state
 
@@ -1237,10 +1385,11 @@ class JobStore:
         with self._tx(write=True) as conn:
             row = self._load(conn, unit_id)
             self._expect(row, "finish", _HOLDING)
+            held = self._held(conn, row)
             self._cas(conn, row, "finish", _HOLDING, state=JobState.SUCCEEDED.value,
-                      current_attempt=None, stop_by=None, updated_at=now)
+                      current_attempt=None, stop_by=None, shrink_to=None, updated_at=now)
             number, gpu_s, _ = self._close_attempt(conn, row, now, AttemptOutcome.SUCCEEDED)
-            self._event(conn, now, EventKind.FINISHED, row, gpus=row.gpus, gpu_seconds=gpu_s,
+            self._event(conn, now, EventKind.FINISHED, row, gpus=held, gpu_seconds=gpu_s,
                         detail={"attempt": number})
         return gpu_s
 
@@ -1253,14 +1402,16 @@ class JobStore:
         with self._tx(write=True) as conn:
             row = self._load(conn, unit_id)
             self._expect(row, "fail", allowed)
+            held = self._held(conn, row)
             self._cas(conn, row, "fail", allowed, state=JobState.FAILED.value,
-                      current_attempt=None, stop_by=None, reason=reason, updated_at=now)
+                      current_attempt=None, stop_by=None, shrink_to=None, reason=reason,
+                      updated_at=now)
             gpu_s = None
             detail: dict[str, Any] = {"reason": reason}
             if row.current_attempt is not None:
                 number, gpu_s, _ = self._close_attempt(conn, row, now, AttemptOutcome.FAILED)
                 detail["attempt"] = number
-            self._event(conn, now, EventKind.FAILED, row, gpus=row.gpus, gpu_seconds=gpu_s,
+            self._event(conn, now, EventKind.FAILED, row, gpus=held, gpu_seconds=gpu_s,
                         detail=detail)
             result = self._cancel_units(
                 conn, self._dependants(conn, [unit_id]), now,

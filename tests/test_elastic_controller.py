@@ -1,0 +1,156 @@
+"""Shrinks and reduced admissions through reconcile_once() (a real SQLite store, the in-memory
+cluster of test_controller): the attempts, their GPUs and the accounting."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import numpy as np
+import pytest
+from test_controller import T0, MemoryCluster, Signals
+
+from scheduler.adapters.store import AttemptOutcome, JobStore, TransitionRefusedError
+from scheduler.controller import Controller
+from scheduler.ports import JobPhase, StopKind
+from scheduler.specs import expand_units, validate_request
+from scheduler.types import EventKind, FreeProfile, JobState, PolicySettings, ServingSignals
+
+MIN = timedelta(minutes=1)
+ELASTIC = {
+    "name": "sft", "team": "alignment", "kind": "sft",
+    "image": "registry.example.com/research/trl-sft:0.12.2", "command": ["torchrun", "sft.py"],
+    "args": ["--out", "{output}"], "gpus": 8, "min_gpus": 4, "cpu": 64, "memory": "512Gi",
+    "runtime_estimate": "4h", "output": "s3://runs/{team}/{name}",
+    "checkpoint": {"interval": "30m", "resume_args": ["--resume"]},
+}
+
+
+@pytest.fixture
+def setup(tmp_path):
+    store = JobStore(f"sqlite:///{tmp_path / 'jobs.db'}")
+    request = validate_request(ELASTIC)
+    store.submit(request.name, request.team, request.kind, ELASTIC, expand_units(request),
+                 T0 - timedelta(hours=1))
+    cluster, signals = MemoryCluster(), Signals()
+    free = {"values": np.full(288, 16.0)}
+    controller = Controller(store, cluster, signals,
+                            lambda now: FreeProfile(T0, 300, free["values"], 0.9, T0),
+                            lambda spec: spec.runtime_estimate_s, PolicySettings(grace_s=600))
+    (unit,) = [row.id for row in store.queue()]
+    yield store, cluster, signals, controller, free, unit
+    store.close()
+
+
+def running_at(controller, cluster, when):
+    (name,) = controller.reconcile_once(when).created
+    cluster.set_phase(name, JobPhase.RUNNING, when)
+    controller.reconcile_once(when + MIN)
+    return name
+
+
+def test_a_live_shortfall_shrinks_the_job_and_its_next_attempt_runs_on_fewer_gpus(setup):
+    store, cluster, signals, controller, _, unit = setup
+    first = running_at(controller, cluster, T0)
+    assert cluster.jobs[first].gpus == 8
+    signals.value = ServingSignals(observed_at=T0 + 20 * MIN, gpus_short=3)
+    report = controller.reconcile_once(T0 + 20 * MIN)
+    (d,) = report.plan.decisions
+    assert (d.action.value, d.gpus) == ("shrink", 5)
+    assert report.stopped == [first] and store.unit(unit).shrink_to == 5
+    signals.value = ServingSignals(observed_at=T0 + 21 * MIN)  # the 3 GPUs are on their way
+    report = controller.reconcile_once(T0 + 21 * MIN)
+    assert report.shrunk == [unit] and report.created == [cluster.job_name(unit, 2)]
+    job = cluster.jobs[cluster.job_name(unit, 2)]
+    assert job.gpus == 5 and first in report.deleted
+    row = store.unit(unit)
+    assert (row.state, row.gpus, row.attempts, row.preemptions, row.shrink_to) == (
+        JobState.ADMITTED, 5, 2, 0, None)
+    spec = row.attempt_spec
+    assert (spec.gpus, spec.cpu, spec.memory, dict(spec.env)["IDLEGPU_GPUS"]) == (
+        5, 40.0, "327680Mi", "5")
+    one, two = store.attempts(unit)
+    assert (one.gpus, one.outcome, two.gpus, two.outcome) == (8, AttemptOutcome.SHRUNK, 5, None)
+    # live: the GPU-time since the admission (no checkpoint yet) is lost, on all 8 GPUs
+    assert one.lost_gpu_seconds == pytest.approx(8 * 21 * 60)
+    assert one.gpu_seconds == pytest.approx(8 * 21 * 60)
+    # it runs on 5 GPUs, then finishes: every attempt counts the GPUs it held
+    cluster.set_phase(job.name, JobPhase.RUNNING, T0 + 22 * MIN)
+    controller.reconcile_once(T0 + 23 * MIN)
+    (running,) = store.running(T0 + 23 * MIN, lambda r: 4 * 3600.0)
+    assert (running.gpus, running.min_gpus) == (5, 4)
+    assert running.remaining_s == pytest.approx((4 * 3600 - 60 * 5 / 8) * 8 / 5)
+    cluster.set_phase(job.name, JobPhase.SUCCEEDED, T0 + 82 * MIN)
+    controller.reconcile_once(T0 + 83 * MIN)
+    assert store.unit(unit).state is JobState.SUCCEEDED
+    _, two = store.attempts(unit)
+    assert two.gpu_seconds == pytest.approx(5 * 61 * 60)
+    assert store.team_gpu_hours(T0 + 83 * MIN, 86400) == {
+        "alignment": pytest.approx((8 * 21 + 5 * 61) / 60)}
+    kinds = [(e.kind, e.gpus) for e in store.events(unit_id=unit)]
+    assert kinds[-4:] == [(EventKind.PREEMPTED, 8), (EventKind.ADMITTED, 5),
+                          (EventKind.STARTED, 5), (EventKind.FINISHED, 5)]
+
+
+def test_a_planned_shrink_keeps_the_work_and_counts_it_at_the_gpus_it_ran_on(setup):
+    store, cluster, signals, controller, free, unit = setup
+    first = running_at(controller, cluster, T0)
+    free["values"] = np.concatenate([np.full(6, 16.0), np.full(282, 6.0)])  # a ramp at +30 min
+    signals.value = ServingSignals(observed_at=T0 + 25 * MIN)
+    report = controller.reconcile_once(T0 + 25 * MIN)
+    (d,) = report.plan.decisions
+    assert (d.action.value, d.gpus, d.planned) == ("shrink", 6, True)
+    signals.value = ServingSignals(observed_at=T0 + 26 * MIN)
+    report = controller.reconcile_once(T0 + 26 * MIN)
+    assert report.shrunk == [unit]
+    row = store.unit(unit)
+    assert row.work_done_s == pytest.approx(25 * 60)  # from its start to the stop
+    one, _ = store.attempts(unit)
+    assert one.lost_gpu_seconds == 0.0 and one.outcome is AttemptOutcome.SHRUNK
+    # on 6 GPUs, a planned stop later saves 6/8 of a second of work per second
+    cluster.set_phase(cluster.job_name(unit, 2), JobPhase.RUNNING, T0 + 26 * MIN)
+    controller.reconcile_once(T0 + 27 * MIN)
+    cluster.stop(cluster.job_name(unit, 2), reason="test", kind=StopKind.PLANNED,
+                 now=T0 + 66 * MIN)
+    controller.reconcile_once(T0 + 67 * MIN)
+    row = store.unit(unit)
+    assert row.state is JobState.QUEUED and row.preemptions == 1
+    assert row.work_done_s == pytest.approx(25 * 60 + 40 * 60 * 6 / 8)
+    (waiting,) = store.waiting(T0 + 67 * MIN, lambda r: 4 * 3600.0)
+    assert (waiting.gpus, waiting.min_gpus) == (8, 4)
+    del first
+
+
+def test_a_reduced_admission_opens_an_attempt_on_the_gpus_granted(setup):
+    store, cluster, signals, controller, free, unit = setup
+    free["values"] = np.full(288, 6.0)
+    report = controller.reconcile_once(T0)
+    (d,) = report.plan.decisions
+    assert (d.action.value, d.gpus) == ("admit", 6)
+    (name,) = report.created
+    assert cluster.jobs[name].gpus == 6
+    assert [a.gpus for a in store.attempts(unit)] == [6]
+    assert store.unit(unit).gpus == 6 and store.unit(unit).spec.gpus == 8
+
+
+def test_the_store_refuses_sizes_outside_the_unit_range(setup):
+    store, _, _, _, _, unit = setup
+    with pytest.raises(TransitionRefusedError, match="runs on 4 to 8 GPUs, not 3"):
+        store.admit(unit, T0, gpus=3)
+    store.admit(unit, T0, gpus=6)
+    with pytest.raises(TransitionRefusedError, match="cannot shrink unit .* to 6 GPUs: it holds 6"):
+        store.shrinking(unit, T0, 6)
+    with pytest.raises(TransitionRefusedError, match="is not shrinking"):
+        store.shrunk(unit, T0 + MIN)
+
+
+def test_a_cancel_during_a_shrink_cancels_instead_of_restarting(setup):
+    store, cluster, signals, controller, _, unit = setup
+    running_at(controller, cluster, T0)
+    signals.value = ServingSignals(observed_at=T0 + 20 * MIN, gpus_short=2)
+    controller.reconcile_once(T0 + 20 * MIN)
+    store.cancel(unit, T0 + 20 * MIN)
+    signals.value = ServingSignals(observed_at=T0 + 21 * MIN)
+    report = controller.reconcile_once(T0 + 21 * MIN)
+    assert report.shrunk == [] and report.created == []
+    assert store.unit(unit).state is JobState.CANCELLED
+    assert [a.outcome for a in store.attempts(unit)] == [AttemptOutcome.CANCELLED]
