@@ -1298,10 +1298,10 @@ def resize_unit(spec: UnitSpec, gpus: int) -> UnitSpec:
         raise ValueError(f"unit {spec.step}/{spec.member} runs on {least} to {full} GPUs, "
                          f"not {gpus}")
     memory = quantity_bytes(spec.memory) * gpus / full
-    mib = int((memory / 2**20).to_integral_value(rounding="ROUND_CEILING"))
+    mib = max(1, int((memory / 2**20).to_integral_value(rounding="ROUND_CEILING")))
     env = tuple((k, str(gpus) if k == "IDLEGPU_GPUS" else v) for k, v in spec.env)
     return replace(spec, gpus=gpus, cpu=round(spec.cpu * gpus / full, 3),
-                   memory=f"{max(1, mib)}Mi", env=env)
+                   memory=f"{mib // 1024}Gi" if mib % 1024 == 0 else f"{mib}Mi", env=env)
 
 
 def expand_units(request: JobRequest) -> list[UnitSpec]:

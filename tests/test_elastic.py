@@ -49,7 +49,7 @@ def test_min_gpus_reaches_the_unit_and_a_resized_attempt_scales_with_it():
     (unit,) = expand_units(validate_request(request(cpu=64, memory="512Gi")))
     assert unit.gpus == 16 and unit.min_gpus == 8
     half = resize_unit(unit, 8)
-    assert (half.gpus, half.min_gpus, half.cpu, half.memory) == (8, 8, 32.0, "262144Mi")
+    assert (half.gpus, half.min_gpus, half.cpu, half.memory) == (8, 8, 32.0, "256Gi")
     assert dict(half.env)["IDLEGPU_GPUS"] == "8" and half.args == unit.args
     assert resize_unit(unit, 16) is unit
     with pytest.raises(ValueError, match="runs on 8 to 16 GPUs, not 4"):

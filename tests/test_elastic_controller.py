@@ -67,7 +67,7 @@ def test_a_live_shortfall_shrinks_the_job_and_its_next_attempt_runs_on_fewer_gpu
         JobState.ADMITTED, 5, 2, 0, None)
     spec = row.attempt_spec
     assert (spec.gpus, spec.cpu, spec.memory, dict(spec.env)["IDLEGPU_GPUS"]) == (
-        5, 40.0, "327680Mi", "5")
+        5, 40.0, "320Gi", "5")
     one, two = store.attempts(unit)
     assert (one.gpus, one.outcome, two.gpus, two.outcome) == (8, AttemptOutcome.SHRUNK, 5, None)
     # live: the GPU-time since the admission (no checkpoint yet) is lost, on all 8 GPUs
@@ -121,7 +121,7 @@ def test_a_planned_shrink_keeps_the_work_and_counts_it_at_the_gpus_it_ran_on(set
 
 
 def test_a_reduced_admission_opens_an_attempt_on_the_gpus_granted(setup):
-    store, cluster, signals, controller, free, unit = setup
+    store, cluster, _, controller, free, unit = setup
     free["values"] = np.full(288, 6.0)
     report = controller.reconcile_once(T0)
     (d,) = report.plan.decisions
@@ -154,3 +154,30 @@ def test_a_cancel_during_a_shrink_cancels_instead_of_restarting(setup):
     assert report.shrunk == [] and report.created == []
     assert store.unit(unit).state is JobState.CANCELLED
     assert [a.outcome for a in store.attempts(unit)] == [AttemptOutcome.CANCELLED]
+
+
+def test_a_version_2_store_gains_shrink_to_and_keeps_its_units(tmp_path, monkeypatch):
+    import sqlalchemy as sa
+
+    from scheduler.adapters import store as store_mod
+
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    with monkeypatch.context() as m:
+        m.setattr(store_mod, "MIGRATIONS", store_mod.MIGRATIONS[:2])
+        engine = sa.create_engine(url)
+        with engine.begin() as conn:
+            store_mod.SCHEMA_VERSION_TABLE.create(conn)
+            for version, (name, migrate) in enumerate(store_mod.MIGRATIONS[:2], start=1):
+                migrate(conn)
+                conn.execute(sa.insert(store_mod.SCHEMA_VERSION_TABLE).values(
+                    version=version, name=name))
+        engine.dispose()
+    assert "shrink_to" not in {c["name"] for c in sa.inspect(sa.create_engine(url))
+                               .get_columns("units")}
+    with JobStore(url) as store:
+        assert store.schema_version() == 3
+        request = validate_request(ELASTIC)
+        store.submit(request.name, request.team, request.kind, ELASTIC, expand_units(request),
+                     T0)
+        (row,) = store.queue()
+        assert row.shrink_to is None and row.spec.min_gpus == 4
