@@ -337,7 +337,8 @@ class Controller:
         if attempt is None:  # a cancel came first
             return
         report.shrunk.append(row.id)
-        self._create(self.store.unit(row.id), attempt, None, now, report)
+        row = self.store.unit(row.id)
+        self._create(row, attempt, row.stop_by, now, report)
 
     def _create(self, row, attempt: int, stop_by: datetime | None, now: datetime,
                 report: PassReport) -> None:
@@ -446,7 +447,7 @@ class Controller:
         if self.dry_run:
             return
         try:
-            self.store.shrinking(row.id, now, decision.gpus)
+            self.store.shrinking(row.id, now, decision.gpus, stop_by=decision.stop_by)
         except IdlegpuError as exc:  # e.g. it ended meanwhile: an ordinary stop then
             report.errors.append(f"{row.id}: stopped, shrink not recorded ({exc})")
             self._stopping[row.id] = row.gpus

@@ -119,6 +119,7 @@ def decide(
     by_id = sorted(running, key=lambda j: j.id)
     victims: dict[str, tuple[str, bool]] = {}  # id -> (reason, planned)
     shrinks: dict[str, int] = {}  # id -> GPUs it keeps (victims that shrink, not stop)
+    fallback: dict[str, str] = {}  # id -> the reason of a whole stop, should a shrink not fit
     if give_up and running:
         what = "never read" if missing_for is None else f"missing for {missing_for / 60:.0f} min"
         for job in by_id:
@@ -135,6 +136,7 @@ def decide(
                     text = (f"shrink {job.id} from {job.gpus} to {keep} GPUs: its window closes "
                             f"for {job.gpus}, {keep} stay free; checkpoint and restart as planned")
                     victims[job.id] = (text, True)
+                    fallback[job.id] = "its window closes: checkpoint and stop as planned"
                 else:
                     victims[job.id] = ("its window closes: checkpoint and stop as planned", True)
         stopping = sum(j.gpus - shrinks.get(j.id, 0) for j in running if j.id in victims)
@@ -174,6 +176,7 @@ def decide(
             for job, keep in cover:
                 if keep:
                     shrinks[job.id] = keep
+                    fallback[job.id] = reason
                     text = (f"shrink {job.id} from {job.gpus} to {keep} GPUs: {reason}; "
                             + _cheaper_than(job, whole, now))
                 else:
@@ -187,17 +190,21 @@ def decide(
             release = min(n_steps, i0 + (grace_steps if job.checkpointable else 1))
             keep = shrinks.get(job.id, 0)
             if keep:
-                decisions.append(Decision(Action.SHRINK, job.id, keep, reason, planned=planned))
-                used[release : ends[job.id]] -= job.gpus - keep
-                # it restarts on fewer GPUs, so its work left takes longer
-                end = now + timedelta(seconds=settings.grace_s
-                                      + max(0.0, job.remaining_s) * job.gpus / keep)
-                if job.stop_by is not None:
-                    end = min(end, job.stop_by)
-                last = min(n_steps, math.ceil((end - profile.start).total_seconds() / step))
-                if last > ends[job.id]:
-                    used[ends[job.id] : last] += keep
-                continue
+                fits, stop_by = _after_shrink(job, keep, profile, free, used, ends[job.id],
+                                              release, n_steps, settings)
+                if fits:
+                    decisions.append(Decision(Action.SHRINK, job.id, keep, reason,
+                                              stop_by=stop_by, planned=planned))
+                    # it holds every GPU through the grace period, then `keep` until it ends
+                    # (its work left takes longer on fewer GPUs) or its new window closes
+                    end = stop_by or now + timedelta(
+                        seconds=settings.grace_s + max(0.0, job.remaining_s) * job.gpus / keep)
+                    last = min(n_steps, math.ceil((end - profile.start).total_seconds() / step))
+                    used[release : ends[job.id]] -= job.gpus
+                    used[release : max(release, last)] += keep
+                    continue
+                # no worthwhile time on fewer GPUs: stopped whole after all
+                reason = fallback.get(job.id, reason)
             decisions.append(Decision(Action.PREEMPT, job.id, job.gpus, reason, planned=planned))
             used[release : ends[job.id]] -= job.gpus
 
@@ -381,6 +388,26 @@ def _keep_after_window(job: RunningJob, now: datetime, free: np.ndarray, used: n
         return 0
     keep = min(job.gpus - 1, int(np.floor(left.min())))
     return keep if keep >= job.min_gpus else 0
+
+
+def _after_shrink(job: RunningJob, keep: int, profile: FreeProfile, free: np.ndarray,
+                  used: np.ndarray, end: int, release: int, n_steps: int,
+                  settings: PolicySettings) -> tuple[bool, datetime | None]:
+    """Whether ``job`` restarted on ``keep`` GPUs at ``release`` has a worthwhile run beside
+    the other jobs (``used`` holds it until step ``end``), and when that run must stop (None:
+    it finishes), exactly as an admission of a segment: the shrunk job checkpoints and stops
+    before its new window closes rather than be in the way of the next ramp."""
+    step = profile.step_s
+    others = used[release:n_steps] - np.where(np.arange(release, n_steps) < end, job.gpus, 0)
+    left = free[release:n_steps] - others
+    short = np.flatnonzero(~(left >= keep))  # a hole (NaN) is no room
+    run = int(short[0]) if short.size else n_steps - release
+    runtime = max(0.0, job.remaining_s) * job.gpus / keep
+    if run >= _steps(runtime + settings.grace_s, step):
+        return True, None
+    if run >= _steps(min(runtime, settings.min_segment_s) + settings.grace_s, step):
+        return True, profile.time_at(release + run) - timedelta(seconds=settings.grace_s)
+    return False, None
 
 
 def _cheaper_than(job: RunningJob, whole: Sequence[RunningJob], now: datetime) -> str:

@@ -108,6 +108,7 @@ class _Job:
     # (work is counted in seconds at the full size: on n of g GPUs, n / g per second)
     gpus: int = 0  # what the current (or last) attempt holds
     resume_gpus: int | None = None  # a shrink under way: restarts on these after its grace
+    resume_stop_by: datetime | None = None  # ... and must stop by then (None: runs on)
     running: bool = False
     releasing_until: datetime | None = None
     started_at: datetime | None = None
@@ -254,7 +255,7 @@ def simulate(
                 if job.resume_gpus is not None:  # a shrink: it restarts on fewer GPUs
                     job.running, job.gpus, job.resume_gpus = True, job.resume_gpus, None
                     job.started_at = job.last_checkpoint_at = now
-                    job.progress_s = 0.0
+                    job.stop_by, job.progress_s = job.resume_stop_by, 0.0
         if finished:
             live = [j for j in live if j.finished_at is None]
         # 2. the service takes what it needs; evictions if jobs are in the way
@@ -322,6 +323,7 @@ def simulate(
             elif d.action is Action.SHRINK:
                 shrinks += 1
                 _stop(job, now, grace, planned=d.planned, runs=runs, shrink_to=d.gpus)
+                job.resume_stop_by = d.stop_by
             elif d.action is Action.ADMIT:
                 job.gpus = d.gpus
                 job.running, job.started_at, job.last_checkpoint_at = True, now, now

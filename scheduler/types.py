@@ -276,8 +276,8 @@ class Decision:
     keeps (it frees the rest); PREEMPT and DEFER: the GPUs it holds or asks for."""
     reason: str
     stop_by: datetime | None = None
-    """For admissions: when the job must checkpoint and stop (end of its window), if before it
-    would finish."""
+    """For admissions and shrinks: when the job (on the GPUs granted or kept) must checkpoint
+    and stop (end of its window), if before it would finish."""
     start_at: datetime | None = None
     """For deferrals with a reservation: when the job is expected to start."""
     planned: bool = False

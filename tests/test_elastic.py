@@ -333,3 +333,36 @@ def test_an_elastic_job_whose_window_closes_shrinks_to_what_stays_free():
         (d,) = decide(T0, prof, [job], [], ServingSignals(observed_at=T0), {},
                       SETTINGS).decisions
         assert d.action is Action.PREEMPT and d.planned
+
+
+def test_the_daemon_rechecks_min_gpus_on_a_stored_unit():
+    from forecast.config import AdmissionConfig
+    from scheduler.specs import recheck_unit
+
+    (unit,) = expand_units(validate_request(request()))
+    recheck_unit(unit, "alignment", AdmissionConfig())
+    for bad in (replace(unit, min_gpus=16), replace(unit, min_gpus=0),
+                replace(unit, checkpointable=False)):
+        with pytest.raises(SpecError, match="min_gpus: min_gpus .* does not fit a unit of 16"):
+            recheck_unit(bad, "alignment", AdmissionConfig())
+
+
+def test_a_shrunk_job_stops_before_its_smaller_window_closes_or_stops_now_without_one():
+    closing = RunningJob(id="sft", team="a", gpus=16, priority=0,
+                         started_at=T0 - timedelta(hours=5), checkpointable=True,
+                         remaining_s=6 * H, last_checkpoint_at=T0,
+                         stop_by=T0 + timedelta(minutes=5), min_gpus=8)
+    # 12 stay free for 2 h after the grace period, then none
+    prof = FreeProfile(start=T0, step_s=300, free=np.array([16.0] * 2 + [12.0] * 24 + [0.0] * 40),
+                       confidence=0.9, made_at=T0)
+    (d,) = decide(T0, prof, [closing], [], ServingSignals(observed_at=T0), {},
+                  SETTINGS).decisions
+    assert (d.action, d.gpus) == (Action.SHRINK, 12)
+    assert d.stop_by == T0 + timedelta(minutes=130) - timedelta(seconds=600)
+    # 12 free for 20 min only: not worth a restart (min_segment_s is 30 min): a planned stop
+    prof = FreeProfile(start=T0, step_s=300, free=np.array([16.0] * 2 + [12.0] * 6 + [0.0] * 40),
+                       confidence=0.9, made_at=T0)
+    (d,) = decide(T0, prof, [closing], [], ServingSignals(observed_at=T0), {},
+                  SETTINGS).decisions
+    assert (d.action, d.reason) == (Action.PREEMPT,
+                                    "its window closes: checkpoint and stop as planned")

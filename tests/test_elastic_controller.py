@@ -181,3 +181,23 @@ def test_a_version_2_store_gains_shrink_to_and_keeps_its_units(tmp_path, monkeyp
                      T0)
         (row,) = store.queue()
         assert row.shrink_to is None and row.spec.min_gpus == 4
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_a_shrink_with_a_window_gives_the_next_attempt_its_stop_by(backend, tmp_path, request):
+    url = (f"sqlite:///{tmp_path / 'jobs.db'}" if backend == "sqlite"
+           else request.getfixturevalue("fresh_postgres_url"))
+    with JobStore(url) as store:
+        req = validate_request(ELASTIC)
+        store.submit(req.name, req.team, req.kind, ELASTIC, expand_units(req), T0)
+        (unit,) = [row.id for row in store.queue()]
+        store.admit(unit, T0)
+        store.started(unit, T0)
+        until = T0 + 3 * timedelta(hours=1)
+        store.shrinking(unit, T0 + 20 * MIN, 6, stop_by=until)
+        assert store.unit(unit).shrink_to == 6
+        assert store.shrunk(unit, T0 + 21 * MIN, work_done_s=20 * 60.0) == 2
+        row = store.unit(unit)
+        assert (row.gpus, row.stop_by, row.work_done_s, row.shrink_to) == (6, until, 1200.0,
+                                                                           None)
+        assert store.attempts(unit)[1].stop_by == until

@@ -15,8 +15,8 @@ queries: nothing below the schema-migration lock is dialect-specific SQL.
   a ``version`` bumped by every transition, ``attempts``, ``preemptions``, checkpointed
   progress ``work_done_s`` and ``last_checkpoint_at``, the ``current_attempt`` while it holds
   GPUs, its ``stop_by``, ``cancel_requested_at`` and the ``reason`` of a failure or cancel;
-  ``shrink_to`` (version 3): while an elastic unit is told to shrink, the GPUs its next
-  attempt runs on;
+  ``shrink_to`` and ``shrink_stop_by`` (version 3): while an elastic unit is told to shrink,
+  the GPUs its next attempt runs on and when that one must stop (NULL: it runs on);
 - ``unit_deps``: ``(unit_id, depends_on)`` edges inside a request (from ``UnitSpec.depends_on``);
 - ``attempts``: one row per admission, ``id = f"{unit_id}/{number}"``: ``admitted_at``,
   ``started_at``, ``ended_at``, ``outcome``, ``gpus``, ``gpu_seconds``, ``lost_gpu_seconds``,
@@ -291,7 +291,8 @@ def _define_tables(md: sa.MetaData, version: int = 3) -> dict[str, sa.Table]:
     Never change what a released migration creates: a later migration that alters a table
     adds its change here under ``version >=`` its number (3: ``units.shrink_to``).
     """
-    later = [sa.Column("shrink_to", sa.Integer)] if version >= 3 else []
+    later = ([sa.Column("shrink_to", sa.Integer), sa.Column("shrink_stop_by", UTCDateTime)]
+             if version >= 3 else [])
     requests = sa.Table(
         "requests", md,
         sa.Column("id", _ID, primary_key=True),
@@ -409,13 +410,16 @@ def _v2_store_id(conn: Connection) -> None:
 
 def _v3_shrink_to(conn: Connection) -> None:
     conn.execute(sa.text("ALTER TABLE units ADD COLUMN shrink_to INTEGER"))
+    kind = UTCDateTime().impl.compile(dialect=conn.dialect)  # TIMESTAMP / DATETIME
+    conn.execute(sa.text(f"ALTER TABLE units ADD COLUMN shrink_stop_by {kind}"))
 
 
 Migration = tuple[str, Callable[[Connection], None]]
 MIGRATIONS: list[Migration] = [
     ("initial schema: requests, units, unit_deps, attempts, events", _v1_initial),
     ("store_meta with the store's random id", _v2_store_id),
-    ("units.shrink_to: the GPUs an elastic unit shrinks to", _v3_shrink_to),
+    ("units.shrink_to, shrink_stop_by: an elastic unit's next, smaller attempt",
+     _v3_shrink_to),
 ]
 """Applied in order at open, all pending ones in one transaction; version N = MIGRATIONS[N-1].
 Append only."""
@@ -1203,11 +1207,14 @@ class JobStore:
         ).scalar()
         return int(held if held is not None else row.gpus)
 
-    def shrinking(self, unit_id: str, now: datetime, gpus: int) -> None:
+    def shrinking(self, unit_id: str, now: datetime, gpus: int,
+                  stop_by: datetime | None = None) -> None:
         """An elastic unit holding GPUs is told to shrink: ``shrink_to = gpus`` (at least its
         ``min_gpus``, below what its attempt holds), so whoever sees its Job stopped restarts
-        it on ``gpus`` (``shrunk``) instead of sending it back to the queue."""
+        it on ``gpus`` (``shrunk``) instead of sending it back to the queue; ``stop_by``: when
+        that attempt must checkpoint and stop (None: it runs on)."""
         _aware(now)
+        _aware_opt(stop_by, "stop_by")
         with self._tx(write=True) as conn:
             row = self._load(conn, unit_id)
             self._expect(row, "shrink", _HOLDING)
@@ -1216,9 +1223,10 @@ class JobStore:
             if not gpus < held:
                 raise TransitionRefusedError(
                     f"cannot shrink unit {unit_id} to {gpus} GPUs: it holds {held}")
-            if row.shrink_to == gpus:
+            if row.shrink_to == gpus and row.shrink_stop_by == stop_by:
                 return
-            self._cas(conn, row, "shrink", _HOLDING, shrink_to=gpus, updated_at=now)
+            self._cas(conn, row, "shrink", _HOLDING, shrink_to=gpus, shrink_stop_by=stop_by,
+                      updated_at=now)
 
     def shrunk(
         self, unit_id: str, now: datetime, work_done_s: float | None = None,
@@ -1255,10 +1263,12 @@ class JobStore:
                 saved, checkpoint = float(work_done_s), now
             number = row.attempts + 1
             attempt_id = f"{unit_id}/{number}"
+            stop_by = row.shrink_stop_by
             self._cas(
                 conn, row, "finish the shrink of", _HOLDING, state=JobState.ADMITTED.value,
-                attempts=number, current_attempt=attempt_id, stop_by=None, shrink_to=None,
-                work_done_s=saved, last_checkpoint_at=checkpoint, updated_at=now,
+                attempts=number, current_attempt=attempt_id, stop_by=stop_by, shrink_to=None,
+                shrink_stop_by=None, work_done_s=saved, last_checkpoint_at=checkpoint,
+                updated_at=now,
             )
             old, gpu_s, lost = self._close_attempt(
                 conn, row, now, AttemptOutcome.SHRUNK,
@@ -1269,7 +1279,7 @@ class JobStore:
                 ATTEMPTS.c.id == row.current_attempt)).scalar()
             conn.execute(sa.insert(ATTEMPTS).values(
                 id=attempt_id, unit_id=unit_id, number=number, admitted_at=now, gpus=gpus,
-                window_label=None, stop_by=None, work_done_at_start_s=saved,
+                window_label=None, stop_by=stop_by, work_done_at_start_s=saved,
             ))
             if work_done_s is not None and row.checkpointable:
                 self._event(conn, now, EventKind.CHECKPOINTED, row, gpus=held, detail={
@@ -1278,7 +1288,8 @@ class JobStore:
                         detail={"attempt": old, "lost_gpu_seconds": lost, "reason": reason,
                                 "shrunk_to": gpus})
             self._event(conn, now, EventKind.ADMITTED, row, gpus=gpus, detail={
-                "attempt": number, "stop_by": None, "window": None, "shrunk_from": held})
+                "attempt": number, "stop_by": _iso(stop_by), "window": None,
+                "shrunk_from": held})
         return number
 
     def started(self, unit_id: str, now: datetime) -> None:
@@ -1329,7 +1340,7 @@ class JobStore:
             held = self._held(conn, row)
             self._cas(
                 conn, row, action, allowed, state=new_state.value, current_attempt=None,
-                stop_by=None, shrink_to=None,
+                stop_by=None, shrink_to=None, shrink_stop_by=None,
                 preemptions=row.preemptions + (1 if count_preemption and not cancel else 0),
                 work_done_s=row.work_done_s if row.checkpointable else 0.0,
                 reason=(row.reason or "cancelled") if cancel else reason,
@@ -1387,7 +1398,8 @@ class JobStore:
             self._expect(row, "finish", _HOLDING)
             held = self._held(conn, row)
             self._cas(conn, row, "finish", _HOLDING, state=JobState.SUCCEEDED.value,
-                      current_attempt=None, stop_by=None, shrink_to=None, updated_at=now)
+                      current_attempt=None, stop_by=None, shrink_to=None, shrink_stop_by=None,
+                      updated_at=now)
             number, gpu_s, _ = self._close_attempt(conn, row, now, AttemptOutcome.SUCCEEDED)
             self._event(conn, now, EventKind.FINISHED, row, gpus=held, gpu_seconds=gpu_s,
                         detail={"attempt": number})
@@ -1404,8 +1416,8 @@ class JobStore:
             self._expect(row, "fail", allowed)
             held = self._held(conn, row)
             self._cas(conn, row, "fail", allowed, state=JobState.FAILED.value,
-                      current_attempt=None, stop_by=None, shrink_to=None, reason=reason,
-                      updated_at=now)
+                      current_attempt=None, stop_by=None, shrink_to=None, shrink_stop_by=None,
+                      reason=reason, updated_at=now)
             gpu_s = None
             detail: dict[str, Any] = {"reason": reason}
             if row.current_attempt is not None:
