@@ -1564,6 +1564,12 @@ def recheck_unit(spec: UnitSpec, team: str, admission: AdmissionConfig) -> None:
     if spec.gpus < 0 or spec.gpus > admission.max_gpus_per_job:
         problems.append(("gpus", (f"{spec.gpus} GPUs is outside 0..{admission.max_gpus_per_job} "
                          "(admission.max_gpus_per_job); ask for fewer GPUs")))
+    if spec.min_gpus is not None and not (
+            1 <= spec.min_gpus < spec.gpus and spec.checkpointable):
+        problems.append(("min_gpus", (
+            f"min_gpus {spec.min_gpus} does not fit a unit of {spec.gpus} GPUs that "
+            f"{'can' if spec.checkpointable else 'cannot'} checkpoint; an elastic unit runs on "
+            "1 to gpus - 1 GPUs and checkpoints (resubmit it)")))
     problems += _structure_problems(spec)
     problems += _admission_problems(spec, team, admission)
     if problems:
