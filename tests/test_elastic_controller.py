@@ -86,6 +86,12 @@ def test_a_live_shortfall_shrinks_the_job_and_its_next_attempt_runs_on_fewer_gpu
     assert two.gpu_seconds == pytest.approx(5 * 61 * 60)
     assert store.team_gpu_hours(T0 + 83 * MIN, 86400) == {
         "alignment": pytest.approx((8 * 21 + 5 * 61) / 60)}
+    # the monthly report's run table counts each attempt at the GPUs it held
+    from scheduler.reports import runs_from_store
+    runs = runs_from_store(store, T0 + 90 * MIN)
+    assert list(zip(runs["gpus"], runs["outcome"], strict=True)) == [(8, "stopped"),
+                                                                     (5, "finished")]
+    assert runs["gpu_hours"].tolist() == pytest.approx([8 * 21 / 60, 5 * 61 / 60])
     kinds = [(e.kind, e.gpus) for e in store.events(unit_id=unit)]
     assert kinds[-4:] == [(EventKind.PREEMPTED, 8), (EventKind.ADMITTED, 5),
                           (EventKind.STARTED, 5), (EventKind.FINISHED, 5)]
