@@ -365,6 +365,17 @@ def _cover(
             chosen[n] = (job, keep + back)
             extra -= back
     chosen = [(job, keep) for job, keep in chosen if keep != job.gpus]
+    if any(keep for _, keep in chosen):
+        # giving GPUs back costs restarts: whole stops win if they are now the cheaper
+        def price(cover: list[tuple[RunningJob, int]]) -> float:
+            return sum((_shrink_cost(j, keep, now, restart_cost_s) if keep
+                        else _stop_cost(j, now, restart_cost_s))
+                       + penalty(j, j.gpus - keep) + per_victim for j, keep in cover)
+
+        whole = _cover(running, need, now, exclude, restart_cost_s=restart_cost_s,
+                       shrink=False)
+        if price(whole) < price(chosen):
+            return whole
     return sorted(chosen, key=lambda c: c[0].id)
 
 

@@ -10,6 +10,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from forecast.config import load_config
 from scheduler.policy import decide
@@ -366,3 +369,32 @@ def test_a_shrunk_job_stops_before_its_smaller_window_closes_or_stops_now_withou
                   SETTINGS).decisions
     assert (d.action, d.reason) == (Action.PREEMPT,
                                     "its window closes: checkpoint and stop as planned")
+
+
+@given(st.lists(st.tuples(st.integers(1, 16), st.floats(0.0, 3.0), st.booleans(),
+                          st.integers(0, 1)), min_size=1, max_size=6),
+       st.integers(1, 40))
+@hsettings(max_examples=300, deadline=None)
+def test_a_cover_frees_the_need_exactly_when_it_shrinks_and_never_costs_more(jobs, need):
+    from scheduler.policy import _cover, _shrink_cost, _stop_cost, _victims
+
+    running_jobs = [running(f"j{i}", g, since_ckpt_h=h, min_gpus=max(1, g // 2) if e else None,
+                            priority=p) for i, (g, h, e, p) in enumerate(jobs)]
+    cover = _cover(running_jobs, need, T0, {}, restart_cost_s=600)
+    whole = _victims(running_jobs, need, T0, {}, restart_cost_s=600)
+    freed = sum(j.gpus - keep for j, keep in cover)
+    total = sum(j.gpus for j in running_jobs)
+    assert freed >= min(need, total)
+    for job, keep in cover:
+        assert keep == 0 or (job.min_gpus <= keep < job.gpus and job.elastic)
+    if any(keep for _, keep in cover):
+        assert freed == need  # a shrink frees exactly what the need leaves open
+
+    def cost(c):
+        return sum(_shrink_cost(j, k, T0, 600) if k else _stop_cost(j, T0, 600) for j, k in c)
+
+    # with one priority, never dearer than the whole stops (but for the tie-break on the
+    # number of victims)
+    if len({j.priority for j in running_jobs}) == 1:
+        ceiling = cost([(j, 0) for j in whole])
+        assert cost(cover) <= ceiling * (1 + 1e-5) + 1e-6
