@@ -293,8 +293,9 @@ def _cover(
     ``_stop_cost``) and shrinks (``_shrink_cost``) of least cost, then the fewest victims;
     an exact min-cost cover over the GPUs needed (a knapsack where each job is stopped,
     shrunk by some GPUs, or spared). A shrink frees no more than the need still open (the
-    job keeps every GPU it can: what stops free beyond the need goes back to it); any whole
-    number of GPUs from ``min_gpus`` up is a size it accepts. Only checkpointable jobs shrink (a shrink is a checkpoint and a restart)."""
+    job keeps every GPU it can: what stops free beyond the need goes back to it, unless whole
+    stops are then cheaper); any whole number of GPUs from ``min_gpus`` up is a size it
+    accepts. Only checkpointable jobs shrink (a shrink is a checkpoint and a restart)."""
     if need <= 0:
         return []
     candidates = sorted(

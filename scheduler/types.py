@@ -281,9 +281,9 @@ class Decision:
     start_at: datetime | None = None
     """For deferrals with a reservation: when the job is expected to start."""
     planned: bool = False
-    """For preemptions and shrinks: a proactive stop with the full lead time (its window closes, or the
-    forecast ramp comes within the grace period), so the job checkpoints and stops cleanly;
-    False when a live need or missing signals force it."""
+    """For preemptions and shrinks: a proactive stop with the full lead time (its window
+    closes, or the forecast ramp comes within the grace period), so the job checkpoints and
+    stops cleanly; False when a live need or missing signals force it."""
 
 
 @dataclass(frozen=True)
