@@ -17,7 +17,10 @@ Sources (details, licences and the exact rules in data/real/README.md):
   Microsoft e-commerce API, 2017-11-01 to 2018-07-16 (MIT);
 * ``msft-mongodb``: microsoft/cloud-monitoring-dataset
   ``data/mongodb-machine-rps/machine-01.csv``, the per-minute query rate of one production
-  MongoDB server, 2018-06-13 to 2018-06-26 (MIT).
+  MongoDB server, 2018-06-13 to 2018-06-26 (MIT);
+* ``msft-purchases-02``, ``-03``, ``-04``: microsoft/cloud-monitoring-dataset
+  ``data/consumer-purchase-rate/purchase-0N.csv``, the hourly count of in-app purchases in
+  three markets, 2018-03-15 to 2018-05-05, the span of the e-commerce API's (MIT).
 
 Each trace becomes one tidy history ``data/real/<trace>.csv`` (``unique_id, ds, y``) with two
 series: ``<trace>/request_rate`` (mean requests per second over each step) and
@@ -65,6 +68,7 @@ class Trace:
     max_replicas: int
     stabilization: pd.Timedelta  # scale-down stabilization window
     wall_clock_tz: str | None = None  # raw times are this zone's wall clock, not UTC
+    per_seconds: float = 1.0  # the raw value counts events over this many seconds (1: a rate)
     timezone: str = "UTC"  # the pool time zone the benchmark uses for this trace
     holiday_country: str | None = None
 
@@ -116,6 +120,57 @@ TRACES = (
         min_replicas=1,
         max_replicas=16,
         stabilization=pd.Timedelta(minutes=30),
+    ),
+    Trace(
+        name="msft-purchases-02",
+        source=Source(CMD, CMD_COMMIT, "data/consumer-purchase-rate/purchase-02.csv",
+                      "40ceedd319419079658ed1383a06a1863a83656e", "MIT"),
+        kind="cmd",
+        step=pd.Timedelta(hours=1),
+        capacity=0.0006,
+        min_replicas=1,
+        max_replicas=16,
+        stabilization=pd.Timedelta(hours=1),
+        # the hourly count of in-app purchases of one market, read on the e-commerce API's
+        # wall clock (same publisher and span; no clock change falls inside it to prove it)
+        wall_clock_tz="America/Los_Angeles",
+        per_seconds=3600.0,
+        timezone="America/Los_Angeles",
+        holiday_country="US",
+    ),
+    Trace(
+        name="msft-purchases-03",
+        source=Source(CMD, CMD_COMMIT, "data/consumer-purchase-rate/purchase-03.csv",
+                      "48521e9a0b4f660ec5318da46a3bfee75ec65f38", "MIT"),
+        kind="cmd",
+        step=pd.Timedelta(hours=1),
+        capacity=0.36,
+        min_replicas=1,
+        max_replicas=16,
+        stabilization=pd.Timedelta(hours=1),
+        # the hourly count of in-app purchases of one market, read on the e-commerce API's
+        # wall clock (same publisher and span; no clock change falls inside it to prove it)
+        wall_clock_tz="America/Los_Angeles",
+        per_seconds=3600.0,
+        timezone="America/Los_Angeles",
+        holiday_country="US",
+    ),
+    Trace(
+        name="msft-purchases-04",
+        source=Source(CMD, CMD_COMMIT, "data/consumer-purchase-rate/purchase-04.csv",
+                      "efa4e9b152efb67100eaa30c2568bedf6751b659", "MIT"),
+        kind="cmd",
+        step=pd.Timedelta(hours=1),
+        capacity=0.016,
+        min_replicas=1,
+        max_replicas=16,
+        stabilization=pd.Timedelta(hours=1),
+        # the hourly count of in-app purchases of one market, read on the e-commerce API's
+        # wall clock (same publisher and span; no clock change falls inside it to prove it)
+        wall_clock_tz="America/Los_Angeles",
+        per_seconds=3600.0,
+        timezone="America/Los_Angeles",
+        holiday_country="US",
     ),
 )
 BY_NAME = {t.name: t for t in TRACES}
@@ -228,7 +283,7 @@ def convert(trace: Trace, data: bytes) -> pd.DataFrame:
     if trace.kind == "nab":
         raw = parse_nab(text)
     elif trace.kind == "cmd":
-        raw = parse_cmd(text, trace.wall_clock_tz)
+        raw = parse_cmd(text, trace.wall_clock_tz) / trace.per_seconds
     else:
         raise ValueError(f"unknown trace kind {trace.kind!r}")
     rate = to_step(raw, trace.step)

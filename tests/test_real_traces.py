@@ -39,6 +39,9 @@ DOCUMENTED = {
     "nab-elb": ("2014-04-10T00:00:00Z", "2014-04-24T00:35:00Z", "5min", 4032, 8),
     "msft-ecommerce-api": ("2017-11-01T07:00:00Z", "2018-07-17T06:00:00Z", "1h", 6192, 0),
     "msft-mongodb": ("2018-06-13T00:00:00Z", "2018-06-26T23:55:00Z", "5min", 4032, 0),
+    "msft-purchases-02": ("2018-03-15T07:00:00Z", "2018-05-06T06:00:00Z", "1h", 1248, 0),
+    "msft-purchases-03": ("2018-03-15T07:00:00Z", "2018-05-06T06:00:00Z", "1h", 1248, 0),
+    "msft-purchases-04": ("2018-03-15T07:00:00Z", "2018-05-06T06:00:00Z", "1h", 1248, 0),
 }
 
 
@@ -174,6 +177,23 @@ API_SPRING_FORWARD = """TimeStamp,Value,Label
 "2018-03-11T04:00:00Z",80.9255555555556,0
 """
 
+# hourly purchase counts on the Pacific wall clock: 2690 purchases from 00:00 PDT (07:00 UTC)
+PURCHASES_HEAD = """TimeStamp,Value,Label
+"2018-03-15T00:00:00Z",2690,0
+"2018-03-15T01:00:00Z",1322,0
+"2018-03-15T02:00:00Z",735,0
+"2018-03-15T03:00:00Z",594,0
+"2018-03-15T04:00:00Z",394,0
+"2018-03-15T05:00:00Z",395,0
+"""
+
+
+def test_purchase_counts_become_purchases_per_second_on_the_pacific_clock():
+    frame = ft.convert(ft.BY_NAME["msft-purchases-03"], PURCHASES_HEAD.encode())
+    rate = frame[frame["unique_id"] == "msft-purchases-03/request_rate"]
+    assert pd.Timestamp(rate["ds"].iloc[0]) == pd.Timestamp("2018-03-15T07:00:00Z")
+    assert rate["y"].iloc[0] == pytest.approx(2690 / 3600, abs=1e-6)
+
 
 def _committed_lines(trace) -> dict[tuple[str, str], str]:
     lines = (REAL / trace.csv).read_text(encoding="utf-8").splitlines()
@@ -190,6 +210,7 @@ def _committed_lines(trace) -> dict[tuple[str, str], str]:
         ("msft-ecommerce-api", API_HEAD, 0),
         ("msft-ecommerce-api", API_FALL_BACK, 1),
         ("msft-ecommerce-api", API_SPRING_FORWARD, 1),
+        ("msft-purchases-03", PURCHASES_HEAD, 0),
     ],
 )
 def test_conversion_reproduces_the_committed_rows(name, raw, warmup):
