@@ -252,6 +252,11 @@ class AdmissionConfig(_Strict):
     restart_cost_seconds: int = Field(default=600, ge=0)
     """What stopping a job costs beyond its unsaved work, in seconds per GPU (restart, reload,
     warm-up); victims are chosen to free what is needed at the least unsaved work plus this."""
+    nowcast_half_life_seconds: int = Field(default=21600, ge=0)
+    """How fast the live pool corrects the forecast: the gap between the GPUs free now and
+    what the forecast promised for now is added to the promise, halving every this many
+    seconds ahead (0: plan on the forecast alone). Forecast errors persist for hours: a pool
+    quieter (or busier) than forecast tends to stay so."""
     kv_cache_pressure: float = Field(default=0.95, gt=0.0, le=1.0)
     """KV-cache usage at which the service is under pressure (preempt to free GPUs)."""
     waiting_pressure: float = Field(default=8.0, ge=0.0)

@@ -781,7 +781,7 @@ def plan(
         blocked = []
         source = _store_url(settings, store)
     result = plan_ahead(start, profile, queue, policy_settings(settings.admission,
-                        settings.pool.headroom_gpus), horizon=span,
+                        settings.pool.headroom_gpus, settings.pool.total_gpus), horizon=span,
                         running=running, team_usage=usage)
 
     found = idle_windows(free, confidence=confidence, granularity=4, min_hours=1.0)
@@ -881,7 +881,8 @@ def run(
     forecast = ForecastProvider(settings, frame)
     estimate = _planning_estimate(settings, runs)
     controller = Controller(job_store, cluster, signals, forecast, estimate,
-                            policy_settings(settings.admission, settings.pool.headroom_gpus),
+                            policy_settings(settings.admission, settings.pool.headroom_gpus,
+                                            settings.pool.total_gpus),
                             fair_share_days=settings.admission.fair_share_days,
                             pending_timeout_s=settings.cluster.pending_timeout_seconds,
                             stop_timeout_s=_stop_timeout(settings),

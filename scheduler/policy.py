@@ -83,6 +83,10 @@ def decide(
         ends[job.id] = last
         used[i0:last] += job.gpus
     free = np.asarray(profile.free, dtype=float)
+    if settings.pool_gpus and signals.service_gpus is not None and signals.age_s(now) is not None:
+        # free for jobs now, held by them or not (a job stopping still gives its GPUs back)
+        live_free = settings.pool_gpus - settings.headroom_gpus - signals.service_gpus
+        free = nowcast(free, i0, live_free, step, settings.nowcast_half_life_s)
     free = np.concatenate([free, [0.0]])  # beyond the forecast nothing is promised
     # a hole (NaN: no replica history behind that stretch of the forecast) is a blind
     # stretch: nothing is admitted into it, and nothing is stopped for it (it is no demand)
@@ -254,6 +258,24 @@ def decide(
             reserved = decision.start_at is not None
         decisions.append(decision)
     return Plan(tuple(decisions))
+
+
+def nowcast(free: np.ndarray, i0: int, live_free: float, step_s: int,
+            half_life_s: float) -> np.ndarray:
+    """``free`` (a free-GPU forecast from a past refresh) corrected by the pool as it is now:
+    the gap between ``live_free`` (GPUs free for jobs now: idle, or held by jobs, less the
+    headroom) and the promise for now (step ``i0``) is added to every later step, halving
+    every ``half_life_s`` ahead. The forecast was made up to a day ago; its errors persist for
+    hours (a quiet evening stays quiet, a busy one busy), so the promise is moved toward what
+    is seen now, and back to the forecast further ahead. A hole (NaN) stays a hole; the past
+    steps (before ``i0``) are left as they were."""
+    if half_life_s <= 0 or not 0 <= i0 < len(free) or not math.isfinite(free[i0]):
+        return free
+    gap = live_free - free[i0]
+    ahead = np.arange(len(free) - i0) * float(step_s)
+    out = free.copy()
+    out[i0:] = free[i0:] + gap * np.exp2(-ahead / half_life_s)
+    return out
 
 
 def _victims(
@@ -566,11 +588,12 @@ def _earliest_fit(avail: np.ndarray, start: int, gpus: int, steps: int) -> int |
     return int(full[0]) + start if full.size else None
 
 
-def policy_settings(admission, headroom_gpus: int = 0) -> PolicySettings:
-    """PolicySettings from the ``admission`` section of idlegpu.yaml (an AdmissionConfig) and
-    the pool's headroom."""
+def policy_settings(admission, headroom_gpus: int = 0, pool_gpus: int = 0) -> PolicySettings:
+    """PolicySettings from the ``admission`` section of idlegpu.yaml (an AdmissionConfig), the
+    pool's headroom and its size (``pool.total_gpus``)."""
     return PolicySettings(
         headroom_gpus=headroom_gpus,
+        pool_gpus=pool_gpus,
         grace_s=float(admission.grace_seconds),
         min_segment_s=float(admission.min_segment_seconds),
         kv_cache_pressure=admission.kv_cache_pressure,
@@ -582,4 +605,5 @@ def policy_settings(admission, headroom_gpus: int = 0) -> PolicySettings:
         ),
         max_forecast_age_s=float(admission.max_forecast_age_seconds),
         restart_cost_s=float(admission.restart_cost_seconds),
+        nowcast_half_life_s=float(admission.nowcast_half_life_seconds),
     )

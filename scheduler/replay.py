@@ -97,7 +97,8 @@ class HistorySignals:
         idle = int(max(0.0, self.settings.pool.total_gpus - row[SERVICE_GPUS] - job_gpus))
         return ServingSignals(observed_at=observed,
                               requests_waiting_per_replica=float(row[WAITING_PER_REPLICA]),
-                              kv_cache_usage=float(row[KV_CACHE_USAGE]), idle_gpus=idle)
+                              kv_cache_usage=float(row[KV_CACHE_USAGE]), idle_gpus=idle,
+                              service_gpus=int(round(row[SERVICE_GPUS])))
 
 
 def free_forecast(history: pd.DataFrame, settings: Settings, now: datetime, *,

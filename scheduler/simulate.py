@@ -192,13 +192,17 @@ def simulate(
     """Run one policy over ``[start, end)``; see the module docstring."""
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
-    config = policy_config or policy_settings(settings.admission, settings.pool.headroom_gpus)
+    config = policy_config or policy_settings(settings.admission, settings.pool.headroom_gpus,
+                                              settings.pool.total_gpus)
     oracle = policy == "oracle"
     if oracle:
         # it knows the future: no need to cap new jobs at what is idle now for an hour
         # (beyond the present step, where GPUs still held in a grace period count), and it
         # knows when each running job ends
         config = replace(config, live_cap_s=0.0, runtimes_known=True)
+    if policy != "forecast":
+        # the live correction is of a forecast; the others plan on the present or the truth
+        config = replace(config, nowcast_half_life_s=0.0)
     pool = _PoolTimeline(history, settings, start, end)
     step_s, total = pool.step_s, settings.pool.total_gpus
     capacity = settings.pool.lendable_gpus
@@ -266,7 +270,9 @@ def simulate(
                 if job.releasing_until is not None:
                     releasing += job.gpus - (job.resume_gpus or 0)
         service = pool.service_gpus[k]
-        short = max(0.0, service + held - total)
+        # the service waits only for GPUs jobs hold: a service above the whole pool is short
+        # of more, which no policy could have given it
+        short = min(float(held), max(0.0, service + held - total))
         if short > 0:
             delay_gpu_min += short * step_s / 60
             for victim in _evict(live, short - releasing):
@@ -280,6 +286,7 @@ def simulate(
                 kv_cache_usage=float(pool.kv[k]),
                 gpus_short=int(max(0.0, short - releasing)),
                 idle_gpus=int(max(0.0, total - service - held)),
+                service_gpus=int(round(service)),
             )
         else:  # a gap: as the daemon sees it, the signals are missing since the last reading
             signals = ServingSignals(observed_at=None, missing_since=last_seen)

@@ -226,6 +226,9 @@ class ServingSignals:
     idle_gpus: int | None = None
     """GPUs nobody holds right now; queue or KV pressure preempts only what these cannot
     cover (None: unknown, assume none)."""
+    service_gpus: int | None = None
+    """GPUs the services hold now (their replicas times GPUs per replica; None: unknown). With
+    the pool's size it gives the GPUs free for jobs now, whoever holds them (``nowcast``)."""
     missing_since: datetime | None = None
     """With ``observed_at`` None: since when the signals have been missing, when that is known
     (e.g. since the daemon started and found the source down). None: for as long as can be."""
@@ -261,6 +264,11 @@ class PolicySettings:
     """Trust every running job's ``remaining_s`` within the grace period (only the
     simulator's oracle, which knows the true runtimes, may): a job about to finish is not
     stopped for a ramp that comes after it ends."""
+    pool_gpus: int = 0
+    """The pool's GPUs (``pool.total_gpus``; 0: unknown, no live correction)."""
+    nowcast_half_life_s: float = 0.0
+    """Correct the forecast by the live pool (``nowcast``): the gap between the GPUs free now
+    and the promise for now, halving every this many seconds ahead (0: no correction)."""
     live_cap_s: float = 3600.0
     """For this long, new jobs get no more than the GPUs idle right now (minus headroom), even
     where the forecast promises more: a service above its forecast (an unplanned spike) tends

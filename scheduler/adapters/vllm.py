@@ -539,6 +539,7 @@ def _aggregate(
         kv_cache_usage=float(kv),
         gpus_short=int(short),
         idle_gpus=int(idle),
+        service_gpus=int(held),
     )
     return SignalsReport(signals, tuple(readings), tuple(problems))
 
