@@ -11,8 +11,9 @@ Per trace (data/real/README.md: sources, licences, conversion), on HOURLY aggreg
 series (``request_rate``: the hour's mean; ``replicas``: the hour's maximum, the GPUs held at
 some moment in it), every model is refitted at each daily cutoff on the past only and forecasts
 the next 24 hours. Cutoffs (``forecast.backtest.daily_cutoffs``): the last 14 days at 18:00
-local for the 8-month e-commerce trace, the last 7 days at 23:00 for the two 14-day traces (the
-first cutoff then has exactly one week of history, what seasonal-naive needs).
+local for the 8-month e-commerce trace and the three 52-day purchase traces (their first cutoff
+has 37.75 days of history), the last 7 days at 23:00 for the two 14-day traces (the first
+cutoff then has exactly one week of history, what seasonal-naive needs).
 
 Models:
 
@@ -100,6 +101,9 @@ PLANS = {
     "msft-ecommerce-api": Plan(cutoff_hour=18, days=14),
     "nab-elb": Plan(cutoff_hour=23, days=7),
     "msft-mongodb": Plan(cutoff_hour=23, days=7),
+    "msft-purchases-02": Plan(cutoff_hour=18, days=14),
+    "msft-purchases-03": Plan(cutoff_hour=18, days=14),
+    "msft-purchases-04": Plan(cutoff_hour=18, days=14),
 }
 
 GOALS = {"seasonal_naive": 0.8, "prophet": 0.9, "best_sf": 1.0}
