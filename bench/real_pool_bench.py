@@ -38,9 +38,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
+import build_real_pool as pool  # scripts/
 import pandas as pd
 
-import build_real_pool as pool  # noqa: E402  (scripts/)
 from forecast.config import load_config
 from scheduler.runtime import RuntimeEstimator, load_runs
 from scheduler.simulate import forecast_profiles_for, simulate, trace_jobs

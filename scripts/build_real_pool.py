@@ -38,7 +38,7 @@ SCRIPTS = Path(__file__).resolve().parent
 REPO = SCRIPTS.parent
 sys.path.insert(0, str(SCRIPTS))
 
-import fetch_real_traces as traces  # noqa: E402  (a script beside this one)
+import fetch_real_traces as traces  # a script beside this one
 
 REAL = REPO / "data" / "real"
 POOL = REAL / "pool"
@@ -128,7 +128,7 @@ _STAMP = re.compile(r"^(\s*(?:- )?(?:submit_at|deadline): )(\S+)\s*$")
 def shift_trace(text: str) -> str:
     """The sample job trace's entries of ``TRACE_DAYS`` days from ``TRACE_FROM``, moved to
     the same weekday and local time from ``TRACE_TO`` on (see the module docstring)."""
-    header, _, body = text.partition("\njobs:\n")
+    _, _, body = text.partition("\njobs:\n")
     entries = re.split(r"(?m)^(?=- name: )", body)
     kept = []
     for entry in entries:

@@ -82,6 +82,26 @@ CMD = "microsoft/cloud-monitoring-dataset"
 NAB_COMMIT = "ea702d75cc2258d9d7dd35ca8e5e2539d71f3140"
 CMD_COMMIT = "6a07a53c2fac495fb6831811df4c980d6c04bd10"
 
+def _purchases(n: str, blob: str, capacity: float) -> Trace:
+    """The hourly count of in-app purchases of one market, read on the e-commerce API's wall
+    clock (same publisher and span; no clock change falls inside it to prove it)."""
+    return Trace(
+        name=f"msft-purchases-{n}",
+        source=Source(CMD, CMD_COMMIT, f"data/consumer-purchase-rate/purchase-{n}.csv", blob,
+                      "MIT"),
+        kind="cmd",
+        step=pd.Timedelta(hours=1),
+        capacity=capacity,
+        min_replicas=1,
+        max_replicas=16,
+        stabilization=pd.Timedelta(hours=1),
+        wall_clock_tz="America/Los_Angeles",
+        per_seconds=3600.0,
+        timezone="America/Los_Angeles",
+        holiday_country="US",
+    )
+
+
 TRACES = (
     Trace(
         name="nab-elb",
@@ -121,57 +141,11 @@ TRACES = (
         max_replicas=16,
         stabilization=pd.Timedelta(minutes=30),
     ),
-    Trace(
-        name="msft-purchases-02",
-        source=Source(CMD, CMD_COMMIT, "data/consumer-purchase-rate/purchase-02.csv",
-                      "40ceedd319419079658ed1383a06a1863a83656e", "MIT"),
-        kind="cmd",
-        step=pd.Timedelta(hours=1),
-        capacity=0.0006,
-        min_replicas=1,
-        max_replicas=16,
-        stabilization=pd.Timedelta(hours=1),
-        # the hourly count of in-app purchases of one market, read on the e-commerce API's
-        # wall clock (same publisher and span; no clock change falls inside it to prove it)
-        wall_clock_tz="America/Los_Angeles",
-        per_seconds=3600.0,
-        timezone="America/Los_Angeles",
-        holiday_country="US",
-    ),
-    Trace(
-        name="msft-purchases-03",
-        source=Source(CMD, CMD_COMMIT, "data/consumer-purchase-rate/purchase-03.csv",
-                      "48521e9a0b4f660ec5318da46a3bfee75ec65f38", "MIT"),
-        kind="cmd",
-        step=pd.Timedelta(hours=1),
-        capacity=0.36,
-        min_replicas=1,
-        max_replicas=16,
-        stabilization=pd.Timedelta(hours=1),
-        # the hourly count of in-app purchases of one market, read on the e-commerce API's
-        # wall clock (same publisher and span; no clock change falls inside it to prove it)
-        wall_clock_tz="America/Los_Angeles",
-        per_seconds=3600.0,
-        timezone="America/Los_Angeles",
-        holiday_country="US",
-    ),
-    Trace(
-        name="msft-purchases-04",
-        source=Source(CMD, CMD_COMMIT, "data/consumer-purchase-rate/purchase-04.csv",
-                      "efa4e9b152efb67100eaa30c2568bedf6751b659", "MIT"),
-        kind="cmd",
-        step=pd.Timedelta(hours=1),
-        capacity=0.016,
-        min_replicas=1,
-        max_replicas=16,
-        stabilization=pd.Timedelta(hours=1),
-        # the hourly count of in-app purchases of one market, read on the e-commerce API's
-        # wall clock (same publisher and span; no clock change falls inside it to prove it)
-        wall_clock_tz="America/Los_Angeles",
-        per_seconds=3600.0,
-        timezone="America/Los_Angeles",
-        holiday_country="US",
-    ),
+    *(_purchases(n, blob, capacity) for n, blob, capacity in (
+        ("02", "40ceedd319419079658ed1383a06a1863a83656e", 0.0006),
+        ("03", "48521e9a0b4f660ec5318da46a3bfee75ec65f38", 0.36),
+        ("04", "efa4e9b152efb67100eaa30c2568bedf6751b659", 0.016),
+    )),
 )
 BY_NAME = {t.name: t for t in TRACES}
 
