@@ -15,7 +15,9 @@ Los Angeles. Variants:
 * ``surge``: plus a launch on ``storefront``: its traffic +20 % a day for three days from Monday
   2018-04-16 00:00, then held (x1.73);
 * ``overruns``: plus the trace's true runtimes (units run longer or shorter than estimated);
-* ``all``: all three.
+* ``all``: all three;
+* ``elastic``: ``all``, with every checkpointable unit of 8 GPUs or more elastic down to half
+  its GPUs (``min_gpus = gpus / 2``): what shrinking and smaller admissions buy.
 
 Prints per variant each policy's metrics and the goals of issue 12 (forecast useful / oracle
 useful >= 0.95, lost / useful <= 0.02, service delay <= 0.1x reactive's), each a ratio
@@ -59,6 +61,7 @@ VARIANTS = {
     "surge": ("surge",),
     "overruns": ("overruns",),
     "all": ("gaps", "surge", "overruns"),
+    "elastic": ("gaps", "surge", "overruns", "elastic"),
 }
 POLICIES = ("night", "reactive", "forecast", "oracle")
 
@@ -74,6 +77,9 @@ def variant_inputs(switches, settings, entries, estimator):
     jobs = trace_jobs(entries, lambda unit: estimator.estimate(unit).seconds)
     if "overruns" not in switches:
         jobs = [replace(j, work_s=j.estimate_s) for j in jobs]
+    if "elastic" in switches:
+        jobs = [replace(j, min_gpus=j.gpus // 2) if j.checkpointable and j.gpus >= 8 else j
+                for j in jobs]
     return history, jobs
 
 
