@@ -419,6 +419,107 @@ class ReportConfig(_Strict):
         return value
 
 
+API_ROLES: tuple[str, ...] = ("member", "operator", "viewer")
+"""``member``: submits for its team and cancels its team's work; ``operator``: also cancels
+anyone's work and reads the audit log; ``viewer``: reads only."""
+
+
+class IdentityMapping(_Strict):
+    """One rule of ``api.identities``: a Kubernetes or proxy user (and/or one of its groups)
+    acting for ``team`` with ``role``. The first rule that matches wins."""
+
+    user: str | None = Field(default=None, min_length=1)
+    """The user name exactly (``system:serviceaccount:research:alice``, ``alice@corp``)."""
+    group: str | None = Field(default=None, min_length=1)
+    """A group the user is in (both given: the user must also be in the group)."""
+    team: str = Field(max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    role: str = "member"
+
+    @field_validator("role")
+    @classmethod
+    def _known_role(cls, value: str) -> str:
+        if value not in API_ROLES:
+            raise ValueError(f"unknown role {value!r}; use one of {', '.join(API_ROLES)}")
+        return value
+
+    @model_validator(mode="after")
+    def _names_someone(self) -> IdentityMapping:
+        if self.user is None and self.group is None:
+            raise ValueError("an identity mapping needs a user, a group or both")
+        return self
+
+
+class ApiTeam(_Strict):
+    """What one team may ask of the job API."""
+
+    max_priority: int | None = None
+    """The highest ``priority`` its requests may carry (a higher one is refused, 422, naming
+    this cap); None: no cap."""
+
+
+class TokenReviewConfig(_Strict):
+    """Kubernetes TokenReview: bearer tokens the API server accepts (ServiceAccount tokens,
+    OIDC tokens it is configured for) authenticate callers of the job API."""
+
+    enabled: bool = False
+    kubeconfig: str | None = None
+    """Credentials that may create ``tokenreviews`` (default: ``$KUBECONFIG`` or
+    ``~/.kube/config``, else the pod's service account)."""
+    context: str | None = None
+    in_cluster: bool = False
+    audiences: list[str] = Field(default_factory=list)
+    """Audiences the token must be for (empty: the API server's own)."""
+    cache_seconds: float = Field(default=10.0, ge=0, le=300)
+    """How long one answer of the API server is reused for the same token."""
+    timeout_seconds: float = Field(default=5.0, gt=0, le=60)
+
+
+class ProxyConfig(_Strict):
+    """An authenticating proxy in front of the job API: its user and group headers are
+    trusted only on connections from ``api.trusted_proxies``."""
+
+    user_header: str = Field(default="X-Remote-User", min_length=1)
+    group_header: str = Field(default="X-Remote-Group", min_length=1)
+    """May repeat, or carry several groups separated by commas."""
+
+
+class ApiConfig(_Strict):
+    """The job API (``idlegpu serve``): who may call it, as whom, and for which team."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=0, le=65535)
+    tokens: bool = True
+    """Accept tokens issued by ``idlegpu token create`` (stored hashed in the job store)."""
+    token_review: TokenReviewConfig = TokenReviewConfig()
+    proxy: ProxyConfig = ProxyConfig()
+    trusted_proxies: list[str] = Field(default_factory=list)
+    """CIDRs (``127.0.0.1/32``, ``10.8.0.0/16``) whose connections may name the user in
+    ``proxy.user_header``; empty: proxy headers are never trusted."""
+    identities: list[IdentityMapping] = Field(default_factory=list)
+    """Kubernetes and proxy users and groups -> team and role (first match wins)."""
+    teams: dict[str, ApiTeam] = Field(default_factory=dict)
+    """Per team (``"*"``: every team not listed) what it may ask for, e.g. its
+    ``max_priority``."""
+    max_body_bytes: int = Field(default=1_000_000, gt=0)
+    """Request bodies larger than this are refused (413) before they are parsed."""
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _cidrs(cls, value: list[str]) -> list[str]:
+        import ipaddress
+
+        for cidr in value:
+            try:
+                ipaddress.ip_network(cidr, strict=False)
+            except ValueError:
+                raise ValueError(f"{cidr!r} is not an address range such as 127.0.0.1/32"
+                                 ) from None
+        return value
+
+    def team(self, name: str) -> ApiTeam:
+        return self.teams.get(name) or self.teams.get("*") or ApiTeam()
+
+
 class Settings(BaseSettings):
     """Everything ``idlegpu.yaml`` holds."""
 
@@ -436,6 +537,8 @@ class Settings(BaseSettings):
     cluster: ClusterConfig = ClusterConfig()
     daemon: DaemonConfig = DaemonConfig()
     report: ReportConfig = ReportConfig()
+    api: ApiConfig = ApiConfig()
+    """The job API (``idlegpu serve``)."""
 
     @classmethod
     def settings_customise_sources(

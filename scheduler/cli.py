@@ -1338,6 +1338,9 @@ def report(
     console.print(f"wrote {', '.join(p.name for p in files)} to {out}/", highlight=False)
 
 
+import scheduler.cli_api  # noqa: E402, F401  (serve, token: the job API)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: user errors print one line and exit 2 (tracebacks with --debug)."""
     args = sys.argv[1:] if argv is None else argv

@@ -1859,6 +1859,21 @@ def load_request(path: str | Path, admission: AdmissionConfig | None = None) -> 
     return _validate(JobRequest, data, admission, str(path), ())
 
 
+def load_request_text(text: str, admission: AdmissionConfig | None = None, *,
+                      source: str = "request") -> JobRequest:
+    """The one job request in YAML (or JSON) ``text``, e.g. an API body, validated against
+    ``admission``; errors as ``load_request``'s, naming ``source`` instead of a file."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or "cannot parse it"
+        raise SpecError(f"{source}: invalid YAML{at}: {problem}; check the indentation and "
+                        "quoting there".replace("\n", " ")) from None
+    return _validate(JobRequest, data, admission, source, ())
+
+
 def load_requests(path: str | Path, admission: AdmissionConfig | None = None) -> list[JobRequest]:
     """The requests in ``path``: one request, or a list of them under ``jobs:``; job names must
     be unique."""

@@ -23,7 +23,12 @@ queries: nothing below the schema-migration lock is dialect-specific SQL.
   the admission window's ``window_label`` and ``stop_by``, ``work_done_at_start_s``;
 - ``events``: the append-only accounting log (``id`` ascending = order of commit; ``at``,
   ``kind`` an ``EventKind``, ``unit_id``, ``request_id``, ``team``, ``gpus``, ``gpu_seconds``,
-  ``detail`` JSON).
+  ``detail`` JSON);
+- ``api_tokens``, ``api_submissions``, ``audit_log`` (version 4, the job API): tokens by
+  their SHA-256 with team, role, expiry and revocation; which caller (``principal``) submitted
+  each request through the API, with the caller's idempotency key and the body's hash; every
+  change made through the API or ``idlegpu token`` (who, role, team, action, target, when,
+  from which address).
 
 **Transitions** are one transaction each and compare-and-set: the unit row is read, the
 expected state checked, then ``UPDATE units ... WHERE id = ? AND state = ? AND version = ?``;
@@ -66,6 +71,9 @@ are stored as UTC.
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import logging
 import re
 import secrets
 import uuid
@@ -260,6 +268,53 @@ class CancelResult:
     unchanged: tuple[str, ...]
 
 
+@dataclass(frozen=True)
+class ApiTokenRow:
+    """A token of the job API as stored: never the token itself, only its SHA-256."""
+
+    name: str
+    team: str
+    role: str
+    created_at: datetime
+    expires_at: datetime | None
+    revoked_at: datetime | None
+    created_by: str
+
+    def valid_at(self, now: datetime) -> bool:
+        return self.revoked_at is None and (self.expires_at is None or now < self.expires_at)
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    """One change made through the job API (or ``idlegpu token``): who (``actor``, how they
+    authenticated, their role and team), what (``action`` on ``target``), when and from
+    where."""
+
+    at: datetime
+    actor: str
+    auth: str
+    role: str
+    team: str | None
+    action: str
+    target: str
+    address: str | None = None
+    detail: Mapping[str, Any] = field(default_factory=dict)
+    id: int | None = None
+
+
+@dataclass(frozen=True)
+class ApiSubmission:
+    """What ``submit_from_api`` did: the request's id, whether this call stored it (False: the
+    caller's idempotency key named an earlier one), and that one's body hash."""
+
+    request_id: str
+    created: bool
+    body_sha256: str
+
+
+AUDIT_LOGGER = "idlegpu.audit"
+
+
 # --------------------------------------------------------------------------- schema
 
 
@@ -414,12 +469,59 @@ def _v3_shrink_to(conn: Connection) -> None:
     conn.execute(sa.text(f"ALTER TABLE units ADD COLUMN shrink_stop_by {kind}"))
 
 
+_API_MD = sa.MetaData()
+API_TOKENS = sa.Table(
+    "api_tokens", _API_MD,
+    sa.Column("name", sa.String(63), primary_key=True),
+    sa.Column("token_sha256", sa.String(64), nullable=False, unique=True),
+    sa.Column("team", sa.String(128), nullable=False),
+    sa.Column("role", sa.String(16), nullable=False),
+    sa.Column("created_at", UTCDateTime, nullable=False),
+    sa.Column("expires_at", UTCDateTime),
+    sa.Column("revoked_at", UTCDateTime),
+    sa.Column("created_by", sa.Text, nullable=False),
+)
+API_SUBMISSIONS = sa.Table(
+    "api_submissions", _API_MD,
+    sa.Column("request_id", _ID, primary_key=True),
+    sa.Column("principal", sa.String(300), nullable=False),
+    sa.Column("idempotency_key", sa.String(200)),
+    sa.Column("body_sha256", sa.String(64), nullable=False),
+    sa.Column("address", sa.Text),
+    sa.UniqueConstraint("principal", "idempotency_key", name="uq_api_submissions_key"),
+    sa.Index("ix_api_submissions_principal", "principal"),
+)
+AUDIT_LOG = sa.Table(
+    "audit_log", _API_MD,
+    sa.Column("id", _BIGINT_PK, primary_key=True, autoincrement=True),
+    sa.Column("at", UTCDateTime, nullable=False),
+    sa.Column("actor", sa.Text, nullable=False),
+    sa.Column("auth", sa.String(16), nullable=False),
+    sa.Column("role", sa.String(16), nullable=False),
+    sa.Column("team", sa.String(128)),
+    sa.Column("action", sa.String(32), nullable=False),
+    sa.Column("target", sa.Text, nullable=False),
+    sa.Column("address", sa.Text),
+    sa.Column("detail", sa.JSON, nullable=False),
+    sa.Index("ix_audit_log_at", "at"),
+    sqlite_autoincrement=True,
+)
+
+
+def _v4_api(conn: Connection) -> None:
+    # new tables only (the job API's tokens, who submitted what, the audit log); the tables
+    # of versions 1-3 are untouched
+    _API_MD.create_all(conn)
+
+
 Migration = tuple[str, Callable[[Connection], None]]
 MIGRATIONS: list[Migration] = [
     ("initial schema: requests, units, unit_deps, attempts, events", _v1_initial),
     ("store_meta with the store's random id", _v2_store_id),
     ("units.shrink_to, shrink_stop_by: an elastic unit's next, smaller attempt",
      _v3_shrink_to),
+    ("api_tokens, api_submissions, audit_log: the job API's identities and audit trail",
+     _v4_api),
 ]
 """Applied in order at open, all pending ones in one transaction; version N = MIGRATIONS[N-1].
 Append only."""
@@ -1492,3 +1594,207 @@ class JobStore:
                               reason=reason, updated_at=now)
                 to_stop.append(unit_id)
         return CancelResult(tuple(cancelled), tuple(to_stop), tuple(unchanged))
+
+    # -- the job API (schema version 4): tokens, who submitted what, the audit log
+
+    @staticmethod
+    def _insert_audit(conn: Connection, entry: AuditEntry) -> None:
+        _aware(entry.at, "at")
+        conn.execute(sa.insert(AUDIT_LOG).values(
+            at=entry.at, actor=entry.actor, auth=entry.auth, role=entry.role, team=entry.team,
+            action=entry.action, target=entry.target, address=entry.address,
+            detail=_jsonable(dict(entry.detail)),
+        ))
+
+    @staticmethod
+    def _log_audit(entry: AuditEntry) -> None:
+        logging.getLogger(AUDIT_LOGGER).info(
+            "%s", json.dumps({
+                "at": _iso(entry.at), "actor": entry.actor, "auth": entry.auth,
+                "role": entry.role, "team": entry.team, "action": entry.action,
+                "target": entry.target, "address": entry.address,
+                "detail": _jsonable(dict(entry.detail)),
+            }, sort_keys=True))
+
+    def record_audit(self, entry: AuditEntry) -> None:
+        """Append ``entry`` to the audit log (and the ``idlegpu.audit`` logger)."""
+        with self._tx(write=True) as conn:
+            self._insert_audit(conn, entry)
+        self._log_audit(entry)
+
+    def audit_log(self, since: datetime | None = None, *, limit: int = 1000,
+                  team: str | None = None, action: str | None = None) -> list[AuditEntry]:
+        """The audit log, oldest first (``at >= since``), at most ``limit`` entries (the
+        newest ones)."""
+        where = []
+        if since is not None:
+            where.append(AUDIT_LOG.c.at >= _aware(since, "since"))
+        if team is not None:
+            where.append(AUDIT_LOG.c.team == team)
+        if action is not None:
+            where.append(AUDIT_LOG.c.action == action)
+        with self._tx(write=False) as conn:
+            rows = conn.execute(sa.select(AUDIT_LOG).where(*where)
+                                .order_by(AUDIT_LOG.c.id.desc()).limit(limit)).all()
+        return [AuditEntry(at=r.at, actor=r.actor, auth=r.auth, role=r.role, team=r.team,
+                           action=r.action, target=r.target, address=r.address,
+                           detail=dict(r.detail or {}), id=r.id) for r in reversed(rows)]
+
+    @staticmethod
+    def _token_row(r: Any) -> ApiTokenRow:
+        return ApiTokenRow(name=r.name, team=r.team, role=r.role, created_at=r.created_at,
+                           expires_at=r.expires_at, revoked_at=r.revoked_at,
+                           created_by=r.created_by)
+
+    def create_api_token(self, name: str, team: str, role: str, token_sha256: str,
+                         now: datetime, expires_at: datetime | None,
+                         audit: AuditEntry) -> ApiTokenRow:
+        """Store a new token of the job API by its SHA-256 (the token itself is never stored),
+        with ``audit`` in the same transaction. Names are unique, revoked ones included."""
+        _aware(now)
+        _aware_opt(expires_at, "expires_at")
+        try:
+            with self._tx(write=True) as conn:
+                if conn.execute(sa.select(API_TOKENS.c.name)
+                                .where(API_TOKENS.c.name == name)).scalar() is not None:
+                    raise StoreError(f"a token named {name!r} already exists (revoked tokens "
+                                     "keep their name); choose another name")
+                conn.execute(sa.insert(API_TOKENS).values(
+                    name=name, token_sha256=token_sha256, team=team, role=role,
+                    created_at=now, expires_at=expires_at, revoked_at=None,
+                    created_by=audit.actor))
+                self._insert_audit(conn, audit)
+        except sa_exc.IntegrityError as exc:
+            raise StoreError(f"cannot store token {name!r}: {_short(exc)}") from exc
+        self._log_audit(audit)
+        return ApiTokenRow(name, team, role, now, expires_at, None, audit.actor)
+
+    def api_token_by_hash(self, token_sha256: str) -> ApiTokenRow | None:
+        with self._tx(write=False) as conn:
+            r = conn.execute(sa.select(API_TOKENS)
+                             .where(API_TOKENS.c.token_sha256 == token_sha256)).one_or_none()
+        return None if r is None else self._token_row(r)
+
+    def api_tokens(self) -> list[ApiTokenRow]:
+        with self._tx(write=False) as conn:
+            rows = conn.execute(sa.select(API_TOKENS).order_by(API_TOKENS.c.name)).all()
+        return [self._token_row(r) for r in rows]
+
+    def revoke_api_token(self, name: str, now: datetime, audit: AuditEntry) -> ApiTokenRow:
+        """Revoke the token ``name`` (from now on it authenticates nobody); revoking it again
+        changes nothing but is audited too."""
+        _aware(now)
+        with self._tx(write=True) as conn:
+            r = conn.execute(sa.select(API_TOKENS)
+                             .where(API_TOKENS.c.name == name)).one_or_none()
+            if r is None:
+                raise StoreError(f"no token named {name!r}; `idlegpu token list` lists them")
+            if r.revoked_at is None:
+                conn.execute(sa.update(API_TOKENS).where(API_TOKENS.c.name == name)
+                             .values(revoked_at=now))
+            self._insert_audit(conn, audit)
+            r = conn.execute(sa.select(API_TOKENS).where(API_TOKENS.c.name == name)).one()
+        self._log_audit(audit)
+        return self._token_row(r)
+
+    def submit_from_api(
+        self, *, principal: str, idempotency_key: str | None, body_sha256: str,
+        request_name: str, team: str, kind: str, raw: Mapping[str, Any],
+        units: Sequence[UnitSpec], now: datetime, audit: AuditEntry,
+        address: str | None = None,
+    ) -> ApiSubmission:
+        """``submit`` for a caller of the job API, in one transaction with who submitted it
+        and its audit entry. An ``idempotency_key`` is the caller's own (``principal``): when
+        the caller used it before, nothing is stored and the earlier request is returned
+        (``created=False``, with its body hash for the caller to compare)."""
+        _aware(now)
+        if not request_name.strip():
+            raise InvalidRequestError("a request needs a name")
+        _check_units(units)
+        raw_json = _jsonable(raw)
+
+        def earlier(conn: Connection) -> ApiSubmission | None:
+            if idempotency_key is None:
+                return None
+            r = conn.execute(sa.select(API_SUBMISSIONS.c.request_id,
+                                       API_SUBMISSIONS.c.body_sha256).where(
+                API_SUBMISSIONS.c.principal == principal,
+                API_SUBMISSIONS.c.idempotency_key == idempotency_key)).one_or_none()
+            return None if r is None else ApiSubmission(r.request_id, False, r.body_sha256)
+
+        for attempt in range(5):
+            rid = f"{_slug(request_name)}-{uuid.uuid4().hex[:8]}"
+            entry = dataclasses.replace(audit, target=rid)
+            try:
+                with self._tx(write=True) as conn:
+                    found = earlier(conn)
+                    if found is not None:
+                        return found
+                    self._insert_request(conn, rid, request_name, team, kind, raw_json, units,
+                                         now, None)
+                    conn.execute(sa.insert(API_SUBMISSIONS).values(
+                        request_id=rid, principal=principal, idempotency_key=idempotency_key,
+                        body_sha256=body_sha256, address=address))
+                    self._insert_audit(conn, entry)
+                self._log_audit(entry)
+                return ApiSubmission(rid, True, body_sha256)
+            except sa_exc.IntegrityError as exc:
+                with self._tx(write=False) as conn:
+                    found = earlier(conn)
+                if found is not None:
+                    return found
+                if attempt == 4:
+                    raise StoreError(f"cannot store request {request_name}: {_short(exc)}"
+                                     ) from exc
+        raise AssertionError("unreachable")
+
+    def submitted_by(self, request_id: str) -> str | None:
+        """The job API caller (principal) who submitted ``request_id`` (None: not through the
+        API)."""
+        with self._tx(write=False) as conn:
+            return conn.execute(sa.select(API_SUBMISSIONS.c.principal).where(
+                API_SUBMISSIONS.c.request_id == request_id)).scalar()
+
+    def find_units(self, *, states: Sequence[JobState] | None = None, team: str | None = None,
+                   principal: str | None = None, limit: int | None = None) -> list[UnitRow]:
+        """Units in submission order, filtered: in ``states`` (None: every state), of
+        ``team``, of requests the API caller ``principal`` submitted; the first ``limit``."""
+        where: list[Any] = []
+        if states is not None:
+            where.append(UNITS.c.state.in_([JobState(s).value for s in states]))
+        if team is not None:
+            where.append(UNITS.c.team == team)
+        if principal is not None:
+            where.append(UNITS.c.request_id.in_(
+                sa.select(API_SUBMISSIONS.c.request_id)
+                .where(API_SUBMISSIONS.c.principal == principal)))
+        with self._tx(write=False) as conn:
+            if limit is None:
+                return self._units(conn, where)
+            ids = conn.execute(self._unit_query(where).with_only_columns(UNITS.c.id)
+                               .limit(limit)).scalars().all()
+            return self._units(conn, [UNITS.c.id.in_(ids)]) if ids else []
+
+    def cancel_audited(self, id_or_request_id: str, now: datetime, audit: AuditEntry,
+                       reason: str = "cancelled by user") -> CancelResult:
+        """``cancel`` with its audit entry in the same transaction."""
+        _aware(now)
+        with self._tx(write=True) as conn:
+            is_unit = conn.execute(
+                sa.select(UNITS.c.id).where(UNITS.c.id == id_or_request_id)).scalar()
+            if is_unit is not None:
+                targets = [id_or_request_id, *self._dependants(conn, [id_or_request_id])]
+            else:
+                targets = list(conn.execute(
+                    sa.select(UNITS.c.id).where(UNITS.c.request_id == id_or_request_id)
+                    .order_by(UNITS.c.step_index, UNITS.c.member)).scalars())
+                if not targets:
+                    raise UnknownJobError(
+                        f"no job request or unit {id_or_request_id!r}; `idlegpu queue` lists them")
+            result = self._cancel_units(conn, targets, now, reason)
+            entry = dataclasses.replace(audit, detail={
+                **dict(audit.detail), "reason": reason, "cancelled": list(result.cancelled),
+                "to_stop": list(result.to_stop)})
+            self._insert_audit(conn, entry)
+        self._log_audit(entry)
+        return result

@@ -1,0 +1,398 @@
+"""The job API's routes (FastAPI), under ``/v1``; OpenAPI at ``/docs`` and ``/openapi.json``.
+
+Every answer is JSON. Errors are ``{"error": {"message": "...", "field": "steps.0.gpus"}}``
+with the one-line message the CLI prints for the same problem (``field`` is null when the
+problem is not about one field); bad input is a 4xx, never a traceback. The caller's identity,
+team and role come from ``scheduler.api.auth``; ``submitted_at`` is this server's clock.
+"""
+
+
+import hashlib
+import json
+import logging
+import re
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Header, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from forecast.config import Settings
+from scheduler.adapters.store import (
+    AuditEntry,
+    InvalidRequestError,
+    JobStore,
+    StoreError,
+    StoreUnavailableError,
+    TransitionRefusedError,
+    UnitRow,
+    UnknownJobError,
+    spec_to_json,
+)
+from scheduler.api.auth import OPERATOR, ApiError, Authenticator, Identity, Reviewer
+from scheduler.clock import Clock, as_clock
+from scheduler.specs import SpecError, load_request_text, validate_request
+from scheduler.types import EventKind, JobState
+
+log = logging.getLogger("idlegpu.api")
+
+API_VERSION = "v1"
+SOURCE = "request"
+YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml")
+JSON_TYPES = ("application/json",)
+_FIELD = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_]+)*): ")
+_KEY = re.compile(r"^[\x21-\x7e]{1,200}$")
+LIVE = tuple(s for s in JobState if not s.is_terminal())
+
+
+def spec_error_field(message: str, source: str = SOURCE) -> str | None:
+    """The field path a ``SpecError`` message names first (``steps.0.gpus``), if any."""
+    rest = message.removeprefix(f"{source}: ")
+    found = _FIELD.match(rest)
+    return found.group(1) if found else None
+
+
+def _iso(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat()
+
+
+def unit_json(row: UnitRow) -> dict[str, Any]:
+    return {
+        "id": row.id, "request_id": row.request_id, "request_name": row.request_name,
+        "team": row.team, "kind": row.kind, "step": row.step, "step_index": row.step_index,
+        "member": row.member, "gpus": row.gpus, "priority": row.priority,
+        "checkpointable": row.checkpointable, "state": row.state.value,
+        "attempts": row.attempts, "preemptions": row.preemptions,
+        "work_done_s": row.work_done_s, "submitted_at": _iso(row.submitted_at),
+        "updated_at": _iso(row.updated_at), "admitted_at": _iso(row.admitted_at),
+        "started_at": _iso(row.started_at), "stop_by": _iso(row.stop_by),
+        "cancel_requested_at": _iso(row.cancel_requested_at), "reason": row.reason,
+        "depends_on": list(row.depends_on), "image": row.spec.image,
+    }
+
+
+def _body_sha256(data: Any) -> str:
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def _error(status: int, message: str, field: str | None = None,
+           headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "field": field}}, status_code=status,
+                        headers=headers)
+
+
+def create_app(settings: Settings, store: JobStore, *,
+               clock: Clock | Callable[[], datetime] | None = None,
+               reviewer: Reviewer | None = None) -> FastAPI:
+    """The job API over ``store``, validating with ``settings`` (its ``admission`` rules and
+    ``api`` section). ``clock`` stamps ``submitted_at`` and judges token expiry (default: the
+    wall clock); ``reviewer`` answers Kubernetes TokenReviews (default, when
+    ``api.token_review.enabled``: one built from ``api.token_review``)."""
+    api = settings.api
+    now = as_clock(clock)
+    if api.token_review.enabled and reviewer is None:
+        from scheduler.api.tokenreview import TokenReviewer
+
+        reviewer = TokenReviewer.from_config(api.token_review)
+    authenticator = Authenticator(api, store, reviewer)
+
+    app = FastAPI(
+        title="idlegpu job API", version=API_VERSION,
+        description="Submit, list and cancel research jobs on the idle GPUs of the pool.",
+    )
+    app.state.store = store
+    app.state.settings = settings
+
+    # -- errors: one JSON shape, one line each --------------------------------------------
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
+        return _error(exc.status, exc.message, exc.field, exc.headers)
+
+    @app.exception_handler(SpecError)
+    async def _spec_error(_: Request, exc: SpecError) -> JSONResponse:
+        return _error(422, str(exc), spec_error_field(str(exc)))
+
+    @app.exception_handler(UnknownJobError)
+    async def _unknown(_: Request, exc: UnknownJobError) -> JSONResponse:
+        return _error(404, str(exc))
+
+    @app.exception_handler(InvalidRequestError)
+    async def _invalid(_: Request, exc: InvalidRequestError) -> JSONResponse:
+        return _error(422, str(exc))
+
+    @app.exception_handler(TransitionRefusedError)
+    async def _refused(_: Request, exc: TransitionRefusedError) -> JSONResponse:
+        return _error(409, str(exc))
+
+    @app.exception_handler(StoreUnavailableError)
+    async def _unavailable(_: Request, exc: StoreUnavailableError) -> JSONResponse:
+        return _error(503, str(exc), headers={"Retry-After": "5"})
+
+    @app.exception_handler(StoreError)
+    async def _store_error(_: Request, exc: StoreError) -> JSONResponse:
+        log.error("job store error: %s", exc)
+        return _error(500, f"job store error: {exc}")
+
+    @app.exception_handler(RequestValidationError)
+    async def _bad_parameters(_: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = exc.errors()
+        first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+        loc = [str(p) for p in first.get("loc", ()) if p not in ("query", "path", "header",
+                                                                  "body")]
+        field = ".".join(loc) or None
+        msg = str(first.get("msg", "invalid")).removeprefix("Value error, ")
+        return _error(422, f"{field}: {msg}" if field else msg, field)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        message = exc.detail if isinstance(exc.detail, str) else "error"
+        return _error(exc.status_code, message, headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("internal error on %s %s", request.method, request.url.path)
+        return _error(500, "internal error (the server logged it)")
+
+    # -- identity ---------------------------------------------------------------------------
+
+    def caller(request: Request) -> Identity:
+        address = request.client.host if request.client else None
+        return authenticator.authenticate(request.headers, address, now.now())
+
+    Caller = Annotated[Identity, Depends(caller)]
+
+    def audit(who: Identity, action: str, target: str, **detail: Any) -> AuditEntry:
+        return AuditEntry(at=now.now(), actor=who.user, auth=who.auth, role=who.role,
+                          team=who.team, action=action, target=target, address=who.address,
+                          detail=detail)
+
+    def require_change(who: Identity, what: str) -> None:
+        if not who.may_change():
+            raise ApiError(403, f"role {who.role} may not {what}: viewers read only")
+
+    # -- routes -----------------------------------------------------------------------------
+
+    @app.get(f"/{API_VERSION}/whoami", summary="Who the server takes the caller for")
+    def whoami(who: Caller) -> dict[str, Any]:
+        return {"user": who.user, "auth": who.auth, "team": who.team, "role": who.role,
+                "groups": list(who.groups), "principal": who.principal,
+                "address": who.address}
+
+    async def read_body(request: Request) -> tuple[str, bytes]:
+        kind = request.headers.get("content-type", "application/json").split(";")[0]
+        kind = kind.strip().lower()
+        if kind not in (*JSON_TYPES, *YAML_TYPES):
+            raise ApiError(415, f"Content-Type {kind!r} is not accepted; send the request as "
+                                "application/json or application/yaml")
+        limit = api.max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise ApiError(413, f"the request body is {int(declared)} bytes, over the "
+                                f"server's limit of {limit} (api.max_body_bytes)")
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise ApiError(413, f"the request body is over the server's limit of {limit} "
+                                    "bytes (api.max_body_bytes)")
+        return kind, bytes(body)
+
+    def parse_request(kind: str, body: bytes) -> Any:
+        try:
+            text = body.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ApiError(400, f"{SOURCE}: the body is not UTF-8 text") from None
+        if kind in YAML_TYPES:
+            return load_request_text(text, settings.admission, source=SOURCE)
+        try:
+            data = json.loads(text)
+        except (json.JSONDecodeError, RecursionError) as exc:
+            where = (f" at line {exc.lineno}, column {exc.colno}"
+                     if isinstance(exc, json.JSONDecodeError) else "")
+            raise ApiError(400, f"{SOURCE}: invalid JSON{where}: "
+                                f"{getattr(exc, 'msg', 'too deeply nested')}") from None
+        return validate_request(data, settings.admission, source=SOURCE)
+
+    def check_priority(request: Any, units: Sequence[Any], team: str) -> None:
+        cap = api.team(team).max_priority
+        if cap is None:
+            return
+        for unit in units:
+            if unit.priority > cap:
+                step = request.steps[unit.step_index] if request.steps else None
+                field = (f"steps.{unit.step_index}.priority"
+                         if step is not None and step.priority is not None else "priority")
+                setting = f"api.teams.{team if team in api.teams else '*'}.max_priority"
+                raise ApiError(422, f"{SOURCE}: {field}: priority {unit.priority} is above "
+                                    f"team {team}'s cap of {cap} ({setting}); use {cap} or "
+                                    "less", field=field)
+
+    @app.post(f"/{API_VERSION}/requests", status_code=201,
+              summary="Submit a job request (JSON, or YAML with Content-Type: application/yaml)",
+              openapi_extra={"requestBody": {"required": True, "content": {
+                  "application/json": {"schema": {"type": "object"}},
+                  "application/yaml": {"schema": {"type": "string"}}}}})
+    async def submit(request: Request, who: Caller,
+                     idempotency_key: Annotated[str | None, Header()] = None) -> JSONResponse:
+        require_change(who, "submit requests")
+        if idempotency_key is not None and not _KEY.match(idempotency_key):
+            raise ApiError(422, "Idempotency-Key: use 1 to 200 printable ASCII characters",
+                           field="Idempotency-Key")
+        kind, body = await read_body(request)
+
+        def work() -> tuple[int, dict[str, Any]]:
+            from scheduler.specs import expand_units
+
+            job = parse_request(kind, body)
+            if job.team != who.team:
+                raise ApiError(403, f"{SOURCE}: team: you act for team {who.team!r}; a "
+                                    f"request for team {job.team!r} is refused (the team of a "
+                                    "request is the caller's)", field="team")
+            units = expand_units(job)
+            check_priority(job, units, who.team)
+            raw = job.model_dump(mode="json")
+            digest = _body_sha256(raw)
+            outcome = store.submit_from_api(
+                principal=who.principal, idempotency_key=idempotency_key, body_sha256=digest,
+                request_name=job.name, team=who.team, kind=job.kind, raw=raw, units=units,
+                now=now.now(), audit=audit(who, "submit", "", request=job.name,
+                                           units=len(units),
+                                           idempotency_key=idempotency_key),
+                address=who.address)
+            if not outcome.created and outcome.body_sha256 != digest:
+                raise ApiError(409, f"Idempotency-Key {idempotency_key!r} was used for "
+                                    f"request {outcome.request_id} with a different body; "
+                                    "use a new key for a new request",
+                               field="Idempotency-Key")
+            return (201 if outcome.created else 200), request_json(outcome.request_id)
+
+        status, payload = await run_in_threadpool(work)
+        return JSONResponse(payload, status_code=status)
+
+    def request_json(request_id: str) -> dict[str, Any]:
+        row = store.request(request_id)
+        units = store.request_units(request_id)
+        return {"id": row.id, "name": row.name, "team": row.team, "kind": row.kind,
+                "submitted_at": _iso(row.submitted_at),
+                "submitted_by": store.submitted_by(request_id),
+                "units": [unit_json(u) for u in units], "unit_ids": [u.id for u in units]}
+
+    @app.get(f"/{API_VERSION}/requests/{{request_id}}", summary="One request and its units")
+    def get_request(request_id: str, who: Caller) -> dict[str, Any]:
+        return request_json(request_id)
+
+    @app.get(f"/{API_VERSION}/units", summary="The queue: units, filtered")
+    def list_units(
+        who: Caller,
+        scope: Annotated[str, Query(pattern="^(mine|team|all)$",
+                                    description="mine, team (default) or all")] = "team",
+        state: Annotated[list[str] | None, Query(
+            description="states to show (repeat or comma-separate); default: the live ones "
+                        "(queued, admitted, running); 'all' for every state")] = None,
+        limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+    ) -> dict[str, Any]:
+        wanted: tuple[JobState, ...] | None = LIVE
+        if state:
+            names = [s.strip() for part in state for s in part.split(",") if s.strip()]
+            if "all" in names:
+                wanted = None
+            else:
+                known = {s.value: s for s in JobState}
+                unknown = [n for n in names if n not in known]
+                if unknown:
+                    raise ApiError(422, f"state: unknown state {unknown[0]!r}; use "
+                                        f"{', '.join(known)} or all", field="state")
+                wanted = tuple(known[n] for n in names)
+        rows = store.find_units(
+            states=wanted, team=who.team if scope == "team" else None,
+            principal=who.principal if scope == "mine" else None, limit=limit)
+        return {"scope": scope, "count": len(rows), "units": [unit_json(r) for r in rows]}
+
+    @app.get(f"/{API_VERSION}/units/{{unit_id}}",
+             summary="One unit with its attempts, preemptions and checkpoints")
+    def get_unit(unit_id: str, who: Caller) -> dict[str, Any]:
+        row = store.unit(unit_id)
+        events = store.events(unit_id=unit_id)
+        attempts = [{
+            "number": a.number, "admitted_at": _iso(a.admitted_at),
+            "started_at": _iso(a.started_at), "ended_at": _iso(a.ended_at),
+            "outcome": a.outcome.value if a.outcome else None, "gpus": a.gpus,
+            "gpu_seconds": a.gpu_seconds, "lost_gpu_seconds": a.lost_gpu_seconds,
+            "window": a.window_label, "stop_by": _iso(a.stop_by),
+        } for a in store.attempts(unit_id)]
+
+        def of(kind: EventKind) -> list[dict[str, Any]]:
+            return [{"at": _iso(e.at), "gpus": e.gpus, "gpu_seconds": e.gpu_seconds,
+                     **e.detail} for e in events if e.kind is kind]
+
+        return {**unit_json(row), "spec": spec_to_json(row.spec), "attempt_history": attempts,
+                "preemption_history": of(EventKind.PREEMPTED),
+                "checkpoints": of(EventKind.CHECKPOINTED)}
+
+    def cancel(who: Identity, target: str, team: str, reason: str | None) -> dict[str, Any]:
+        require_change(who, "cancel")
+        if not who.may_cancel(team):
+            raise ApiError(403, f"{target} belongs to team {team!r}; a {who.role} of team "
+                                f"{who.team!r} may cancel only its own team's work")
+        why = (reason or f"cancelled by {who.user}").strip()[:500]
+        result = store.cancel_audited(target, now.now(), audit(who, "cancel", target),
+                                      reason=why)
+        return {"target": target, "cancelled": list(result.cancelled),
+                "to_stop": list(result.to_stop), "unchanged": list(result.unchanged)}
+
+    async def cancel_reason(request: Request) -> str | None:
+        body = await request.body()
+        if not body.strip():
+            return None
+        if len(body) > 10_000:
+            raise ApiError(413, "the cancel body is over 10000 bytes")
+        try:
+            data = json.loads(body)
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+            raise ApiError(400, "the cancel body must be JSON, e.g. {\"reason\": \"...\"}"
+                           ) from None
+        reason = data.get("reason") if isinstance(data, dict) else None
+        if reason is not None and not isinstance(reason, str):
+            raise ApiError(422, "reason: use a string", field="reason")
+        return reason
+
+    @app.post(f"/{API_VERSION}/requests/{{request_id}}/cancel",
+              summary="Cancel every unit of a request")
+    async def cancel_request(request_id: str, request: Request, who: Caller) -> dict[str, Any]:
+        reason = await cancel_reason(request)
+        team = (await run_in_threadpool(store.request, request_id)).team
+        return await run_in_threadpool(cancel, who, request_id, team, reason)
+
+    @app.post(f"/{API_VERSION}/units/{{unit_id}}/cancel",
+              summary="Cancel a unit and the units depending on it")
+    async def cancel_unit(unit_id: str, request: Request, who: Caller) -> dict[str, Any]:
+        reason = await cancel_reason(request)
+        team = (await run_in_threadpool(store.unit, unit_id)).team
+        return await run_in_threadpool(cancel, who, unit_id, team, reason)
+
+    @app.get(f"/{API_VERSION}/audit", summary="The audit log (operators)")
+    def get_audit(
+        who: Caller,
+        since: datetime | None = None,
+        team: str | None = None,
+        action: str | None = None,
+        limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+    ) -> dict[str, Any]:
+        if who.role != OPERATOR:
+            raise ApiError(403, f"role {who.role} may not read the audit log: operators only")
+        if since is not None and since.tzinfo is None:
+            raise ApiError(422, "since: the time has no time zone; add its offset",
+                           field="since")
+        entries = store.audit_log(since, limit=limit, team=team, action=action)
+        return {"entries": [{
+            "id": e.id, "at": _iso(e.at), "actor": e.actor, "auth": e.auth, "role": e.role,
+            "team": e.team, "action": e.action, "target": e.target, "address": e.address,
+            "detail": dict(e.detail)} for e in entries]}
+
+    return app

@@ -1,0 +1,185 @@
+"""``idlegpu serve`` (the job API) and ``idlegpu token`` (its tokens): registered on the main
+``idlegpu`` command by ``scheduler.cli``."""
+
+from __future__ import annotations
+
+import getpass
+import logging
+import re
+import socket
+from datetime import timedelta
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from forecast.errors import ConfigError
+from scheduler.cli import (
+    DEFAULT_CONFIG,
+    OptionalConfig,
+    StoreOption,
+    _load_settings,
+    _now,
+    _optional_config,
+    _store_url,
+    app,
+    console,
+    err_console,
+)
+
+token_app = typer.Typer(help="Tokens of the job API (idlegpu serve): create, list, revoke.",
+                        no_args_is_help=True, rich_markup_mode=None)
+app.add_typer(token_app, name="token", short_help="Tokens of the job API: create, list, revoke.")
+
+_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+
+
+def _cli_actor() -> tuple[str, str]:
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return f"cli:{user}", f"local ({socket.gethostname()})"
+
+
+@app.command(short_help="The job API: an authenticated HTTP front door to the job store.")
+def serve(
+    config: OptionalConfig = None,
+    store: StoreOption = None,
+    host: Annotated[str | None, typer.Option(help="Address to listen on (default: api.host, "
+                                                     "127.0.0.1).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (default: api.port, 8080).")] = None,
+) -> None:
+    """Serve the job API (routes under /v1, OpenAPI at /docs) with this config's admission
+    rules, identities and teams, in front of the job store; run it beside `idlegpu run`."""
+    import uvicorn
+
+    from scheduler.adapters.store import JobStore
+    from scheduler.api import create_app
+
+    path = config if config is not None else DEFAULT_CONFIG
+    if not Path(path).is_file():
+        raise ConfigError(f"idlegpu serve needs the pool's config ({path} not found); pass "
+                          "--config idlegpu.yaml")
+    settings = _load_settings(path)
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO,
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("idlegpu").setLevel(logging.INFO)
+    job_store = JobStore(_store_url(settings, store))
+    try:
+        application = create_app(settings, job_store)
+        bind_host = host or settings.api.host
+        bind_port = settings.api.port if port is None else port
+        err_console.print(f"job API on http://{bind_host}:{bind_port}/v1 (docs at /docs), "
+                          f"store {job_store!r}", highlight=False, markup=False)
+        # proxy_headers off: the peer address is the connection's, so only api.trusted_proxies
+        # decides whose forwarded headers count
+        uvicorn.run(application, host=bind_host, port=bind_port, proxy_headers=False,
+                    log_level="info", access_log=True)
+    finally:
+        job_store.close()
+
+
+def _expiry(text: str) -> timedelta | None:
+    from scheduler.specs import SpecError, parse_duration
+
+    if text.strip().lower() in ("never", "none"):
+        return None
+    try:
+        seconds = parse_duration(text)
+    except (SpecError, ValueError) as exc:
+        raise typer.BadParameter(f"{text!r}: {exc}; use a duration such as 30d, 12h or never",
+                                 param_hint="--expires") from None
+    if not 0 < seconds <= 10 * 366 * 86400:
+        raise typer.BadParameter(f"{text!r}: use a duration from 1s to 10 years, or never",
+                                 param_hint="--expires")
+    return timedelta(seconds=seconds)
+
+
+@token_app.command("create")
+def token_create(
+    team: Annotated[str, typer.Option(help="The team the token acts for.")],
+    name: Annotated[str, typer.Option(help="A unique name (who or what holds it).")],
+    role: Annotated[str, typer.Option(help="member (submit, cancel the team's work), operator "
+                                           "(cancel anyone's, read the audit log) or viewer "
+                                           "(read only).")] = "member",
+    expires: Annotated[str, typer.Option(help="Valid for this long (30d, 12h) or never.")] = "90d",
+    config: OptionalConfig = None,
+    store: StoreOption = None,
+    now: Annotated[str | None, typer.Option(hidden=True)] = None,
+) -> None:
+    """Create a token of the job API and print it once (only its hash is stored)."""
+    from scheduler.adapters.store import AuditEntry, JobStore
+    from scheduler.api.auth import ROLES, new_token, token_sha256
+
+    if role not in ROLES:
+        raise typer.BadParameter(f"{role!r}: use one of {', '.join(ROLES)}", param_hint="--role")
+    if not _NAME.match(name) or len(name) > 63:
+        raise typer.BadParameter(f"{name!r}: use lowercase letters, digits, '-' and '.' (at "
+                                 "most 63)", param_hint="--name")
+    if not re.match(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", team) or len(team) > 63:
+        raise typer.BadParameter(f"{team!r}: use lowercase letters, digits and '-', e.g. "
+                                 "alignment", param_hint="--team")
+    valid_for = _expiry(expires)
+    settings = _optional_config(config)
+    when = _now(now)
+    expires_at = when + valid_for if valid_for is not None else None
+    token = new_token()
+    actor, where = _cli_actor()
+    with JobStore(_store_url(settings, store)) as job_store:
+        job_store.create_api_token(
+            name, team, role, token_sha256(token), when, expires_at,
+            AuditEntry(at=when, actor=actor, auth="cli", role="operator", team=None,
+                       action="token.create", target=name, address=where,
+                       detail={"team": team, "role": role,
+                               "expires_at": expires_at.isoformat() if expires_at else None}))
+    until = f"until {expires_at.isoformat(timespec='seconds')}" if expires_at else "with no expiry"
+    err_console.print(f"token {name} for team {team} ({role}), valid {until}; it is shown "
+                      "once, here, and stored only hashed:", highlight=False, markup=False)
+    print(token)
+
+
+@token_app.command("list")
+def token_list(config: OptionalConfig = None, store: StoreOption = None) -> None:
+    """The tokens: name, team, role, created, expires, revoked (never the tokens)."""
+    from rich.table import Table
+
+    from scheduler.adapters.store import JobStore
+
+    settings = _optional_config(config)
+    with JobStore(_store_url(settings, store)) as job_store:
+        rows = job_store.api_tokens()
+    if not rows:
+        console.print("no tokens; `idlegpu token create --team T --name N` makes one")
+        return
+    when = _now(None)
+    table = Table(title=f"job API tokens ({len(rows)})", title_justify="left")
+    for column in ("name", "team", "role", "created", "expires", "state"):
+        table.add_column(column)
+    for r in rows:
+        state = ("revoked" if r.revoked_at else "expired" if not r.valid_at(when) else "valid")
+        table.add_row(r.name, r.team, r.role, r.created_at.isoformat(timespec="seconds"),
+                      r.expires_at.isoformat(timespec="seconds") if r.expires_at else "never",
+                      state)
+    console.print(table, markup=False, highlight=False)
+
+
+@token_app.command("revoke")
+def token_revoke(
+    name: Annotated[str, typer.Argument(help="The token's name (idlegpu token list).")],
+    config: OptionalConfig = None,
+    store: StoreOption = None,
+) -> None:
+    """Revoke a token: from now on it authenticates nobody."""
+    from scheduler.adapters.store import AuditEntry, JobStore
+
+    settings = _optional_config(config)
+    when = _now(None)
+    actor, where = _cli_actor()
+    with JobStore(_store_url(settings, store)) as job_store:
+        row = job_store.revoke_api_token(name, when, AuditEntry(
+            at=when, actor=actor, auth="cli", role="operator", team=None,
+            action="token.revoke", target=name, address=where))
+    console.print(f"token {row.name} ({row.team}, {row.role}) is revoked", markup=False,
+                  highlight=False)
