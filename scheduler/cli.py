@@ -1074,6 +1074,17 @@ StoreOption = Annotated[
     typer.Option("--store", help="Job store URL (default: store.url of the config, else "
                  "sqlite:///idlegpu.db; IDLEGPU_STORE__URL overrides).")
 ]
+ServerOption = Annotated[
+    Optional[str],
+    typer.Option("--server", envvar="IDLEGPU_SERVER", help="The job API (`idlegpu serve`) to "
+                 "use instead of the store, e.g. http://idlegpu-api:8080; the token comes from "
+                 "IDLEGPU_TOKEN, --token-file or the current kubeconfig context.")
+]
+TokenFileOption = Annotated[
+    Optional[Path],
+    typer.Option("--token-file", envvar="IDLEGPU_TOKEN_FILE",
+                 help="A file holding the API token (with --server).")
+]
 OptionalConfig = Annotated[
     Optional[Path],
     typer.Option("--config", "-c", help="Pool configuration (default: ./idlegpu.yaml if present).",
@@ -1100,9 +1111,18 @@ def submit(
         "--idempotency-key", help="Submitting again with the same key returns the first "
         "submission.")] = None,
     now: NowOption = None,
+    server: ServerOption = None,
+    token_file: TokenFileOption = None,
 ) -> None:
     """Validate a job request, expand it into units (pipeline steps x sweep members) and queue
-    them in the job store."""
+    them in the job store, or (--server) through the job API, which checks it against the
+    server's config and decides its team and time."""
+    if server:
+        from scheduler.cli_remote import remote_submit
+
+        _check(now is None and store is None, "--server decides the time and the store; drop "
+               "--now and --store", "--server")
+        return remote_submit(console, err_console, server, token_file, file, idempotency_key)
     from scheduler.adapters.store import JobStore
     from scheduler.specs import expand_units, load_request
 
@@ -1136,8 +1156,20 @@ def queue(
         "--all", help="Also show succeeded, failed and cancelled units.")] = False,
     runs: Annotated[Optional[Path], typer.Option(
         "--runs", help="Past runs for runtime estimates (e.g. data/sample/runs.csv).")] = None,
+    server: ServerOption = None,
+    token_file: TokenFileOption = None,
+    scope: Annotated[str, typer.Option(
+        help="With --server: mine, team (your team's) or all.")] = "team",
 ) -> None:
-    """List the job units in the store, oldest first, with the runtime admission plans with."""
+    """List the job units in the store, oldest first, with the runtime admission plans with
+    (or, with --server, the units the job API shows you)."""
+    if server:
+        from scheduler.cli_remote import remote_queue
+
+        _check(scope in ("mine", "team", "all"), "use mine, team or all", "--scope")
+        settings = _optional_config(config)
+        tz = settings.pool.tz if settings is not None else timezone.utc
+        return remote_queue(console, err_console, server, token_file, scope, all_units, tz)
     from rich.table import Table
 
     from forecast.config import AdmissionConfig
@@ -1190,9 +1222,18 @@ def cancel(
     store: StoreOption = None,
     reason: Annotated[str, typer.Option(help="Recorded with the cancel.")] = "cancelled by user",
     now: NowOption = None,
+    server: ServerOption = None,
+    token_file: TokenFileOption = None,
 ) -> None:
     """Cancel queued units at once; running units are marked and stopped by the admission
-    daemon at its next pass (they checkpoint if they can)."""
+    daemon at its next pass (they checkpoint if they can). With --server, through the job API
+    (members cancel their team's work, operators anyone's)."""
+    if server:
+        from scheduler.cli_remote import remote_cancel
+
+        _check(now is None and store is None, "--server decides the time and the store; drop "
+               "--now and --store", "--server")
+        return remote_cancel(console, err_console, server, token_file, job_id, reason)
     from scheduler.adapters.store import JobStore
 
     settings = _optional_config(config)
@@ -1350,7 +1391,10 @@ def main(argv: list[str] | None = None) -> None:
         if "--debug" in args:
             raise
         message = exc.format_message() if isinstance(exc, typer.BadParameter) else exc
-        err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+        from rich.markup import escape  # a message may quote what the user wrote
+
+        err_console.print(f"[bold red]error:[/] {escape(str(message))}", highlight=False,
+                          soft_wrap=True)
         raise SystemExit(2) from None
     except typer.TyperException as exc:  # other usage errors (an unknown option...): as click
         if not hasattr(exc, "show"):
