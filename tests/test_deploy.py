@@ -72,7 +72,7 @@ def test_kustomize_reads_only_files_inside_deploy():
 
 def test_every_namespaced_object_names_one_of_the_two_namespaces():
     kustomization = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())
-    cluster_scoped = {"Namespace", "PriorityClass"}
+    cluster_scoped = {"Namespace", "PriorityClass", "ClusterRole", "ClusterRoleBinding"}
     for doc in docs():
         where = doc["metadata"].get("namespace")
         assert (where is None) == (doc["kind"] in cluster_scoped), doc["metadata"]["name"]
@@ -124,7 +124,7 @@ def test_the_deployed_config_is_the_sample_pool_run_in_cluster(monkeypatch):
     # the two copies describe the same pool; only where things are (and how many daemons)
     # differs
     where = {"prometheus": {"url"}, "store": {"url"}, "cluster": {"in_cluster"},
-             "daemon": {"reports_dir", "leader_election"}}
+             "daemon": {"reports_dir", "leader_election"}, "api": True}
     monkeypatch.delenv("IDLEGPU_STORE__URL")
     assert deployed.model_dump(exclude=where) == sample.model_dump(exclude=where)
 
@@ -157,11 +157,30 @@ def test_roles_grant_only_what_the_daemon_uses():
     assert grants(roles[SYSTEM, "idlegpu-leader-election"]) == {
         ("coordination.k8s.io", "leases"): {"get", "create", "update"},
     }
-    assert not docs("ClusterRole") and not docs("ClusterRoleBinding")
+    # cluster-wide: only the job API's TokenReviews (below), never anything of the daemon's
+    assert {d["metadata"]["name"] for d in docs("ClusterRole")} == {"idlegpu-api-tokenreview"}
+    assert {d["metadata"]["name"] for d in docs("ClusterRoleBinding")} == {
+        "idlegpu-api-tokenreview"}
+
+
+def test_the_job_api_may_only_create_token_reviews():
+    role = one("ClusterRole", "idlegpu-api-tokenreview")
+    assert grants(role) == {("authentication.k8s.io", "tokenreviews"): {"create"}}
+    binding = one("ClusterRoleBinding", "idlegpu-api-tokenreview")
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io",
+                                  "kind": "ClusterRole", "name": "idlegpu-api-tokenreview"}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "idlegpu-api",
+                                    "namespace": SYSTEM}]
+    account = one("ServiceAccount", "idlegpu-api")
+    assert account["metadata"]["namespace"] == SYSTEM
+    assert account["automountServiceAccountToken"] is False
+    # no Role or RoleBinding names the API's account: no Jobs, Leases or Secrets
+    assert all(subject["name"] != "idlegpu-api" for b in docs("RoleBinding")
+               for subject in b["subjects"])
 
 
 def test_role_bindings_bind_the_daemon_account_of_idlegpu_system():
-    (account,) = docs("ServiceAccount")
+    account = one("ServiceAccount", "idlegpu")
     assert account["metadata"]["namespace"] == SYSTEM
     assert account["automountServiceAccountToken"] is False  # only the daemon's pods opt in
     bindings = {d["metadata"]["namespace"]: d for d in docs("RoleBinding")}
@@ -198,8 +217,9 @@ def test_every_pod_is_hardened(name):
     assert pod_ctx["runAsNonRoot"] is True and pod_ctx["runAsUser"] > 0
     assert pod_ctx["seccompProfile"] == {"type": "RuntimeDefault"}
     assert spec["enableServiceLinks"] is False
-    # a token only where the API is used: the daemon
-    assert spec["automountServiceAccountToken"] is (name == "Deployment/idlegpu")
+    # a token only where the Kubernetes API is used: the daemon, and the job API (TokenReview)
+    assert spec["automountServiceAccountToken"] is (name in ("Deployment/idlegpu",
+                                                             "Deployment/idlegpu-api"))
     for container in spec["containers"]:
         ctx = container["securityContext"]
         assert ctx["allowPrivilegeEscalation"] is False and ctx["privileged"] is False
@@ -248,19 +268,23 @@ def test_idlegpu_system_admits_only_prometheus_and_the_daemon():
     assert system["default-deny-ingress"] == {"podSelector": {}, "policyTypes": ["Ingress"]}
     daemon = one("Deployment", "idlegpu")["spec"]["template"]["metadata"]["labels"]
     postgres = one("StatefulSet", "idlegpu-postgres")["spec"]["template"]["metadata"]["labels"]
+    api = one("Deployment", "idlegpu-api")["spec"]["template"]["metadata"]["labels"]
     allowed = {}
     for spec in system.values():
         assert spec["policyTypes"] == ["Ingress"]
         for rule in spec.get("ingress", []):
-            for target, labels in (("daemon", daemon), ("postgres", postgres)):
+            for target, labels in (("daemon", daemon), ("postgres", postgres), ("api", api)):
                 if selects(spec["podSelector"], labels):
                     allowed.setdefault(target, []).append(rule)
     assert allowed == {
         "daemon": [{"from": [{"namespaceSelector": {"matchLabels": {
             "kubernetes.io/metadata.name": "monitoring"}}}],
             "ports": [{"protocol": "TCP", "port": 9464}]}],
-        "postgres": [{"from": [{"podSelector": {"matchLabels": daemon}}],
+        "postgres": [{"from": [{"podSelector": {"matchLabels": daemon}},
+                               {"podSelector": {"matchLabels": api}}],
                       "ports": [{"protocol": "TCP", "port": 5432}]}],
+        # the job API's port from anywhere: it authenticates every call itself
+        "api": [{"ports": [{"protocol": "TCP", "port": 8080}]}],
     }
 
 
@@ -297,3 +321,37 @@ def test_grafana_dashboard_uses_the_daemon_metrics():
                    "idlegpu_preemptions_total", "idlegpu_forecast_age_seconds",
                    "idlegpu_signal_age_seconds"):
         assert metric in exprs
+
+
+def test_the_job_api_runs_two_replicas_on_the_daemons_store_and_config(monkeypatch):
+    from forecast.config import ENV_PREFIX, load_config
+
+    for name in [n for n in os.environ if n.startswith(ENV_PREFIX)]:
+        monkeypatch.delenv(name)
+    deployment = one("Deployment", "idlegpu-api")
+    assert deployment["metadata"]["namespace"] == SYSTEM
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    spec = deployment["spec"]["template"]["spec"]
+    assert spec["serviceAccountName"] == "idlegpu-api"
+    (container,) = spec["containers"]
+    daemon = daemon_container()
+    env = {e["name"]: e for e in container["env"]}
+    assert env["IDLEGPU_STORE__URL"] == {e["name"]: e for e in daemon["env"]}["IDLEGPU_STORE__URL"]
+    assert "IDLEGPU_PROMETHEUS__BEARER_TOKEN" not in env  # the API never reads Prometheus
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert container["args"][:3] == ["serve", "--config", f"{mounts['config']}/idlegpu.yaml"]
+    assert spec["volumes"][0] == one("Deployment", "idlegpu")["spec"]["template"]["spec"][
+        "volumes"][0]  # the same ConfigMap as the daemon: the same admission rules
+    port = container["ports"][0]["containerPort"]
+    assert container["args"][3:] == ["--host", "0.0.0.0", "--port", str(port)]
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "http"}
+    service = one("Service", "idlegpu-api")
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    assert service["spec"]["ports"][0]["targetPort"] == "http"
+    pdb = one("PodDisruptionBudget", "idlegpu-api")
+    assert pdb["spec"]["selector"] == deployment["spec"]["selector"]
+    deployed = load_config(DEPLOY / "idlegpu.yaml")
+    assert deployed.api.token_review.enabled and deployed.api.token_review.in_cluster
+    assert deployed.api.trusted_proxies == []  # no proxy headers trusted unless configured

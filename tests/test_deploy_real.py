@@ -26,6 +26,8 @@ DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
 SYSTEM, JOBS = "idlegpu-system", "idlegpu-jobs"
 ACCOUNT = "idlegpu"
 DAEMON = f"system:serviceaccount:{SYSTEM}:{ACCOUNT}"
+API_ACCOUNT = "idlegpu-api"
+JOB_API = f"system:serviceaccount:{SYSTEM}:{API_ACCOUNT}"
 # same groups as the daemon's account (system:serviceaccounts[:idlegpu-system]), no binding
 STRANGER = f"system:serviceaccount:{SYSTEM}:someone-else"
 FIELD_MANAGER = "idlegpu-deploy-test"
@@ -130,7 +132,10 @@ def test_network_policies_are_stored_exactly_as_written(deployed, kube_control_p
 @pytest.mark.parametrize("kind,name", [("Deployment", "idlegpu"),
                                        ("StatefulSet", "idlegpu-postgres"),
                                        ("Service", "idlegpu-metrics"),
-                                       ("PodDisruptionBudget", "idlegpu")])
+                                       ("PodDisruptionBudget", "idlegpu"),
+                                       ("Deployment", "idlegpu-api"),
+                                       ("Service", "idlegpu-api"),
+                                       ("PodDisruptionBudget", "idlegpu-api")])
 def test_workloads_are_stored_as_written(deployed, kube_control_plane, kind, name):
     written = deployed.find(kind, name)
     stored = _get(kube_control_plane, kind.lower(), name, "-n", SYSTEM)
@@ -145,14 +150,16 @@ def test_restricted_admits_the_pods_of_the_daemon_and_of_postgres(deployed, kube
                        f"app.kubernetes.io/name={name}")
         return listing["items"] if len(listing["items"]) == replicas else None
 
-    for name, replicas in (("idlegpu", 2), ("idlegpu-postgres", 1)):
+    for name, replicas in (("idlegpu", 2), ("idlegpu-postgres", 1), ("idlegpu-api", 2)):
         for pod in _wait_for(f"{replicas} pod(s) {name}", lambda n=name, r=replicas: pods(n, r)):
             spec = pod["spec"]
             mounted_token = any(v.get("projected") and v["name"].startswith("kube-api-access")
                                 for v in spec.get("volumes", []))
-            assert mounted_token is (name == "idlegpu"), pod["metadata"]["name"]
+            assert mounted_token is (name in ("idlegpu", "idlegpu-api")), pod["metadata"]["name"]
             if name == "idlegpu":
                 assert spec["serviceAccountName"] == ACCOUNT
+            if name == "idlegpu-api":
+                assert spec["serviceAccountName"] == API_ACCOUNT
 
 
 # --- what the daemon's ServiceAccount may do ----------------------------------------------
@@ -299,6 +306,68 @@ def test_leader_election_with_a_real_token(daemon_api):
     assert _status(lambda: leases.delete_namespaced_lease("idlegpu-deploy-test", SYSTEM)) == 403
     assert _status(lambda: leases.create_namespaced_lease(JOBS, lease)) == 403
     assert _status(lambda: leases.list_namespaced_lease(SYSTEM)) == 403
+
+
+# --- what the job API's ServiceAccount may do ---------------------------------------------
+
+
+@pytest.mark.usefixtures("deployed")
+def test_the_job_api_may_create_token_reviews_and_nothing_else(kube_control_plane):
+    kube = kube_control_plane
+    assert _can_i(kube, JOB_API, "create", "tokenreviews.authentication.k8s.io", "default")
+    assert not _can_i(kube, DAEMON, "create", "tokenreviews.authentication.k8s.io", "default")
+    assert not _can_i(kube, STRANGER, "create", "tokenreviews.authentication.k8s.io", "default")
+    for verb, resource, namespace in [*MAY, ("get", "secrets", SYSTEM),
+                                      ("create", "subjectaccessreviews.authorization.k8s.io",
+                                       "default")]:
+        assert not _can_i(kube, JOB_API, verb, resource, namespace), (verb, resource)
+    extra = {ns: _rules(kube, JOB_API, ns) - _rules(kube, STRANGER, ns)
+             for ns in (JOBS, SYSTEM, "default")}
+    review = {("authentication.k8s.io", "tokenreviews", "create", "*")}
+    assert extra == {JOBS: review, SYSTEM: review, "default": review}
+
+
+def test_the_job_api_authenticates_researchers_with_its_deployed_rbac(
+        deployed, kube_control_plane, kube_namespace, tmp_path):
+    """A real job API whose TokenReviews run with a REAL token of idlegpu-api (as its pods
+    get it): a researcher's ServiceAccount token maps to its team, a forged one is 401."""
+    import kubernetes
+    import requests
+    from api_server import ApiServer, MovableClock, api_settings
+
+    from scheduler.adapters.store import JobStore
+    from scheduler.api import create_app
+    from scheduler.api.tokenreview import TokenReviewer
+
+    kube = kube_control_plane
+    api_token = kube.kubectl("create", "token", API_ACCOUNT, "-n", SYSTEM,
+                             "--duration=10m").stdout.strip()
+    kube.kubectl("create", "serviceaccount", "researcher", "-n", kube_namespace)
+    researcher = kube.kubectl("create", "token", "researcher", "-n", kube_namespace,
+                              "--duration=10m").stdout.strip()
+    config = json.loads(Path(kube.kubeconfig).read_text())
+    (cluster,) = config["clusters"]
+    configuration = kubernetes.client.Configuration()
+    configuration.host = cluster["cluster"]["server"]
+    configuration.ssl_ca_cert = cluster["cluster"]["certificate-authority"]
+    configuration.api_key = {"authorization": f"Bearer {api_token}"}
+    user = f"system:serviceaccount:{kube_namespace}:researcher"
+    settings = api_settings(token_review={"enabled": True},
+                            identities=[{"user": user, "team": "alignment"}])
+    with kubernetes.client.ApiClient(configuration) as client, \
+            JobStore(f"sqlite:///{tmp_path / 'api.db'}") as store:
+        server = ApiServer(create_app(settings, store, clock=MovableClock(),
+                                      reviewer=TokenReviewer(client))).start()
+        try:
+            who = requests.get(f"{server.url}/v1/whoami", timeout=30,
+                               headers={"Authorization": f"Bearer {researcher}"})
+            assert who.status_code == 200, who.text
+            assert (who.json()["user"], who.json()["team"]) == (user, "alignment")
+            forged = requests.get(f"{server.url}/v1/whoami", timeout=30,
+                                  headers={"Authorization": "Bearer forged.token.here"})
+            assert forged.status_code == 401
+        finally:
+            server.stop()
 
 
 # --- Pod Security in idlegpu-jobs ---------------------------------------------------------

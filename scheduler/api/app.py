@@ -178,6 +178,15 @@ def create_app(settings: Settings, store: JobStore, *,
 
     # -- routes -----------------------------------------------------------------------------
 
+    @app.get("/healthz", summary="200 when the job store answers (no authentication)")
+    def healthz() -> JSONResponse:
+        try:
+            version = store.schema_version()
+        except (StoreError, StoreUnavailableError) as exc:
+            log.error("health check: %s", exc)
+            return _error(503, "the job store does not answer", headers={"Retry-After": "5"})
+        return JSONResponse({"status": "ok", "schema_version": version})
+
     @app.get(f"/{API_VERSION}/whoami", summary="Who the server takes the caller for")
     def whoami(who: Caller) -> dict[str, Any]:
         return {"user": who.user, "auth": who.auth, "team": who.team, "role": who.role,
