@@ -49,6 +49,9 @@ def serve(
     host: Annotated[str | None, typer.Option(help="Address to listen on (default: api.host, "
                                                      "127.0.0.1).")] = None,
     port: Annotated[int | None, typer.Option(help="Port (default: api.port, 8080).")] = None,
+    now: Annotated[str | None, typer.Option(
+        help="Demos and replays: the server's clock starts at this time (it stamps "
+             "submitted_at), like `idlegpu run --now`.")] = None,
 ) -> None:
     """Serve the job API (routes under /v1, OpenAPI at /docs) with this config's admission
     rules, identities and teams, in front of the job store; run it beside `idlegpu run`."""
@@ -68,7 +71,12 @@ def serve(
     logging.getLogger("idlegpu").setLevel(logging.INFO)
     job_store = JobStore(_store_url(settings, store))
     try:
-        application = create_app(settings, job_store)
+        clock = None
+        if now is not None:
+            from scheduler.clock import ReplayClock
+
+            clock = ReplayClock(_now(now))
+        application = create_app(settings, job_store, clock=clock)
         bind_host = host or settings.api.host
         bind_port = settings.api.port if port is None else port
         err_console.print(f"job API on http://{bind_host}:{bind_port}/v1 (docs at /docs), "

@@ -167,8 +167,9 @@ def create_app(settings: Settings, store: JobStore, *,
 
     Caller = Annotated[Identity, Depends(caller)]
 
-    def audit(who: Identity, action: str, target: str, **detail: Any) -> AuditEntry:
-        return AuditEntry(at=now.now(), actor=who.user, auth=who.auth, role=who.role,
+    def audit(who: Identity, action: str, target: str, at: datetime,
+              **detail: Any) -> AuditEntry:
+        return AuditEntry(at=at, actor=who.user, auth=who.auth, role=who.role,
                           team=who.team, action=action, target=target, address=who.address,
                           detail=detail)
 
@@ -267,10 +268,11 @@ def create_app(settings: Settings, store: JobStore, *,
             check_priority(job, units, who.team)
             raw = job.model_dump(mode="json")
             digest = _body_sha256(raw)
+            when = now.now()
             outcome = store.submit_from_api(
                 principal=who.principal, idempotency_key=idempotency_key, body_sha256=digest,
                 request_name=job.name, team=who.team, kind=job.kind, raw=raw, units=units,
-                now=now.now(), audit=audit(who, "submit", "", request=job.name,
+                now=when, audit=audit(who, "submit", "", when, request=job.name,
                                            units=len(units),
                                            idempotency_key=idempotency_key),
                 address=who.address)
@@ -350,7 +352,8 @@ def create_app(settings: Settings, store: JobStore, *,
             raise ApiError(403, f"{target} belongs to team {team!r}; a {who.role} of team "
                                 f"{who.team!r} may cancel only its own team's work")
         why = (reason or f"cancelled by {who.user}").strip()[:500]
-        result = store.cancel_audited(target, now.now(), audit(who, "cancel", target),
+        when = now.now()
+        result = store.cancel_audited(target, when, audit(who, "cancel", target, when),
                                       reason=why)
         return {"target": target, "cancelled": list(result.cancelled),
                 "to_stop": list(result.to_stop), "unchanged": list(result.unchanged)}
