@@ -85,15 +85,19 @@ def kubeconfig_bearer_token() -> str | None:
     from scheduler.adapters.kubernetes import load_client_configuration
 
     try:
-        configuration = load_client_configuration()
+        # $KUBECONFIG as it is now (the client library reads it once, when first imported)
+        configuration = load_client_configuration(os.environ.get("KUBECONFIG") or None)
     except PermanentError:
         return None
-    header = (configuration.api_key or {}).get("authorization", "")
-    if callable(getattr(configuration, "refresh_api_key_hook", None)):
-        configuration.refresh_api_key_hook(configuration)
-        header = (configuration.api_key or {}).get("authorization", header)
-    scheme, _, token = str(header).partition(" ")
-    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+    hook = getattr(configuration, "refresh_api_key_hook", None)
+    if callable(hook):  # an exec plugin or an expiring token: the current one
+        hook(configuration)
+    # the client library keeps it as api_key["BearerToken"] (older releases: "authorization")
+    for key in ("BearerToken", "authorization"):
+        scheme, _, token = str((configuration.api_key or {}).get(key, "")).partition(" ")
+        if scheme.lower() == "bearer" and token.strip():
+            return token.strip()
+    return None
 
 
 class ApiClient:
