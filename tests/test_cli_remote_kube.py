@@ -8,9 +8,12 @@ from pathlib import Path
 
 import yaml
 from api_server import job
-from test_api_kube import kube_api, sa_token  # noqa: F401  (kube_api is a fixture)
+import test_api_kube
 
 from scheduler.cli import main
+
+kube_api = test_api_kube.kube_api  # the fixture: a job API whose TokenReviews reach the server
+sa_token = test_api_kube.sa_token
 
 
 def kubeconfig_with_token(tmp_path: Path, kube, token: str) -> Path:
