@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import test_api_kube
 import yaml
 from api_server import job
-import test_api_kube
 
 from scheduler.cli import main
 
