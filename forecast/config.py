@@ -235,6 +235,51 @@ class TeamVolumes(_Strict):
     """ConfigMaps for volumes, ``env_from`` and ``value_from``."""
 
 
+class RequestLimits(_Strict):
+    """What one job request may cost (``admission.limits``), checked on the text and the
+    parsed structure before any sweep is expanded or template rendered. Defaults fit every
+    example and the sample trace with room to spare."""
+
+    max_request_bytes: int = Field(default=256 * 1024, gt=0, le=64 * 2**20)
+    """Size of one request file or API body, in UTF-8 bytes."""
+    max_file_bytes: int = Field(default=32 * 2**20, gt=0, le=2**30)
+    """Size of a file holding many requests (``jobs:`` lists, simulation traces)."""
+    max_depth: int = Field(default=32, ge=8, le=256)
+    """Nesting of mappings and lists (a request needs about 6)."""
+    max_alias_nodes: int = Field(default=10_000, ge=0)
+    """Nodes YAML aliases may add in total (each ``*alias`` counts every node it repeats)."""
+    max_alias_bytes: int = Field(default=256 * 1024, ge=0)
+    """Characters of scalars YAML aliases may add in total."""
+    max_parameters: int = Field(default=256, gt=0, le=10_000)
+    """Parameters of one unit (job-level and step parameters together, and swept ones)."""
+    max_sweep_values: int = Field(default=256, gt=0, le=100_000)
+    """Values of one swept parameter."""
+    max_sweep_members: int = Field(default=256, gt=0, le=4096)
+    """Members of one step's sweep (the cartesian product of its values)."""
+    max_steps: int = Field(default=64, gt=0, le=1024)
+    """Steps of a pipeline."""
+    max_units: int = Field(default=1024, gt=0, le=4096)
+    """Units of one request (every step's members together)."""
+    max_string_bytes: int = Field(default=16 * 1024, gt=0)
+    """Characters of any one string, as written and as rendered (an arg, an env value...)."""
+    max_unit_bytes: int = Field(default=256 * 1024, gt=0)
+    """Characters of one rendered unit (image, command, args, env, parameters, output...)."""
+    max_request_expanded_bytes: int = Field(default=16 * 2**20, gt=0)
+    """Characters of all the rendered units of one request together (what the store keeps)."""
+    max_description_bytes: int = Field(default=4096, ge=0)
+    """Characters of ``description``."""
+    min_priority: int = Field(default=-1000, ge=-(2**31), le=0)
+    max_priority: int = Field(default=1000, ge=0, le=2**31 - 1)
+    """``priority`` must lie in min_priority..max_priority."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RequestLimits:
+        if self.max_sweep_members > self.max_units:
+            raise ValueError(f"max_sweep_members ({self.max_sweep_members}) is above "
+                             f"max_units ({self.max_units}); lower it or raise max_units")
+        return self
+
+
 class AdmissionConfig(_Strict):
     """How research jobs are admitted to and preempted from the pool."""
 
@@ -287,6 +332,8 @@ class AdmissionConfig(_Strict):
     """Memory cap of a unit that asks for no GPU (absolute)."""
     max_ephemeral_storage_without_gpus: str = "100Gi"
     """Node-local disk cap of a unit that asks for no GPU (absolute)."""
+    limits: RequestLimits = RequestLimits()
+    """What one request may cost: sizes, depth, aliases, parameters, sweeps, steps, units."""
 
     @field_validator("max_memory_per_gpu", "max_ephemeral_storage_per_gpu",
                      "max_memory_without_gpus", "max_ephemeral_storage_without_gpus")

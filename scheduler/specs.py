@@ -36,8 +36,12 @@ Validation takes the admission limits through pydantic's validation context::
     JobRequest.model_validate(data, context={"allowed_registries": [...], "max_gpus_per_job": 64})
 
 and falls back to the defaults of :class:`forecast.config.AdmissionConfig` without it.
-Files are read with :func:`load_request`, :func:`load_requests` and :func:`load_trace`; every
-problem is a :class:`SpecError` whose message reads ``<file>: <field.path>: <problem>; <fix>``.
+Files are read with :func:`load_request`, :func:`load_requests` and :func:`load_trace`, texts
+(an API body, YAML or JSON) with :func:`parse_request_text`; every problem is a
+:class:`SpecError` whose message reads ``<file>: <field.path>: <problem>; <fix>``. All of them,
+and :func:`validate_request`, apply ``admission.limits`` (:mod:`scheduler.limits`: sizes, depth,
+aliases, parameters, sweeps, steps, units, rendered sizes) before anything is expanded or
+rendered.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ import re
 import string
 import types
 import typing
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -58,7 +63,6 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
     AwareDatetime,
     BaseModel,
@@ -77,6 +81,7 @@ from pydantic_core import PydanticCustomError
 
 from forecast.config import AdmissionConfig
 from forecast.errors import PermanentError
+from scheduler.limits import LimitError, brief, load_yaml_text, precheck
 from scheduler.types import (
     REF_KINDS,
     VOLUME_KINDS,
@@ -112,6 +117,7 @@ __all__ = [
     "load_trace",
     "parse_duration",
     "parse_memory",
+    "parse_request_text",
     "quantity_bytes",
     "recheck_unit",
     "render",
@@ -143,6 +149,8 @@ DEFAULT_CPU_PER_GPU = 8.0
 DEFAULT_MEMORY_GI_PER_GPU = 64
 MAX_SWEEP_MEMBERS = 256
 MAX_UNITS = 1024
+UNITS_CEILING = 4096
+"""No request expands to more units than this, whatever ``admission.limits.max_units`` says."""
 MAIN_STEP = "main"
 
 _DEFAULT_ADMISSION = AdmissionConfig()
@@ -178,7 +186,7 @@ def parse_duration(value: Any) -> float:
     """
     fix = "use a duration such as 90m, 36h, 2d, 1h30m or a number of seconds"
     if isinstance(value, bool):
-        raise ValueError(f"{value!r} is not a duration; {fix}")  # noqa: TRY004 (pydantic)
+        raise ValueError(f"{brief(value)} is not a duration; {fix}")  # noqa: TRY004 (pydantic)
     if isinstance(value, int | float):
         seconds = float(value)
     elif isinstance(value, str):
@@ -193,7 +201,7 @@ def parse_duration(value: Any) -> float:
                 float(n) * _DURATION_UNITS[u] for n, u in _DURATION_PART.findall(text)
             )
     else:
-        raise ValueError(f"{value!r} is not a duration; {fix}")  # noqa: TRY004 (pydantic)
+        raise ValueError(f"{brief(value)} is not a duration; {fix}")  # noqa: TRY004 (pydantic)
     if not math.isfinite(seconds) or seconds <= 0:
         raise ValueError(f"{value!r} is not a positive duration; {fix}")
     return seconds
@@ -218,7 +226,7 @@ def parse_memory(value: Any) -> str:
     if isinstance(value, int) and not isinstance(value, bool):
         value = str(value)
     if not isinstance(value, str) or not _MEMORY.match(value.strip()):
-        raise ValueError(f"{value!r} is not a memory quantity; {fix}")
+        raise ValueError(f"{brief(value)} is not a memory quantity; {fix}")
     text = value.strip()
     number, suffix = _MEMORY.match(text).groups()  # type: ignore[union-attr]
     if float(number) * _MEMORY_FACTORS[suffix] < 2**20:
@@ -265,7 +273,7 @@ def _scalar(value: Any) -> str | int | float | bool:
         "a mapping" if isinstance(value, Mapping) else type(value).__name__
     )
     raise ValueError(
-        f"got {what} ({value!r}); use a string, a number or true/false (quote dates and paths)"
+        f"got {what}; use a string, a number or true/false (quote dates and paths)"
     )
 
 
@@ -286,8 +294,24 @@ def scalar_text(value: str | float | bool) -> str:
 
 
 Scalar = Annotated[str | int | float | bool, PlainValidator(_scalar)]
-Duration = Annotated[float, BeforeValidator(parse_duration)]
-"""Seconds; written in files as ``"36h"``, ``"90m"``, ``"2d"`` or a number of seconds."""
+MAX_DURATION_S = 3650 * 86400.0
+"""The longest duration a request may give (ten years): every duration becomes a timedelta."""
+EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST = datetime(3000, 1, 1, tzinfo=UTC)
+"""Times in requests and traces (``deadline``, ``submit_at``) lie in [EARLIEST, LATEST)."""
+
+
+def _bounded_duration(value: Any) -> float:
+    seconds = parse_duration(value)
+    if seconds > MAX_DURATION_S:
+        raise ValueError(f"{brief(value)} is more than ten years; use a duration such as 36h or "
+                         "2d")
+    return seconds
+
+
+Duration = Annotated[float, BeforeValidator(_bounded_duration)]
+"""Seconds; written in files as ``"36h"``, ``"90m"``, ``"2d"`` or a number of seconds (at most
+ten years)."""
 Memory = Annotated[str, BeforeValidator(parse_memory)]
 Cpu = Annotated[float, BeforeValidator(_parse_cpu), Field(gt=0, allow_inf_nan=False)]
 ObjectName = Annotated[str, Field(max_length=253, pattern=_OBJECT_NAME)]
@@ -295,7 +319,18 @@ ObjectName = Annotated[str, Field(max_length=253, pattern=_OBJECT_NAME)]
 
 
 def _to_utc(value: datetime | None) -> datetime | None:
-    return None if value is None else value.astimezone(UTC)
+    """``value`` in UTC; ``ValueError`` outside 1970..2999 (every time becomes a timestamp,
+    and a year-1 time cannot even move to UTC)."""
+    if value is None:
+        return None
+    try:
+        utc = value.astimezone(UTC)
+    except (OverflowError, ValueError):
+        utc = None
+    if utc is None or not EARLIEST <= utc < LATEST:
+        raise ValueError(f"{value.isoformat()} is outside the years 1970 to 2999; write a time "
+                         "in that range, e.g. 2025-11-03T09:00:00+09:00")
+    return utc
 
 
 # --------------------------------------------------------------------------------------------
@@ -679,7 +714,8 @@ def _check_env(value: dict[str, Any]) -> dict[str, Any]:
     return value
 
 
-def _check_sweep(value: dict[str, list[Any]] | None) -> dict[str, list[Any]] | None:
+def _check_sweep(value: dict[str, list[Any]] | None,
+                 max_members: int = MAX_SWEEP_MEMBERS) -> dict[str, list[Any]] | None:
     if value is None:
         return value
     if not value:
@@ -689,18 +725,19 @@ def _check_sweep(value: dict[str, list[Any]] | None) -> dict[str, list[Any]] | N
     for key, values in value.items():
         if not values:
             raise ValueError(f"sweep parameter {key!r} has no values; list at least one")
-        texts = [scalar_text(v) for v in values]
-        dupes = sorted({t for t in texts if texts.count(t) > 1})
+        points *= len(values)
+        if points > max_members:
+            raise ValueError(
+                f"the sweep has more than {max_members} grid points "
+                "(admission.limits.max_sweep_members); sweep fewer values or split the request"
+            )
+        counts = Counter(scalar_text(v) for v in values)
+        dupes = sorted(t for t, n in counts.items() if n > 1)
         if dupes:
             raise ValueError(
-                f"sweep parameter {key!r} repeats {', '.join(dupes)}; list each value once"
+                f"sweep parameter {key!r} repeats {', '.join(brief(t)[1:-1] for t in dupes[:5])}"
+                f"{' ...' if len(dupes) > 5 else ''}; list each value once"
             )
-        points *= len(values)
-    if points > MAX_SWEEP_MEMBERS:
-        raise ValueError(
-            f"the sweep has {points} grid points, above the limit of {MAX_SWEEP_MEMBERS}; "
-            "sweep fewer values or split the request"
-        )
     return value
 
 
@@ -772,8 +809,9 @@ class _Runnable(_PodSettings):
 
     @field_validator("sweep", check_fields=False)
     @classmethod
-    def _sweep(cls, value: dict[str, list[Any]] | None) -> dict[str, list[Any]] | None:
-        return _check_sweep(value)
+    def _sweep(cls, value: dict[str, list[Any]] | None,
+               info: ValidationInfo) -> dict[str, list[Any]] | None:
+        return _check_sweep(value, _admission_of(info.context).limits.max_sweep_members)
 
     @field_validator("output", check_fields=False)
     @classmethod
@@ -784,6 +822,17 @@ class _Runnable(_PodSettings):
     @classmethod
     def _deadline(cls, value: datetime | None) -> datetime | None:
         return _to_utc(value)
+
+    @field_validator("priority", check_fields=False)
+    @classmethod
+    def _priority(cls, value: int | None, info: ValidationInfo) -> int | None:
+        limits = _admission_of(info.context).limits
+        if value is not None and not limits.min_priority <= value <= limits.max_priority:
+            raise ValueError(
+                f"priority {brief(value)} is outside {limits.min_priority}..{limits.max_priority} "
+                "(admission.limits.min_priority, max_priority); use a whole number in that "
+                "range (higher runs first)")
+        return value
 
 
 # --------------------------------------------------------------------------------------------
@@ -814,7 +863,7 @@ class StepSpec(_Runnable):
     checkpoint: Checkpoint | None = None
     priority: int | None = None
     deadline: AwareDatetime | None = None
-    max_preemptions: int | None = Field(default=None, ge=0)
+    max_preemptions: int | None = Field(default=None, ge=0, le=1_000_000)
     output: str | None = None
     volumes: list[Volume] | None = None
     env_from: list[EnvFrom] | None = None
@@ -870,7 +919,7 @@ class JobRequest(_Runnable):
     """Higher runs first."""
     deadline: AwareDatetime | None = None
     """Finish-by time, with its offset (``2025-11-03T09:00:00+09:00``); stored in UTC."""
-    max_preemptions: int | None = Field(default=None, ge=0)
+    max_preemptions: int | None = Field(default=None, ge=0, le=1_000_000)
     """Stop preempting the job after this many preemptions (None: no limit)."""
     output: str | None = None
     """Storage location of the results, templated: ``s3://bucket/{team}/{name}/{step}/{member}``."""
@@ -887,7 +936,8 @@ class JobRequest(_Runnable):
     @model_validator(mode="after")
     def _request_is_consistent(self, info: ValidationInfo) -> JobRequest:
         try:
-            _admit_units(self, _build_units(self), _admission_of(info.context))
+            admission = _admission_of(info.context)
+            _admit_units(self, _build_units(self, admission.limits.max_units), admission)
         except _RuleError as exc:
             raise _custom(exc.field, exc.message) from None
         return self
@@ -1101,11 +1151,11 @@ def _admit_units(req: JobRequest, units: Sequence[UnitSpec], admission: Admissio
             raise _RuleError(where, _in_step_text(message, where, step, req))
 
 
-def _build_units(req: JobRequest) -> list[UnitSpec]:
+def _build_units(req: JobRequest, max_units: int = UNITS_CEILING) -> list[UnitSpec]:
     steps = _resolve(req)
-    names = [s.name for s in steps]
-    for i, name in enumerate(names):
-        if names.index(name) != i:
+    first: dict[str, int] = {}
+    for i, name in enumerate(s.name for s in steps):
+        if first.setdefault(name, i) != i:
             raise _RuleError(f"steps.{i}.name", f"step name {name!r} is used twice; rename one")
     if req.steps and req.sweep is not None:
         raise _RuleError(
@@ -1231,11 +1281,12 @@ def _build_units(req: JobRequest) -> list[UnitSpec]:
                 where = _request_path(field, step)
                 raise _RuleError(where, _in_step_text(message, where, step, req))
             this_step.append((step.index, member))
-            if len(units) > MAX_UNITS:
+            if len(units) > max_units:
                 raise _RuleError(
                     "steps" if req.steps else "sweep",
-                    f"the request expands to more than {MAX_UNITS} units; sweep fewer values "
-                    "or split it into several requests",
+                    f"the request expands to more than {max_units} units "
+                    "(admission.limits.max_units); sweep fewer values or split it into several "
+                    "requests",
                 )
         previous = tuple(this_step)
     return units
@@ -1583,16 +1634,16 @@ def recheck_unit(spec: UnitSpec, team: str, admission: AdmissionConfig) -> None:
 
 def _parse_actual_runtime(value: Any) -> float | dict[str, float | list[float]]:
     if not isinstance(value, Mapping):
-        return parse_duration(value)
+        return _bounded_duration(value)
     parsed: dict[str, float | list[float]] = {}
     for step, item in value.items():
         try:
             parsed[str(step)] = (
-                [parse_duration(v) for v in item] if isinstance(item, list)
-                else parse_duration(item)
+                [_bounded_duration(v) for v in item] if isinstance(item, list)
+                else _bounded_duration(item)
             )
         except ValueError as exc:
-            raise ValueError(f"step {step}: {exc}") from None
+            raise ValueError(f"step {brief(step, 40)}: {exc}") from None
     return parsed
 
 
@@ -1695,10 +1746,10 @@ _HINTS = {
     "team": "use lowercase letters, digits and '-', e.g. alignment",
     "kind": "use one of " + ", ".join(KINDS),
     "priority": "use a whole number (higher runs first)",
-    "max_preemptions": "use a whole number >= 0, or leave it out",
+    "max_preemptions": "use a whole number from 0 to 1000000, or leave it out",
     "command": "use a list of strings, e.g. [python, train.py]",
-    "args": "use a list of strings, e.g. [--lr, '{lr}']",
-    "resume_args": "use a list of strings, e.g. [--resume, '{output}/ckpt']",
+    "args": "use a list of strings, e.g. [--lr, '{{lr}}']",
+    "resume_args": "use a list of strings, e.g. [--resume, '{{output}}/ckpt']",
     "parameters": "use a mapping of names to strings, numbers or true/false",
     "sweep": "use a mapping of parameter names to lists of values",
     "env": ("use a mapping of variable names to strings, or to "
@@ -1772,7 +1823,7 @@ def _describe(err: Mapping[str, Any], root: type[BaseModel], prefix: Sequence[An
             problem = msg
         else:
             got = err.get("input")
-            shown = "" if isinstance(got, Mapping | list) else f" (got {got!r})"
+            shown = "" if isinstance(got, Mapping | list) else f" (got {brief(got)})"
             names = [p for p in loc if isinstance(p, str) and (p in _HINTS or p in _BOOLEANS)]
             last = names[-1] if names else None
             hint = (
@@ -1822,62 +1873,110 @@ def _validate(model: type[BaseModel], data: Any, admission: AdmissionConfig | No
             f"{source}: {at}expected a mapping of request fields, got {type(data).__name__}; "
             f"{_EXAMPLES}"
         )
+    limits = (admission or _DEFAULT_ADMISSION).limits
+    try:
+        precheck(_request_part(model, data), limits)
+    except LimitError as exc:
+        raise SpecError(_limit_message(source, prefix, exc)) from None
     try:
         return model.model_validate(dict(data), context=context)
     except ValidationError as exc:
         raise SpecError(f"{source}: {_format(exc, model, prefix, context)}") from None
+    except (ValueError, TypeError, KeyError, IndexError, ArithmeticError,
+            RecursionError) as exc:
+        # a bug of ours, never the user's: still one line, not a traceback
+        raise SpecError(f"{source}: the request cannot be validated (internal error "
+                        f"{type(exc).__name__}; please report it); {_EXAMPLES}") from None
 
 
-def _read_yaml(path: str | Path) -> Any:
+def _request_part(model: type[BaseModel], data: Mapping[str, Any]) -> Any:
+    """The request fields of ``data``: itself, or a trace entry's request."""
+    if model is TraceEntry:
+        if "request" in data:
+            return data["request"]
+        return {k: v for k, v in data.items() if k not in ("submit_at", "actual_runtime")}
+    return data
+
+
+def _limit_message(source: str, prefix: Sequence[Any], exc: LimitError) -> str:
+    where = ".".join(str(p) for p in (*prefix, *([exc.field] if exc.field else [])))
+    return f"{source}: {where + ': ' if where else ''}{exc.message}".replace("\n", " ")
+
+
+def _read_yaml(path: str | Path, admission: AdmissionConfig | None = None, *,
+               many: bool = False) -> Any:
+    """The YAML document in the file ``path``, read under ``admission.limits``: at most
+    ``max_request_bytes`` for one request (``max_file_bytes`` with ``many``: lists and traces),
+    depth and aliases bounded."""
     file = Path(path)
-    if not file.is_file():
-        raise SpecError(f"{file}: file not found; check the path (examples in examples/jobs/)")
+    limits = (admission or _DEFAULT_ADMISSION).limits
+    cap = limits.max_file_bytes if many else limits.max_request_bytes
     try:
-        text = file.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError(f"{file}: cannot read the file ({exc}); save it as UTF-8 text") from exc
+        if not file.is_file():
+            raise SpecError(f"{file}: file not found; check the path (examples in examples/jobs/)")
+        size = file.stat().st_size
+        if size > cap:  # refused before a byte is read
+            setting = "max_file_bytes" if many else "max_request_bytes"
+            what = "the file" if many else "a request"
+            raise SpecError(f"{file}: {what} of {size:,} bytes is above the limit of {cap:,} "
+                            f"(admission.limits.{setting}); make it smaller (split a large "
+                            "sweep into several requests, read large inputs from storage)")
+        with file.open("rb") as handle:
+            raw = handle.read(cap + 1)
+    except OSError as exc:
+        raise SpecError(f"{file}: cannot read the file ({exc.strerror or exc}); check the path "
+                        "and its permissions") from None
     try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc)
+        return load_yaml_text(raw, limits, max_bytes=cap if many else None,
+                              what="the file" if many else "a request")
+    except LimitError as exc:
+        raise SpecError(_limit_message(str(file), (), exc)) from None
+
+
+def parse_request_text(text: str | bytes, admission: AdmissionConfig | None = None, *,
+                       source: str = "request") -> JobRequest:
+    """The one job request in YAML or JSON ``text`` (a file's content, an API body), checked
+    against ``admission.limits`` while it is parsed and before anything is expanded, then
+    validated against ``admission``.
+
+    Every problem is a ``SpecError("<source>: <field.path>: <problem>; <fix>")`` on one line
+    (never another exception, whatever the text): the text too large, nested too deep, aliases
+    that expand too far, invalid YAML, a field the rules refuse.
+    """
+    limits = (admission or _DEFAULT_ADMISSION).limits
+    try:
+        data = load_yaml_text(text, limits)
+    except LimitError as exc:
+        raise SpecError(_limit_message(source, (), exc)) from None
+    return _request_data(data, admission, source)
+
+
+def _request_data(data: Any, admission: AdmissionConfig | None, source: str) -> JobRequest:
+    if isinstance(data, Mapping) and set(data) == {"jobs"}:
         raise SpecError(
-            f"{file}: invalid YAML{at}: {problem}; check the indentation and quoting there "
-            "(quote values containing ': ' or starting with '{')".replace("\n", " ")
-        ) from exc
+            f"{source}: jobs: the file holds a list of requests; submit one request per file "
+            "or load the list with load_requests"
+        )
+    return _validate(JobRequest, data, admission, source, ())
 
 
 def load_request(path: str | Path, admission: AdmissionConfig | None = None) -> JobRequest:
-    """The one job request in the YAML file ``path``, validated against ``admission``."""
-    data = _read_yaml(path)
-    if isinstance(data, Mapping) and set(data) == {"jobs"}:
-        raise SpecError(
-            f"{path}: jobs: the file holds a list of requests; submit one request per file "
-            "or load the list with load_requests"
-        )
-    return _validate(JobRequest, data, admission, str(path), ())
+    """The one job request in the YAML file ``path``, validated against ``admission`` (the
+    file read as :func:`parse_request_text` reads a text)."""
+    return _request_data(_read_yaml(path, admission), admission, str(path))
 
 
-def load_request_text(text: str, admission: AdmissionConfig | None = None, *,
+def load_request_text(text: str | bytes, admission: AdmissionConfig | None = None, *,
                       source: str = "request") -> JobRequest:
-    """The one job request in YAML (or JSON) ``text``, e.g. an API body, validated against
-    ``admission``; errors as ``load_request``'s, naming ``source`` instead of a file."""
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or "cannot parse it"
-        raise SpecError(f"{source}: invalid YAML{at}: {problem}; check the indentation and "
-                        "quoting there".replace("\n", " ")) from None
-    return _validate(JobRequest, data, admission, source, ())
+    """The one job request in YAML (or JSON) ``text``, e.g. an API body: the same as
+    :func:`parse_request_text` (limits checked while parsing, before any expansion)."""
+    return parse_request_text(text, admission, source=source)
 
 
 def load_requests(path: str | Path, admission: AdmissionConfig | None = None) -> list[JobRequest]:
     """The requests in ``path``: one request, or a list of them under ``jobs:``; job names must
     be unique."""
-    data = _read_yaml(path)
+    data = _read_yaml(path, admission, many=True)
     if not (isinstance(data, Mapping) and "jobs" in data):
         return [_validate(JobRequest, data, admission, str(path), ())]
     jobs = data["jobs"]
@@ -1899,7 +1998,7 @@ def load_requests(path: str | Path, admission: AdmissionConfig | None = None) ->
 def load_trace(path: str | Path, admission: AdmissionConfig | None = None) -> list[TraceEntry]:
     """A simulation trace: ``jobs:``, each a request plus ``submit_at`` and ``actual_runtime``;
     returned in submission order (ties keep the file's order)."""
-    data = _read_yaml(path)
+    data = _read_yaml(path, admission, many=True)
     if not isinstance(data, Mapping) or not isinstance(data.get("jobs"), list):
         raise SpecError(
             f"{path}: jobs: a trace file needs a top-level 'jobs:' list of entries; see "
