@@ -694,10 +694,10 @@ def _planning_estimate(settings, runs: Path | None = None):
     """Seconds the admitter plans a unit with: the runtime estimator (past runs of the same
     family at the configured quantile, a model on parameters, the user's estimate times the
     safety factor, else a 4-hour guess)."""
-    from scheduler.runtime import RuntimeEstimator, load_runs
+    from scheduler.plan import planning_estimate
+    from scheduler.runtime import load_runs
 
-    estimator = RuntimeEstimator.from_config(load_runs(runs) if runs else None, settings.admission)
-    return lambda unit: estimator.estimate(unit).seconds
+    return planning_estimate(settings, load_runs(runs) if runs else None)
 
 
 @app.command(short_help="Tonight's plan: windows, which jobs start when, and why others wait.")
@@ -727,11 +727,10 @@ def plan(
     from rich.table import Table
 
     from forecast import plots
-    from forecast.capacity import FREE, idle_windows, pool_usage, windows_frame
+    from forecast.capacity import FREE, pool_usage
     from forecast.errors import HistoryError
     from forecast.schema import infer_step
-    from scheduler.plan import plan_ahead
-    from scheduler.policy import policy_settings
+    from scheduler.plan import store_queue, tonight
     from scheduler.refresh import Refresher
 
     _check(queue_days > 0, "use a number of days above 0", "--queue-days")
@@ -752,7 +751,7 @@ def plan(
     with console.status("forecasting the pool..."):
         # the daemon's refresh: services whose forecasts under-covered lately are planned wider
         refreshed = Refresher(settings, horizon=span).refresh(past, moment.to_pydatetime())
-    free, profile = refreshed.free, refreshed.profile
+    profile = refreshed.profile
     for line in refreshed.warnings():
         err_console.print(f"[yellow]warning:[/] {line}")
     estimate = _planning_estimate(settings, runs)
@@ -773,19 +772,13 @@ def plan(
 
         # what already runs holds its GPUs, and fair share counts what teams used lately
         with JobStore(_store_url(settings, store)) as job_store:
-            overruns = job_store.overruns(lambda row: estimate(row.spec),
-                                          settings.admission.runtime_quantile)
-            queue = job_store.waiting(start, lambda row: estimate(row.spec), overruns)
-            running = job_store.running(start, lambda row: estimate(row.spec), overruns)
-            usage = job_store.team_gpu_hours(start, settings.admission.fair_share_days * 86400)
+            queue, running, usage = store_queue(job_store, settings, estimate, start)
         blocked = []
         source = _store_url(settings, store)
-    result = plan_ahead(start, profile, queue, policy_settings(settings.admission,
-                        settings.pool.headroom_gpus, settings.pool.total_gpus), horizon=span,
-                        running=running, team_usage=usage)
+    planned = tonight(settings, refreshed, queue, running=running, team_usage=usage,
+                      horizon=span, start=start)
+    result, table, free = planned.plan, planned.windows, refreshed.free
 
-    found = idle_windows(free, confidence=confidence, granularity=4, min_hours=1.0)
-    table = windows_frame(found, tz)
     out.mkdir(parents=True, exist_ok=True)
     table.to_csv(out / "windows.csv", index=False, float_format="%.3f")
     rows = pd.DataFrame([r.__dict__ for r in result.runs])

@@ -52,6 +52,10 @@ def serve(
     now: Annotated[str | None, typer.Option(
         help="Demos and replays: the server's clock starts at this time (it stamps "
              "submitted_at), like `idlegpu run --now`.")] = None,
+    history: Annotated[Path | None, typer.Option(
+        "--history", "-H", help="Plan, windows and forecast from this recorded history, "
+        "replayed at the server's clock (like `idlegpu run --once --history --now`), instead "
+        "of Prometheus.")] = None,
 ) -> None:
     """Serve the job API (routes under /v1, OpenAPI at /docs) with this config's admission
     rules, identities and teams, in front of the job store; run it beside `idlegpu run`."""
@@ -76,7 +80,13 @@ def serve(
             from scheduler.clock import ReplayClock
 
             clock = ReplayClock(_now(now))
-        application = create_app(settings, job_store, clock=clock)
+        forecasts = None
+        if history is not None:
+            from forecast.sources import read_history
+            from scheduler.api.forecasts import Forecasts
+
+            forecasts = Forecasts(settings, read_history(history))
+        application = create_app(settings, job_store, clock=clock, forecasts=forecasts)
         bind_host = host or settings.api.host
         bind_port = settings.api.port if port is None else port
         err_console.print(f"job API on http://{bind_host}:{bind_port}/v1 (docs at /docs), "

@@ -34,6 +34,8 @@ from scheduler.adapters.store import (
     spec_to_json,
 )
 from scheduler.api.auth import OPERATOR, ApiError, Authenticator, Identity, Reviewer
+from scheduler.api.forecasts import RETRY_AFTER_S, Forecasts, ForecastUnavailable
+from scheduler.api.reads import Reads, add_read_routes
 from scheduler.clock import Clock, as_clock
 from scheduler.specs import SpecError, load_request_text, validate_request
 from scheduler.types import EventKind, JobState
@@ -88,11 +90,14 @@ def _error(status: int, message: str, field: str | None = None,
 
 def create_app(settings: Settings, store: JobStore, *,
                clock: Clock | Callable[[], datetime] | None = None,
-               reviewer: Reviewer | None = None) -> FastAPI:
+               reviewer: Reviewer | None = None,
+               forecasts: Forecasts | None = None) -> FastAPI:
     """The job API over ``store``, validating with ``settings`` (its ``admission`` rules and
     ``api`` section). ``clock`` stamps ``submitted_at`` and judges token expiry (default: the
     wall clock); ``reviewer`` answers Kubernetes TokenReviews (default, when
-    ``api.token_review.enabled``: one built from ``api.token_review``)."""
+    ``api.token_review.enabled``: one built from ``api.token_review``); ``forecasts``: the
+    forecast the plan, windows and forecast routes read (default: the daemon's, from
+    Prometheus through the config, made at the first call that needs it)."""
     api = settings.api
     now = as_clock(clock)
     if api.token_review.enabled and reviewer is None:
@@ -107,6 +112,8 @@ def create_app(settings: Settings, store: JobStore, *,
     )
     app.state.store = store
     app.state.settings = settings
+    reads = Reads(settings, store, now.now, forecasts)
+    app.state.reads = reads
 
     # -- errors: one JSON shape, one line each --------------------------------------------
 
@@ -133,6 +140,10 @@ def create_app(settings: Settings, store: JobStore, *,
     @app.exception_handler(StoreUnavailableError)
     async def _unavailable(_: Request, exc: StoreUnavailableError) -> JSONResponse:
         return _error(503, str(exc), headers={"Retry-After": "5"})
+
+    @app.exception_handler(ForecastUnavailable)
+    async def _no_forecast(_: Request, exc: ForecastUnavailable) -> JSONResponse:
+        return _error(503, str(exc), headers={"Retry-After": str(RETRY_AFTER_S)})
 
     @app.exception_handler(StoreError)
     async def _store_error(_: Request, exc: StoreError) -> JSONResponse:
@@ -342,9 +353,10 @@ def create_app(settings: Settings, store: JobStore, *,
             return [{"at": _iso(e.at), "gpus": e.gpus, "gpu_seconds": e.gpu_seconds,
                      **e.detail} for e in events if e.kind is kind]
 
+        plan = None if row.state.is_terminal() else reads.unit_plan(row.id)
         return {**unit_json(row), "spec": spec_to_json(row.spec), "attempt_history": attempts,
                 "preemption_history": of(EventKind.PREEMPTED),
-                "checkpoints": of(EventKind.CHECKPOINTED)}
+                "checkpoints": of(EventKind.CHECKPOINTED), "plan": plan}
 
     def cancel(who: Identity, target: str, team: str, reason: str | None) -> dict[str, Any]:
         require_change(who, "cancel")
@@ -407,4 +419,5 @@ def create_app(settings: Settings, store: JobStore, *,
             "team": e.team, "action": e.action, "target": e.target, "address": e.address,
             "detail": dict(e.detail)} for e in entries]}
 
+    add_read_routes(app, reads, caller, f"/{API_VERSION}")
     return app

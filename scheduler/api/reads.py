@@ -1,0 +1,272 @@
+"""The job API's read routes on the forecast and the reports: tonight's plan (``GET
+/v1/plan``), the idle windows (``/v1/windows``), the forecast as data (``/v1/forecast``), the
+monthly reports (``/v1/reports``) and the plan of one unit (for ``GET /v1/units/{id}``).
+
+The plan is ``scheduler.plan.tonight`` over the server's forecast (``Forecasts``, cached per
+clock hour) and the store's queue: the same computation as ``idlegpu plan``. Every answer on
+the forecast carries ``made_at`` (when the forecast was made, the server's clock) and
+``forecast_age_s``; times are ISO 8601 with their offset, in the pool's time zone.
+"""
+
+import math
+import re
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Annotated, Any
+
+import pandas as pd
+from fastapi import Depends, FastAPI, Query
+from fastapi.responses import PlainTextResponse
+from starlette.concurrency import run_in_threadpool
+
+from scheduler.api.auth import ApiError, Identity
+from scheduler.api.forecasts import Forecasts, ForecastUnavailable, ServerForecast
+
+MONTH = re.compile(r"^[0-9]{4}-(0[1-9]|1[0-2])$")
+REPORT_TYPES = {"md": ("report-{m}.md", "text/markdown; charset=utf-8"),
+                "html": ("report-{m}.html", "text/html; charset=utf-8"),
+                "csv": ("summary.csv", "text/csv; charset=utf-8")}
+WAITS_FOR_STEP = "waits for its previous pipeline step"
+MAX_HOURS = 48.0
+
+
+def _num(value: Any) -> float | int | None:
+    if value is None:
+        return None
+    value = float(value)
+    if math.isnan(value):
+        return None
+    return int(value) if value.is_integer() else round(value, 3)
+
+
+class Reads:
+    """What the read routes compute, shared by them and ``GET /v1/units/{id}``."""
+
+    def __init__(self, settings, store, now: Callable[[], datetime],
+                 forecasts: Forecasts | None) -> None:
+        self.settings = settings
+        self.store = store
+        self.now = now
+        self._forecasts = forecasts
+        self.tz = settings.pool.tz
+        from scheduler.plan import planning_estimate
+
+        self.estimate = planning_estimate(settings)
+
+    @property
+    def forecasts(self) -> Forecasts:
+        if self._forecasts is None:  # the daemon's source: Prometheus through the config
+            self._forecasts = Forecasts(self.settings)
+        return self._forecasts
+
+    def iso(self, when: datetime | pd.Timestamp | None) -> str | None:
+        if when is None or (isinstance(when, float) and math.isnan(when)):
+            return None
+        return pd.Timestamp(when).tz_convert(self.tz).isoformat()
+
+    def forecast(self, now: datetime) -> ServerForecast:
+        return self.forecasts.get(now)
+
+    def stamp(self, made: ServerForecast, now: datetime) -> dict[str, Any]:
+        return {"now": self.iso(now), "made_at": self.iso(made.made_at),
+                "forecast_age_s": round(made.age_s(now), 1),
+                "history_until": self.iso(made.history_until),
+                "confidence": self.settings.admission.confidence,
+                "timezone": self.settings.pool.timezone,
+                "widened": made.refresh.widened, "warnings": made.refresh.warnings()}
+
+    def tonight(self, hours: float):
+        from scheduler.plan import store_queue, tonight
+        from scheduler.types import JobState
+
+        now = self.now()
+        made = self.forecast(now)
+        queue, running, usage = store_queue(self.store, self.settings, self.estimate, now)
+        ready = {job.id for job in queue}
+        blocked = [row for row in self.store.find_units(states=(JobState.QUEUED,))
+                   if row.id not in ready and row.submitted_at <= now]
+        planned = tonight(self.settings, made.refresh, queue, running=running,
+                          team_usage=usage, horizon=timedelta(hours=hours), start=now,
+                          profile=made.profile, blocked=blocked)
+        return now, made, planned
+
+    def plan_units(self, planned) -> list[dict[str, Any]]:
+        units = []
+        for run in planned.plan.runs:
+            units.append({
+                "id": run.job_id, "team": run.team, "kind": run.kind, "gpus": run.gpus,
+                "state": "running" if run.reason == "already running" else "planned",
+                "start_at": self.iso(run.start), "end_at": self.iso(run.end),
+                "stop_by": self.iso(run.end) if run.outcome == "checkpoints and stops"
+                else None,
+                "outcome": run.outcome, "reason": run.reason})
+        for job, reason in planned.plan.waiting:
+            units.append({"id": job.id, "team": job.team, "kind": job.kind, "gpus": job.gpus,
+                          "state": "waiting", "start_at": None, "end_at": None,
+                          "stop_by": None, "outcome": None, "reason": reason})
+        for row in planned.blocked:
+            units.append({"id": row.id, "team": row.team, "kind": row.kind, "gpus": row.gpus,
+                          "state": "blocked", "start_at": None, "end_at": None,
+                          "stop_by": None, "outcome": None, "reason": WAITS_FOR_STEP})
+        return units
+
+    def windows_json(self, table: pd.DataFrame) -> list[dict[str, Any]]:
+        return [{"start": self.iso(r.start), "end": self.iso(r.end), "gpus": int(r.gpus),
+                 "hours": round(float(r.hours), 3), "gpu_hours": round(float(r.gpu_hours), 3),
+                 "confidence": float(r.confidence), "open_end": bool(r.open_end)}
+                for r in table.itertuples()]
+
+    def plan_json(self, hours: float) -> dict[str, Any]:
+        now, made, planned = self.tonight(hours)
+        profile = made.profile
+        end = now + timedelta(hours=hours)
+        steps = []
+        first = max(0, profile.index_at(now))
+        for i in range(first, len(profile.free)):
+            at = profile.time_at(i)
+            if at >= end:
+                break
+            steps.append({"at": self.iso(at), "free_gpus": _num(profile.free[i])})
+        units = self.plan_units(planned)
+        return {**self.stamp(made, now), "start": self.iso(now), "hours": hours,
+                "units": units,
+                "starting": sum(1 for u in units if u["state"] == "planned"),
+                "waiting": sum(1 for u in units if u["state"] in ("waiting", "blocked")),
+                "profile": steps, "windows": self.windows_json(planned.windows)}
+
+    def unit_plan(self, unit_id: str) -> dict[str, Any]:
+        """``{start_at, stop_by, reason}`` of one unit in tonight's plan (24 h)."""
+        try:
+            _, made, planned = self.tonight(24.0)
+        except ForecastUnavailable as exc:
+            return {"start_at": None, "stop_by": None, "reason": f"no plan now: {exc}",
+                    "made_at": None}
+        for unit in self.plan_units(planned):
+            if unit["id"] == unit_id:
+                return {"start_at": unit["start_at"], "stop_by": unit["stop_by"],
+                        "reason": unit["reason"], "made_at": self.iso(made.made_at)}
+        return {"start_at": None, "stop_by": None, "reason": "not in tonight's plan",
+                "made_at": self.iso(made.made_at)}
+
+    def free_window(self, made: ServerForecast, now: datetime, hours: float) -> pd.Series:
+        free = made.refresh.free
+        origin = pd.Timestamp(now).floor(f"{made.profile.step_s}s")
+        return free[(free.index >= origin) & (free.index < pd.Timestamp(now)
+                                               + pd.Timedelta(hours=hours))]
+
+    def windows(self, hours: float, min_hours: float, granularity: int) -> dict[str, Any]:
+        from forecast.capacity import idle_windows, windows_frame
+
+        now = self.now()
+        made = self.forecast(now)
+        free = self.free_window(made, now, hours)
+        found = (idle_windows(free, confidence=self.settings.admission.confidence,
+                              granularity=granularity, min_hours=min_hours)
+                 if len(free) >= 2 else [])
+        return {**self.stamp(made, now), "hours": hours, "min_hours": min_hours,
+                "granularity": granularity,
+                "windows": self.windows_json(windows_frame(found, self.tz))}
+
+    def forecast_json(self, hours: float) -> dict[str, Any]:
+        from forecast.capacity import FREE, forecast_pool_usage
+
+        now = self.now()
+        made = self.forecast(now)
+        refresh = made.refresh
+        free = self.free_window(made, now, hours)
+        median = forecast_pool_usage(refresh.forecast, self.settings, 0.5)[FREE]
+        median = median.reindex(free.index)
+        confidence = self.settings.admission.confidence
+        widened = refresh.widened
+        frame = refresh.forecast
+        frame = frame[frame["ds"].isin(free.index)]
+        services = {}
+        for service in self.settings.services:
+            rows = frame[frame["unique_id"] == f"{service.name}/replicas"].sort_values("ds")
+            planned = widened.get(service.name, confidence)
+            wanted = sorted({0.5, confidence, planned})
+            services[service.name] = {
+                "gpus_per_replica": service.gpus_per_replica,
+                "planned_quantile": planned, "widened": service.name in widened,
+                "times": [self.iso(t) for t in rows["ds"]],
+                "replicas": {f"q{q:g}": [_num(v) for v in rows[f"q{q:g}"]] for q in wanted
+                             if f"q{q:g}" in rows}}
+        return {**self.stamp(made, now), "hours": hours, "step_s": made.profile.step_s,
+                "services": services,
+                "free": {"times": [self.iso(t) for t in free.index],
+                         "gpus": [_num(v) for v in free],
+                         "median_gpus": [_num(v) for v in median]}}
+
+    # -- reports ------------------------------------------------------------------------
+
+    @property
+    def reports_dir(self) -> Path:
+        return Path(self.settings.daemon.reports_dir)
+
+    def reports(self) -> dict[str, Any]:
+        root = self.reports_dir
+        found = []
+        if root.is_dir():
+            for entry in sorted(root.iterdir(), reverse=True):
+                if not (MONTH.match(entry.name) and entry.is_dir()):
+                    continue
+                formats = [f for f, (name, _) in REPORT_TYPES.items()
+                           if (entry / name.format(m=entry.name)).is_file()]
+                if formats:
+                    md = entry / REPORT_TYPES["md"][0].format(m=entry.name)
+                    written = (datetime.fromtimestamp(md.stat().st_mtime).astimezone(self.tz)
+                               if md.is_file() else None)
+                    found.append({"month": entry.name, "formats": formats,
+                                  "written_at": written.isoformat() if written else None})
+        return {"reports": found}
+
+    def report_file(self, month: str, kind: str) -> tuple[Path, str]:
+        if not MONTH.match(month):
+            raise ApiError(422, f"month: {month[:20]!r} is not a month; use YYYY-MM, e.g. "
+                                "2026-01", field="month")
+        name, media = REPORT_TYPES[kind]
+        root = self.reports_dir.resolve()
+        path = (root / month / name.format(m=month)).resolve()
+        if not path.is_relative_to(root) or not path.is_file():
+            raise ApiError(404, f"no {kind} report for {month}; GET /v1/reports lists them")
+        return path, media
+
+
+def add_read_routes(app: FastAPI, reads: Reads, caller: Callable[..., Identity],
+                    prefix: str) -> None:
+    Caller = Annotated[Identity, Depends(caller)]
+    Hours = Annotated[float, Query(gt=0, le=MAX_HOURS, description="hours ahead (at most 48)")]
+
+    @app.get(f"{prefix}/plan", summary="Tonight's plan: when each unit starts and stops, "
+                                       "why the others wait, the free GPUs and the windows")
+    async def get_plan(who: Caller, hours: Hours = 24.0) -> dict[str, Any]:
+        return await run_in_threadpool(reads.plan_json, hours)
+
+    @app.get(f"{prefix}/windows", summary="The idle windows: start, end, GPUs, confidence")
+    async def get_windows(
+        who: Caller, hours: Hours = 48.0,
+        min_hours: Annotated[float, Query(gt=0, le=MAX_HOURS)] = 1.0,
+        granularity: Annotated[int, Query(ge=1, le=10_000)] = 4,
+    ) -> dict[str, Any]:
+        return await run_in_threadpool(reads.windows, hours, min_hours, granularity)
+
+    @app.get(f"{prefix}/forecast", summary="The forecast: replica quantiles per service and "
+                                           "the pool's free GPUs per step")
+    async def get_forecast(who: Caller, hours: Hours = 48.0) -> dict[str, Any]:
+        return await run_in_threadpool(reads.forecast_json, hours)
+
+    @app.get(f"{prefix}/reports", summary="The monthly reports (daemon.reports_dir)")
+    def list_reports(who: Caller) -> dict[str, Any]:
+        return reads.reports()
+
+    @app.get(f"{prefix}/reports/{{month}}", summary="One monthly report: Markdown (default), "
+                                                   "html or csv (summary.csv)")
+    def get_report(month: str, who: Caller,
+                   format: Annotated[str, Query(pattern="^(md|html|csv)$")] = "md",
+                   ) -> PlainTextResponse:
+        path, media = reads.report_file(month, format)
+        return PlainTextResponse(path.read_text(encoding="utf-8"), media_type=media)
+
+
+__all__ = ["Reads", "add_read_routes"]

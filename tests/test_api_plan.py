@@ -1,0 +1,280 @@
+"""The job API's read routes on a REAL uvicorn server: tonight's plan, the idle windows, the
+forecast as data and the monthly reports, from the sample history replayed at a fixed moment
+(Wed 2026-01-28 17:00 in Seoul) and a store with queued units of two teams; and
+`idlegpu plan --server`."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+from api_server import IMAGE, ApiServer, Client, MovableClock
+
+from forecast.config import load_config
+from forecast.sources import read_history
+from scheduler.adapters.store import AuditEntry, JobStore
+from scheduler.api import create_app
+from scheduler.api.auth import new_token, token_sha256
+from scheduler.api.forecasts import Forecasts
+
+REPO = Path(__file__).resolve().parents[1]
+HISTORY = REPO / "data/sample/history.parquet"
+CONFIG = REPO / "idlegpu.yaml"
+NOW = datetime.fromisoformat("2026-01-28T17:00:00+09:00")
+
+
+def request(name: str, team: str, gpus: int, hours: float = 2.0) -> dict:
+    return {"name": name, "team": team, "kind": "sft", "image": IMAGE, "gpus": gpus,
+            "runtime_estimate": f"{hours:g}h", "command": ["python", "train.py"]}
+
+
+@dataclass
+class Env:
+    url: str
+    store: JobStore
+    forecasts: Forecasts
+    clock: MovableClock
+    alice: Client  # alignment, member
+    victor: Client  # vision, viewer
+    anonymous: Client
+    units: dict[str, str]  # request name -> its unit id
+    alice_token: str
+    reports: Path
+
+
+def settings_for(reports: Path):
+    data = yaml.safe_load(CONFIG.read_text(encoding="utf-8"))
+    data.setdefault("daemon", {})["reports_dir"] = str(reports)
+    return load_config(data=data)
+
+
+def token(store: JobStore, name: str, team: str, role: str) -> str:
+    secret = new_token()
+    store.create_api_token(name, team, role, token_sha256(secret), NOW, None, AuditEntry(
+        at=NOW, actor="test", auth="cli", role="operator", team=None, action="token.create",
+        target=name))
+    return secret
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory) -> Iterator[Env]:
+    root = tmp_path_factory.mktemp("api_plan")
+    reports = root / "reports"
+    month = reports / "2026-01"
+    month.mkdir(parents=True)
+    (month / "report-2026-01.md").write_text("# GPU harvest, January 2026\n\n12,345 useful "
+                                             "GPU-hours\n", encoding="utf-8")
+    (month / "report-2026-01.html").write_text("<h1>GPU harvest, January 2026</h1>",
+                                               encoding="utf-8")
+    (month / "summary.csv").write_text("month,useful_gpu_hours\n2026-01,12345\n",
+                                       encoding="utf-8")
+    (root / "secret.md").write_text("not a report", encoding="utf-8")
+    settings = settings_for(reports)
+    store = JobStore(f"sqlite:///{root / 'plan.db'}")
+    clock = MovableClock(NOW)
+    forecasts = Forecasts(settings, read_history(HISTORY))
+    server = ApiServer(create_app(settings, store, clock=clock, forecasts=forecasts)).start()
+    alice_token = token(store, "alice", "alignment", "member")
+    vera = Client(server.url, token(store, "vera", "vision", "member"))
+    alice = Client(server.url, alice_token)
+    victor = Client(server.url, token(store, "victor", "vision", "viewer"))
+    units = {}
+    for client, body in ((alice, request("fits-tonight", "alignment", 16)),
+                         (alice, request("small", "alignment", 4, 1.0)),
+                         (vera, request("never-fits", "vision", 64))):
+        answer = client.post("/v1/requests", json=body)
+        assert answer.status_code == 201, answer.text
+        units[body["name"]] = answer.json()["unit_ids"][0]
+    too_big = vera.post("/v1/requests", json=request("too-big", "vision", 200))
+    assert too_big.status_code == 422, too_big.text  # refused at submit: 200 > 64 per job
+    assert "gpus" in too_big.json()["error"]["message"]
+    vera.close()
+    yield Env(server.url, store, forecasts, clock, alice, victor, Client(server.url), units,
+              alice_token, reports)
+    for client in (alice, victor):
+        client.close()
+    server.stop()
+    store.close()
+
+
+def test_the_plan_names_a_start_for_what_fits_and_a_reason_for_what_cannot(env):
+    started = time.perf_counter()
+    answer = env.victor.get("/v1/plan", params={"hours": 24})  # a viewer may read
+    cold = time.perf_counter() - started
+    assert answer.status_code == 200, answer.text
+    plan = answer.json()
+    assert plan["made_at"] == NOW.isoformat() and plan["forecast_age_s"] == 0
+    assert plan["start"] == NOW.isoformat() and plan["timezone"] == "Asia/Seoul"
+    units = {u["id"]: u for u in plan["units"]}
+    fits = units[env.units["fits-tonight"]]
+    assert fits["state"] == "planned" and fits["gpus"] == 16 and fits["team"] == "alignment"
+    start = datetime.fromisoformat(fits["start_at"])
+    assert NOW <= start < datetime.fromisoformat("2026-01-29T08:00:00+09:00")
+    assert start.utcoffset().total_seconds() == 9 * 3600  # ISO 8601 with the pool's offset
+    assert datetime.fromisoformat(fits["end_at"]) > start
+    never = units[env.units["never-fits"]]
+    assert never["state"] == "waiting" and never["start_at"] is None
+    # the reason covers the whole horizon, not only its last moment
+    assert never["reason"].startswith("needs 64 GPUs;")
+    assert "at most 50 in the next 24 h" in never["reason"], never["reason"]
+    assert "no 64-GPU window opens" in never["reason"]
+    assert plan["starting"] >= 2 and plan["waiting"] == 1
+    # the free-GPU profile at the confidence, and the windows
+    profile = plan["profile"]
+    assert len(profile) == 288 and profile[0]["at"] == NOW.isoformat()
+    assert max(p["free_gpus"] for p in profile) == 50
+    assert plan["windows"] and all(w["confidence"] == 0.9 for w in plan["windows"])
+    warm_started = time.perf_counter()
+    again = env.alice.get("/v1/plan").json()
+    warm = time.perf_counter() - warm_started
+    assert again["made_at"] == plan["made_at"] and again["units"] == plan["units"]
+    assert env.forecasts.refreshes == 1  # the second call did not refit
+    print(f"\nplan route: cold {cold * 1000:.0f} ms, warm {warm * 1000:.0f} ms")
+
+
+def test_a_unit_shows_its_plan(env):
+    fits = env.alice.get(f"/v1/units/{env.units['fits-tonight']}").json()
+    assert fits["plan"]["start_at"] is not None and fits["plan"]["reason"]
+    never = env.victor.get(f"/v1/units/{env.units['never-fits']}").json()
+    assert never["plan"]["start_at"] is None
+    assert "no 64-GPU window opens" in never["plan"]["reason"]
+    assert env.forecasts.refreshes == 1
+
+
+def test_windows_and_forecast_agree_with_idlegpu_windows(env, cli, tmp_path):
+    answer = env.alice.get("/v1/windows", params={"hours": 48, "min_hours": 1,
+                                                  "granularity": 4})
+    assert answer.status_code == 200, answer.text
+    windows = answer.json()
+    assert windows["made_at"] == NOW.isoformat()
+    # the CLI at the same moment: history up to 16:55, the forecast from 17:00
+    code, _, err = cli(["windows", "--history", str(HISTORY), "--config", str(CONFIG),
+                        "--now", "2026-01-28T16:55:00+09:00", "--horizon", "48h",
+                        "--out", str(tmp_path)])
+    assert code == 0, err
+    table = pd.read_csv(tmp_path / "windows.csv")
+    expect = [(pd.Timestamp(r.start), pd.Timestamp(r.end), int(r.gpus)) for r in
+              table.itertuples()]
+    got = [(pd.Timestamp(w["start"]), pd.Timestamp(w["end"]), w["gpus"])
+           for w in windows["windows"]]
+    assert got == expect and len(got) >= 5
+    for w in windows["windows"]:
+        assert datetime.fromisoformat(w["start"]).utcoffset() is not None
+
+    forecast = env.victor.get("/v1/forecast", params={"hours": 48}).json()
+    assert forecast["made_at"] == NOW.isoformat() and forecast["widened"] == {}
+    free = forecast["free"]
+    assert len(free["times"]) == len(free["gpus"]) == 576 and free["times"][0] == NOW.isoformat()
+    assert max(free["gpus"]) == max(w["gpus"] for w in windows["windows"]) + 2  # 50 in 4s: 48
+    chat = forecast["services"]["chat"]
+    assert chat["planned_quantile"] == 0.9 and not chat["widened"]
+    assert set(chat["replicas"]) == {"q0.5", "q0.9"} and len(chat["replicas"]["q0.9"]) == 576
+    assert all(m <= h for m, h in zip(chat["replicas"]["q0.5"], chat["replicas"]["q0.9"],
+                                      strict=True))
+    # the pool's free GPUs are the pool minus headroom minus each service's q0.9 x its GPUs
+    settings = settings_for(env.reports)
+    used = sum(forecast["services"][s.name]["replicas"]["q0.9"][0] * s.gpus_per_replica
+               for s in settings.services)
+    assert free["gpus"][0] == settings.pool.total_gpus - settings.pool.headroom_gpus - used
+    assert all(m >= g for m, g in zip(free["median_gpus"], free["gpus"], strict=True))
+    assert env.forecasts.refreshes == 1
+
+
+def test_reports_list_and_fetch_and_refuse_path_tricks(env):
+    listed = env.victor.get("/v1/reports").json()
+    assert listed["reports"][0]["month"] == "2026-01"
+    assert listed["reports"][0]["formats"] == ["md", "html", "csv"]
+    md = env.alice.get("/v1/reports/2026-01")
+    assert md.status_code == 200 and md.headers["content-type"].startswith("text/markdown")
+    assert md.text.startswith("# GPU harvest, January 2026")
+    assert env.alice.get("/v1/reports/2026-01", params={"format": "html"}).text.startswith("<h1>")
+    csv = env.alice.get("/v1/reports/2026-01", params={"format": "csv"})
+    assert csv.headers["content-type"].startswith("text/csv") and "12345" in csv.text
+    assert env.alice.get("/v1/reports/2025-12").status_code == 404
+    assert env.alice.get("/v1/reports/2026-01", params={"format": "sh"}).status_code == 422
+    for trick in ("..%2Fsecret.md", "..", "2026-13", "2026-01%2F..%2F..%2Fsecret",
+                  "%2E%2E", "2026-1"):
+        answer = env.alice.get(f"/v1/reports/{trick}")
+        assert answer.status_code in (404, 422), (trick, answer.status_code)
+        assert "not a report" not in answer.text
+    assert env.alice.get("/v1/reports/../secret.md").status_code == 404
+
+
+def test_every_read_route_needs_a_token(env):
+    for path in ("/v1/plan", "/v1/windows", "/v1/forecast", "/v1/reports",
+                 "/v1/reports/2026-01"):
+        answer = env.anonymous.get(path)
+        assert answer.status_code == 401, path
+        assert set(answer.json()["error"]) == {"message", "field"}
+    bad = Client(env.url, "igt_not-a-token")
+    assert bad.get("/v1/plan").status_code == 401
+    bad.close()
+
+
+def test_bad_parameters_are_a_422_with_the_field(env):
+    answer = env.alice.get("/v1/windows", params={"granularity": 0})
+    assert answer.status_code == 422 and answer.json()["error"]["field"] == "granularity"
+    assert env.alice.get("/v1/plan", params={"hours": 100}).status_code == 422
+
+
+def test_a_history_past_its_end_is_a_503_never_a_stale_plan(tmp_path):
+    settings = settings_for(tmp_path / "reports")
+    store = JobStore(f"sqlite:///{tmp_path / 'stale.db'}")
+    clock = MovableClock(datetime.fromisoformat("2026-03-30T17:00:00+09:00"))
+    frame = read_history(HISTORY)
+    frame = frame[frame["ds"] < pd.Timestamp("2026-01-20", tz="UTC")]
+    server = ApiServer(create_app(settings, store, clock=clock,
+                                  forecasts=Forecasts(settings, frame))).start()
+    client = Client(server.url, token(store, "alice", "alignment", "member"))
+    try:
+        for path in ("/v1/plan", "/v1/windows", "/v1/forecast"):
+            answer = client.get(path)
+            assert answer.status_code == 503, (path, answer.text)
+            assert answer.headers["Retry-After"] == "60"
+            assert "stale history" in answer.json()["error"]["message"]
+    finally:
+        client.close()
+        server.stop()
+        store.close()
+
+
+def test_prometheus_down_is_a_503(tmp_path):
+    settings = settings_for(tmp_path / "reports")
+    store = JobStore(f"sqlite:///{tmp_path / 'down.db'}")
+
+    def down(start, end):
+        from forecast.errors import SourceUnavailableError
+
+        raise SourceUnavailableError("Prometheus at http://localhost:9 refused the connection")
+
+    server = ApiServer(create_app(settings, store, clock=MovableClock(NOW),
+                                  forecasts=Forecasts(settings, fetch=down))).start()
+    client = Client(server.url, token(store, "alice", "alignment", "member"))
+    try:
+        answer = client.get("/v1/plan")
+        assert answer.status_code == 503 and answer.headers["Retry-After"] == "60"
+        assert "could not be read" in answer.json()["error"]["message"]
+        assert "refused the connection" in answer.json()["error"]["message"]
+    finally:
+        client.close()
+        server.stop()
+        store.close()
+
+
+def test_plan_with_server_prints_the_servers_plan(env, cli, monkeypatch):
+    monkeypatch.setenv("IDLEGPU_TOKEN", env.alice_token)
+    code, out, err = cli(["plan", "--server", env.url])
+    assert code == 0, err
+    assert "Plan from Wed 2026-01-28 17:00" in out
+    assert env.units["fits-tonight"] in out and env.units["never-fits"] in out
+    assert "no 64-GPU window opens" in " ".join(out.split())
+    monkeypatch.setenv("IDLEGPU_SERVER", env.url)
+    code, out, _ = cli(["plan", "--horizon", "12h"])
+    assert code == 0 and "Plan from Wed 2026-01-28 17:00" in out
+    assert env.forecasts.refreshes == 1
