@@ -702,7 +702,9 @@ def _planning_estimate(settings, runs: Path | None = None):
 
 @app.command(short_help="Tonight's plan: windows, which jobs start when, and why others wait.")
 def plan(
-    history: HistoryOption,
+    history: Annotated[Optional[Path], typer.Option(
+        "--history", "-H", help="History file with columns unique_id, ds, y (.parquet, "
+        ".csv[.gz]); not with --server.")] = None,
     config: ConfigOption = DEFAULT_CONFIG,
     jobs: Annotated[Optional[Path], typer.Option(
         help="Take the queue from a job trace: requests submitted in the --queue-days before "
@@ -719,10 +721,12 @@ def plan(
     out: Annotated[Path, typer.Option(help="Directory for plan.csv, windows.csv and the chart.")] = Path(
         "out/plan"
     ),
+    server: ServerOption = None,
+    token_file: TokenFileOption = None,
 ) -> None:
     """Forecast the night, then dry-run the admission policy over it: the idle windows, which
     queued jobs start when on how many GPUs, when each finishes or checkpoints and stops, and
-    why the rest wait."""
+    why the rest wait. With --server, the job API's plan (its history, queue and clock)."""
     import pandas as pd
     from rich.table import Table
 
@@ -735,6 +739,18 @@ def plan(
 
     _check(queue_days > 0, "use a number of days above 0", "--queue-days")
     span = _parse_horizon(horizon)
+    if server:
+        from scheduler.cli_remote import remote_plan
+
+        _check(history is None and jobs is None and store is None and runs is None
+               and now is None, "the server plans from its own history, queue and clock; "
+               "drop --history, --jobs, --store, --runs and --now", "--server")
+        # cli_remote escapes what it prints itself: consoles that read its markup
+        return remote_plan(Console(), Console(stderr=True), server, token_file,
+                           span.total_seconds() / 3600)
+    if history is None:
+        raise typer.BadParameter("give the pool's history (or --server URL for the job "
+                                 "API's plan)", param_hint="--history")
     settings = _load_settings(config)
     tz = settings.pool.timezone
     frame = _history_until(history, now, ["replicas"], from_last_sample)

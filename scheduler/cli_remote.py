@@ -114,4 +114,56 @@ def remote_cancel(console: Console, err: Console, server: str, token_file: Path 
                       highlight=False)
 
 
-__all__ = ["remote_cancel", "remote_queue", "remote_submit"]
+def remote_plan(console: Console, err: Console, server: str, token_file: Path | None,
+                hours: float) -> None:
+    """`idlegpu plan --server URL`: the server's plan (its history, queue and clock)."""
+    client = client_for(server, token_file)
+    try:
+        answer = client.plan(hours=hours)
+    except ApiUnavailable as exc:
+        raise _unavailable(err, exc, "no plan is shown without a fresh forecast") from None
+
+    def at(text: str | None, fmt: str = "%a %H:%M") -> str:
+        return datetime.fromisoformat(text).strftime(fmt) if text else "-"
+
+    for line in answer.get("warnings", []):
+        err.print(f"[yellow]warning:[/] {escape(line)}", highlight=False, soft_wrap=True)
+    age = float(answer.get("forecast_age_s") or 0) / 60
+    console.print(
+        f"[bold]Plan from {at(answer['start'], '%a %Y-%m-%d %H:%M')} "
+        f"({escape(answer['timezone'])})[/], free GPUs promised with "
+        f"{answer['confidence']:.0%} confidence; forecast made at "
+        f"{at(answer['made_at'], '%a %H:%M')} ({age:.0f} min ago); queue and forecast: "
+        f"{escape(client.server)}", highlight=False, soft_wrap=True)
+    windows = answer.get("windows", [])
+    if windows:
+        best = max(windows, key=lambda w: w["gpus"] * w["hours"])
+        console.print(f"largest idle window: {best['gpus']} GPUs from {at(best['start'])} to "
+                      f"{at(best['end'])} ({best['hours']:.1f} h)", highlight=False)
+    units = answer.get("units", [])
+    starts = [u for u in units if u["start_at"]]
+    view = Table(title="Jobs that start", title_justify="left")
+    for column in ("job", "team", "kind", "GPUs", "from", "until", "then"):
+        view.add_column(column, justify="right" if column == "GPUs" else "left",
+                        overflow="fold")
+    for u in starts:
+        view.add_row(escape(u["id"]), escape(u["team"]), escape(u["kind"]), str(u["gpus"]),
+                     at(u["start_at"]), at(u["end_at"]), escape(u.get("outcome") or ""))
+    console.print(view)
+    waits = [u for u in units if not u["start_at"]]
+    if waits:
+        table = Table(title="Jobs that wait, and why", title_justify="left")
+        table.add_column("job", overflow="fold")
+        table.add_column("GPUs", justify="right")
+        table.add_column("why", overflow="fold")
+        for u in waits:
+            table.add_row(escape(u["id"]), str(u["gpus"]), escape(u["reason"] or ""))
+        console.print(table)
+    harvest = sum(u["gpus"] * (datetime.fromisoformat(u["end_at"])
+                               - datetime.fromisoformat(u["start_at"])).total_seconds() / 3600
+                  for u in starts if u["end_at"])
+    console.print(f"[bold green]{len(starts)} job(s) start, {harvest:,.0f} GPU-hours "
+                  f"planned;[/] {len(waits)} wait.", highlight=False)
+
+
+__all__ = ["remote_cancel", "remote_plan", "remote_queue", "remote_submit"]

@@ -156,6 +156,21 @@ class ApiClient:
             raise ApiRefused(f"{target}: no request or unit has this id; `idlegpu queue "
                              "--server ...` lists them", status=404) from None
 
+    def plan(self, *, hours: float = 24.0) -> dict[str, Any]:
+        """Tonight's plan as the server makes it (``GET /v1/plan``)."""
+        return self._call("GET", "plan", params={"hours": f"{hours:g}"})
+
+    def windows(self, *, hours: float = 48.0, min_hours: float = 1.0,
+                granularity: int = 4) -> dict[str, Any]:
+        return self._call("GET", "windows", params={
+            "hours": f"{hours:g}", "min_hours": f"{min_hours:g}", "granularity": granularity})
+
+    def forecast(self, *, hours: float = 48.0) -> dict[str, Any]:
+        return self._call("GET", "forecast", params={"hours": f"{hours:g}"})
+
+    def reports(self) -> dict[str, Any]:
+        return self._call("GET", "reports")
+
     # ------------------------------------------------------------------------------ plumbing
 
     def _call(self, method: str, route: str, *, with_status: bool = False, **kwargs: Any):
