@@ -10,6 +10,8 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
+from rich.text import Text
 
 from forecast.errors import IdlegpuError
 
@@ -21,8 +23,27 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
-console = Console()
-err_console = Console(stderr=True)
+# Nothing printed is read as rich markup or :emoji: codes: job names, args, reasons, paths,
+# service names are the users' text ("[/]" would crash rich, "[on black][black]..." hide text).
+# Styles are given explicitly (style=, Text.assemble); progress descriptions, which rich reads
+# as markup whatever the console says, go through plain().
+console = Console(markup=False, emoji=False)
+err_console = Console(stderr=True, markup=False, emoji=False)
+# for scheduler.cli_remote, which escapes what it prints itself
+markup_console = Console()
+markup_err_console = Console(stderr=True)
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def plain(value: object) -> str:
+    """``value`` as text safe to show: control characters (an escape sequence would steer the
+    terminal) written as ``\\xNN``."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(value))
+
+
+def _warning(text: str) -> Text:
+    return Text.assemble(("warning:", "yellow"), " ", plain(text))
 
 _state = {"debug": False}
 
@@ -126,7 +147,8 @@ def analyze(
     result = analyze_pool(frame, settings, min_hours=min_hours)
     files = result.write(out)
     _print_analysis(result)
-    console.print(f"\n[bold]charts and tables[/] in {out}/: " + ", ".join(p.name for p in files))
+    console.print(Text.assemble("\n", ("charts and tables", "bold"),
+                                f" in {plain(out)}/: " + ", ".join(p.name for p in files)))
 
 
 def _print_analysis(result) -> None:
@@ -134,11 +156,12 @@ def _print_analysis(result) -> None:
 
     s = result.settings
     pool = s.pool
-    console.print(
-        f"[bold]{pool.name}[/]: {pool.total_gpus} GPUs, {pool.headroom_gpus} kept as headroom; "
+    console.print(Text.assemble(
+        (plain(pool.name), "bold"),
+        f": {pool.total_gpus} GPUs, {pool.headroom_gpus} kept as headroom; "
         f"{result.first_day} to {result.last_day} ({pool.timezone}), "
         f"step {result.step.total_seconds() / 60:g} min"
-    )
+    ))
     console.print(
         f"idle: {result.total_idle_gpu_hours:,.0f} GPU-hours in all, "
         f"{result.daily['idle_gpu_hours'].mean():,.0f} per day on average "
@@ -175,12 +198,12 @@ def _print_analysis(result) -> None:
     console.print(depth)
     if result.typical_night_gpus:
         console.print(
-            f"[bold green]On a typical night {result.typical_night_gpus} GPUs stay idle for at "
-            f"least {result.min_hours:g} hours.[/]"
+            f"On a typical night {result.typical_night_gpus} GPUs stay idle for at "
+            f"least {result.min_hours:g} hours.", style="bold green"
         )
     else:
-        console.print(f"[yellow]No level of GPUs stays idle {result.min_hours:g} hours on a "
-                      "typical night.[/]")
+        console.print(f"No level of GPUs stays idle {result.min_hours:g} hours on a "
+                      "typical night.", style="yellow")
 
 
 def _config_line(settings, path: Path | None) -> None:
@@ -242,19 +265,19 @@ def _check_services(frame, settings, *, required: bool = True):
     else:
         coverage = service_coverage(frame, settings)
     if not coverage.matched:
-        err_console.print(
-            f"[yellow]warning:[/] none of the history's services "
+        err_console.print(_warning(
+            f"none of the history's services "
             f"({', '.join(coverage.history_services[:8])}) is a service of {where} "
-            f"({', '.join(settings.service_names)}): only its time zone and holidays apply",
+            f"({', '.join(settings.service_names)}): only its time zone and holidays apply"),
             highlight=False, soft_wrap=True)
     elif coverage.unknown:
         shown = ", ".join(coverage.unknown[:8]) + (
             f" and {len(coverage.unknown) - 8} more" if len(coverage.unknown) > 8 else "")
         what = "ignored" if required else "forecast without replica bounds"
-        err_console.print(
-            f"[yellow]warning:[/] {len(coverage.unknown)} series of the history "
+        err_console.print(_warning(
+            f"{len(coverage.unknown)} series of the history "
             f"belong{'s' if len(coverage.unknown) == 1 else ''} to no service of {where} "
-            f"({what}): {shown}", highlight=False, soft_wrap=True)
+            f"({what}): {shown}"), highlight=False, soft_wrap=True)
     if required and coverage.unknown:
         frame = frame[~frame["unique_id"].isin(list(coverage.unknown))]
     return frame
@@ -345,7 +368,7 @@ def _fit_predict_with_progress(name, settings, history, horizon, quantiles):
     groups = list(history.groupby("unique_id", sort=True, observed=True))
     frames = []
     with Progress(console=err_console, transient=True) as progress:
-        task = progress.add_task(f"fitting {name}", total=len(groups))
+        task = progress.add_task(escape(plain(f"fitting {name}")), total=len(groups))
         for uid, group in groups:
             progress.update(task, description=f"fitting {name} on {uid}")
             frames.append(model_for(name, settings).fit(group).predict(horizon, quantiles))
@@ -487,13 +510,14 @@ def windows(
                      f"{row.gpu_hours:,.0f}")
     console.print(view)
     if table.empty:
-        console.print(f"[yellow]no window of {granularity}+ GPUs for {min_hours:g}+ hours[/]")
+        console.print(f"no window of {granularity}+ GPUs for {min_hours:g}+ hours",
+                      style="yellow")
     else:
         deepest = table.loc[(table["hours"] * table["gpus"]).idxmax()]
         console.print(
-            f"[bold green]Largest: {deepest['gpus']} GPUs from {deepest['start']:%a %H:%M} to "
+            f"Largest: {deepest['gpus']} GPUs from {deepest['start']:%a %H:%M} to "
             f"{deepest['end']:%a %H:%M} ({deepest['hours']:.1f} h, "
-            f"{deepest['gpu_hours']:,.0f} GPU-hours).[/]"
+            f"{deepest['gpu_hours']:,.0f} GPU-hours).", style="bold green"
         )
     console.print(f"windows: {out / 'windows.csv'}; chart: {chart}")
 
@@ -593,7 +617,7 @@ def backtest_cmd(
         mark = row[f"verdict_{target:g}"]
         style = "green" if mark == CALIBRATED else "yellow"
         view.add_row(row["model"], row["unique_id"], f"{row[f'strict_coverage_{target:g}']:.3f}",
-                     f"{row[f'coverage_{target:g}']:.3f}", f"[{style}]{mark}[/]")
+                     f"{row[f'coverage_{target:g}']:.3f}", Text(str(mark), style=style))
     console.print(view)
     console.print(f"per series: {series_out}")
 
@@ -654,7 +678,7 @@ def simulate(
         for name in names:
             forecasting = progress.add_task("forecasting each evening", total=None,
                                             visible=name == "forecast")
-            task = progress.add_task(f"simulating {name}", total=None)
+            task = progress.add_task(escape(plain(f"simulating {name}")), total=None)
             result = run_policy(
                 frame, settings, sim_jobs, name, start=start.to_pydatetime(),
                 end=end.to_pydatetime(),
@@ -769,7 +793,7 @@ def plan(
         refreshed = Refresher(settings, horizon=span).refresh(past, moment.to_pydatetime())
     profile = refreshed.profile
     for line in refreshed.warnings():
-        err_console.print(f"[yellow]warning:[/] {line}")
+        err_console.print(_warning(line))
     estimate = _planning_estimate(settings, runs)
     start = profile.start
     if jobs is not None:
@@ -800,8 +824,9 @@ def plan(
     rows = pd.DataFrame([r.__dict__ for r in result.runs])
     rows.to_csv(out / "plan.csv", index=False)
     local = pd.Timestamp(start).tz_convert(tz)
-    console.print(f"[bold]Plan from {local:%a %Y-%m-%d %H:%M} ({tz})[/], free GPUs promised "
-                  f"with {confidence:.0%} confidence; queue: {source}")
+    console.print(Text.assemble((f"Plan from {local:%a %Y-%m-%d %H:%M} ({tz})", "bold"),
+                                f", free GPUs promised with {confidence:.0%} confidence; "
+                                f"queue: {plain(source)}"))
     if not table.empty:
         best = table.loc[(table["hours"] * table["gpus"]).idxmax()]
         console.print(f"largest idle window: {best['gpus']} GPUs from {best['start']:%a %H:%M} "
@@ -810,7 +835,7 @@ def plan(
     for col in ("job", "team", "kind", "GPUs", "from", "until", "then"):
         view.add_column(col, justify="right" if col == "GPUs" else "left")
     for r in result.runs:
-        view.add_row(r.job_id, r.team, r.kind, str(r.gpus),
+        view.add_row(plain(r.job_id), plain(r.team), r.kind, str(r.gpus),
                      f"{pd.Timestamp(r.start).tz_convert(tz):%a %H:%M}",
                      f"{pd.Timestamp(r.end).tz_convert(tz):%a %H:%M}", r.outcome)
     console.print(view)
@@ -820,14 +845,16 @@ def plan(
         waits.add_column("GPUs", justify="right")
         waits.add_column("why")
         for job, reason in result.waiting:
-            waits.add_row(job.id, str(job.gpus), reason)
+            waits.add_row(plain(job.id), str(job.gpus), plain(reason))
         for unit in blocked:
-            waits.add_row(unit.id, str(unit.gpus), "waits for its previous pipeline step")
+            waits.add_row(plain(unit.id), str(unit.gpus), "waits for its previous pipeline step")
         console.print(waits)
     harvest = sum(r.gpus * (r.end - r.start).total_seconds() / 3600 for r in result.runs)
-    console.print(f"[bold green]{len(result.runs)} job(s) start, {harvest:,.0f} GPU-hours "
-                  f"planned;[/] {len(result.waiting) + len(blocked)} wait. "
-                  f"Files: {out / 'plan.csv'}, {out / 'windows.csv'}, {out / 'free_gpus.png'}")
+    console.print(Text.assemble(
+        (f"{len(result.runs)} job(s) start, {harvest:,.0f} GPU-hours planned;", "bold green"),
+        f" {len(result.waiting) + len(blocked)} wait. "
+        f"Files: {plain(out / 'plan.csv')}, {plain(out / 'windows.csv')}, "
+        f"{plain(out / 'free_gpus.png')}"))
     actual = pool_usage(frame[frame["ds"] < moment], settings)[FREE]
     plots.free_gpu_chart(
         actual[actual.index > actual.index.max() - 2 * span],
@@ -912,10 +939,10 @@ def run(
             for col in ("decision", "unit", "GPUs", "why"):
                 table.add_column(col, justify="right" if col == "GPUs" else "left")
             for d in report.plan.decisions:
-                table.add_row(d.action.value, d.job_id, str(d.gpus), d.reason)
+                table.add_row(d.action.value, plain(d.job_id), str(d.gpus), plain(d.reason))
             out.print(table)
             for error in report.errors:
-                err_console.print(f"[yellow]warning:[/] {error}")
+                err_console.print(_warning(str(error)))
             if dry_run:
                 sys.stdout.write(manifest_stream(getattr(cluster, "last_manifests", [])))
                 sys.stdout.flush()
@@ -1039,6 +1066,10 @@ def manifest_stream(manifests) -> str:
 
     def text(dumper, data: str):
         style = "'" if yaml_needs_quotes(data) else None
+        if any(ch in data for ch in "\x85\u2028\u2029"):
+            # YAML line breaks: PyYAML writes them raw inside single quotes, where a reader
+            # folds them into a space; double quotes escape them (\N, \L, \P)
+            style = '"'
         return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
 
     Dumper.add_representer(str, text)
@@ -1131,7 +1162,8 @@ def submit(
 
         _check(now is None and store is None, "--server decides the time and the store; drop "
                "--now and --store", "--server")
-        return remote_submit(console, err_console, server, token_file, file, idempotency_key)
+        return remote_submit(markup_console, markup_err_console, server, token_file, file,
+                             idempotency_key)
     from scheduler.adapters.store import JobStore
     from scheduler.specs import expand_units, load_request
 
@@ -1178,7 +1210,8 @@ def queue(
         _check(scope in ("mine", "team", "all"), "use mine, team or all", "--scope")
         settings = _optional_config(config)
         tz = settings.pool.tz if settings is not None else timezone.utc
-        return remote_queue(console, err_console, server, token_file, scope, all_units, tz)
+        return remote_queue(markup_console, markup_err_console, server, token_file, scope,
+                            all_units, tz)
     from rich.table import Table
 
     from forecast.config import AdmissionConfig
@@ -1208,8 +1241,9 @@ def queue(
         elif row.state.is_terminal() and row.reason:
             state += f": {row.reason}"
         table.add_row(
-            row.id, row.team, f"{row.step}[{row.member}]" if row.member else row.step,
-            str(row.gpus), state, f"{row.attempts}/{row.preemptions}",
+            plain(row.id), plain(row.team),
+            plain(f"{row.step}[{row.member}]" if row.member else row.step),
+            str(row.gpus), plain(state), f"{row.attempts}/{row.preemptions}",
             format_duration(row.work_done_s) if row.work_done_s else "",
             f"{format_duration(estimate.seconds)} ({estimate.source})",
             row.submitted_at.astimezone(tz).strftime("%Y-%m-%d %H:%M"),
@@ -1242,7 +1276,8 @@ def cancel(
 
         _check(now is None and store is None, "--server decides the time and the store; drop "
                "--now and --store", "--server")
-        return remote_cancel(console, err_console, server, token_file, job_id, reason)
+        return remote_cancel(markup_console, markup_err_console, server, token_file, job_id,
+                             reason)
     from scheduler.adapters.store import JobStore
 
     settings = _optional_config(config)
@@ -1250,12 +1285,14 @@ def cancel(
         result = job_store.cancel(job_id, _now(now), reason=reason)
     if result.cancelled:
         console.print(f"cancelled {len(result.cancelled)} queued unit(s): "
-                      + ", ".join(result.cancelled))
+                      + plain(", ".join(result.cancelled)), highlight=False, soft_wrap=True)
     if result.to_stop:
         console.print(f"{len(result.to_stop)} unit(s) hold GPUs and will be stopped by the "
-                      "admission daemon: " + ", ".join(result.to_stop))
+                      "admission daemon: " + plain(", ".join(result.to_stop)), highlight=False,
+                      soft_wrap=True)
     if not result.cancelled and not result.to_stop:
-        console.print(f"nothing to cancel: every unit of {job_id} has already ended")
+        console.print(f"nothing to cancel: every unit of {plain(job_id)} has already ended",
+                      highlight=False)
 
 
 @app.command(short_help="Pull the pool's history from Prometheus.")
@@ -1355,7 +1392,8 @@ def report(
         # the daemon's nightly refresh replayed over the month (widening included): one refit
         # per evening gives the pooled accuracy and the per-service coverage
         with Progress(console=err_console, transient=True) as progress:
-            task = progress.add_task(f"replaying the nightly forecasts of {month}", total=None)
+            task = progress.add_task(escape(plain(f"replaying the nightly forecasts of {month}")),
+                                     total=None)
             check = forecast_check(
                 frame, settings, Month.parse(month),
                 on_step=lambda n, total: progress.update(task, completed=n, total=total))
@@ -1400,10 +1438,9 @@ def main(argv: list[str] | None = None) -> None:
         if "--debug" in args:
             raise
         message = exc.format_message() if isinstance(exc, typer.BadParameter) else exc
-        from rich.markup import escape  # a message may quote what the user wrote
-
-        err_console.print(f"[bold red]error:[/] {escape(str(message))}", highlight=False,
-                          soft_wrap=True)
+        # a message may quote what the user wrote: plain text, never markup
+        err_console.print(Text.assemble(("error:", "bold red"), " ", plain(message)),
+                          highlight=False, soft_wrap=True)
         raise SystemExit(2) from None
     except typer.TyperException as exc:  # other usage errors (an unknown option...): as click
         if not hasattr(exc, "show"):

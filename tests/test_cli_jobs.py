@@ -52,3 +52,78 @@ def test_simulate_writes_tables_and_a_chart(tmp_path, cli):
     runs = pd.read_csv(tmp_path / "runs_oracle.csv")
     assert set(runs.columns) >= {"job_id", "team", "kind", "gpus", "start", "end", "outcome",
                                  "gpu_hours", "lost_gpu_hours"}
+
+
+# --- what users wrote is printed as it is, never as rich markup (issue 13, item 5) ------------
+
+MARKUP = "[on black][black]hidden[/] [/] [bold :x:"
+
+
+def test_cancel_of_a_markup_id_is_one_plain_line(tmp_path, cli):
+    code, out, err = cli(["cancel", "[/]", "--store", f"sqlite:///{tmp_path / 'j.db'}"])
+    assert code == 2 and out == ""
+    assert "error: no job request or unit '[/]'" in err and "Traceback" not in err
+
+
+def test_reasons_args_and_paths_are_printed_verbatim(tmp_path, cli, monkeypatch):
+    import yaml
+
+    monkeypatch.setenv("COLUMNS", "400")  # the queue's table on one line per unit
+
+    store = f"sqlite:///{tmp_path / 'jobs.db'}"
+    request = yaml.safe_load((EXAMPLES / "pretrain.yaml").read_text())
+    request["args"] = [*request["args"], "--note", MARKUP]
+    request["description"] = MARKUP
+    path = tmp_path / "[bold]odd [on black]name.yaml"
+    path.write_text(yaml.safe_dump(request))
+    code, out, err = cli(["submit", str(path), "--store", store, "--now", NOW])
+    assert code == 0, err
+    request_id = out.split(" as ")[1].split(":")[0].strip()
+    code, out, err = cli(["cancel", request_id, "--store", store, "--now", NOW,
+                          "--reason", MARKUP + " \x1b[2J\x07"])
+    assert code == 0, err
+    code, out, err = cli(["queue", "--all", "--store", store])
+    assert code == 0, err
+    assert f"cancelled: {MARKUP} \\x1b[2J\\x07" in out, out
+    assert "\x1b" not in out and "\x07" not in out  # control characters never reach the terminal
+    # a missing file whose name looks like markup: the one error line shows it
+    code, _, err = cli(["submit", str(tmp_path / "[/]x.yaml"), "--store", store])
+    assert code == 2 and "[/]x.yaml: file not found" in err
+
+
+def test_the_dry_run_manifest_and_decisions_show_markup_verbatim(tmp_path, cli):
+    import yaml
+
+    store = f"sqlite:///{tmp_path / 'jobs.db'}"
+    request = yaml.safe_load((EXAMPLES / "pretrain.yaml").read_text())
+    request["args"] = [*request["args"], "--note", MARKUP]
+    request["env"] = {**request.get("env", {}), "NOTE": MARKUP}
+    path = tmp_path / "markup.yaml"
+    path.write_text(yaml.safe_dump(request))
+    assert cli(["submit", str(path), "--store", store,
+                "--now", "2026-01-28T17:00:00+09:00"])[0] == 0
+    code, out, err = cli(["run", "--once", "--dry-run", "--config", str(REPO / "idlegpu.yaml"),
+                          "--store", store, "--now", "2026-01-28T20:00:00+09:00",
+                          "--history", str(REPO / "data/sample/history.parquet"),
+                          "--runs", str(REPO / "data/sample/runs.csv")])
+    assert code == 0, err
+    container = next(yaml.safe_load_all(out))["spec"]["template"]["spec"]["containers"][0]
+    assert container["args"][-1] == MARKUP
+    assert {e["name"]: e.get("value") for e in container["env"]}["NOTE"] == MARKUP
+    assert MARKUP in out and "1 Job(s) would be created" in err
+
+
+def test_plain_writes_control_characters_out():
+    from scheduler.cli import plain
+
+    assert plain("a\x1b[2Jb\x07\tc\n") == "a\\x1b[2Jb\\x07\tc\n"
+    assert plain(MARKUP) == MARKUP
+
+
+def test_the_manifest_keeps_yaml_line_breaks_in_strings():
+    import yaml
+
+    from scheduler.cli import manifest_stream
+
+    for value in ("\x85", "a\x85b", "a\u2028b\u2029", MARKUP):
+        assert yaml.safe_load(manifest_stream([{"v": value, value: 1}])) == {"v": value, value: 1}
