@@ -237,7 +237,7 @@ def test_a_history_past_its_end_is_a_503_never_a_stale_plan(tmp_path):
         for path in ("/v1/plan", "/v1/windows", "/v1/forecast"):
             answer = client.get(path)
             assert answer.status_code == 503, (path, answer.text)
-            assert answer.headers["Retry-After"] == "60"
+            assert answer.headers["Retry-After"] == "30"
             assert "stale history" in answer.json()["error"]["message"]
     finally:
         client.close()
@@ -254,14 +254,21 @@ def test_prometheus_down_is_a_503(tmp_path):
 
         raise SourceUnavailableError("Prometheus at http://localhost:9 refused the connection")
 
+    forecasts = Forecasts(settings, fetch=down)
     server = ApiServer(create_app(settings, store, clock=MovableClock(NOW),
-                                  forecasts=Forecasts(settings, fetch=down))).start()
+                                  forecasts=forecasts)).start()
     client = Client(server.url, token(store, "alice", "alignment", "member"))
     try:
         answer = client.get("/v1/plan")
-        assert answer.status_code == 503 and answer.headers["Retry-After"] == "60"
+        assert answer.status_code == 503 and answer.headers["Retry-After"] == "30"
         assert "could not be read" in answer.json()["error"]["message"]
         assert "refused the connection" in answer.json()["error"]["message"]
+        # a queued unit still answers, its plan saying why there is none
+        queued = client.post("/v1/requests", json=request("waits", "alignment", 4))
+        unit = client.get(f"/v1/units/{queued.json()['unit_ids'][0]}").json()
+        assert unit["plan"]["start_at"] is None
+        assert unit["plan"]["reason"].startswith("no plan now: the pool's history could not")
+        assert forecasts.refreshes == 0 and forecasts.failed is not None
     finally:
         client.close()
         server.stop()

@@ -11,13 +11,15 @@ call of the next hour. Every answer carries ``made_at`` and the forecast's age.
 A history that cannot be read, or whose newest sample before the server's clock is older
 than ``stale_after`` (Prometheus stopped scraping, the replayed file ended), is a
 ``ForecastUnavailable``: the API answers 503 with ``Retry-After``, never a plan from stale
-history.
+history. A failure is remembered for ``RETRY_AFTER_S`` (real time), so callers in that time
+get the same 503 at once instead of each waiting for the source's retries.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -28,7 +30,7 @@ import pandas as pd
 log = logging.getLogger("idlegpu.api")
 
 STALE_AFTER = timedelta(minutes=30)
-RETRY_AFTER_S = 60
+RETRY_AFTER_S = 30  # also how long a failure is remembered before the source is asked again
 
 
 class ForecastUnavailable(Exception):
@@ -75,6 +77,7 @@ class Forecasts:
         self.current: ServerForecast | None = None
         self.refreshes = 0
         self.on_refresh: list[Callable[[ServerForecast], None]] = []
+        self.failed: tuple[float, ForecastUnavailable] | None = None  # (monotonic, why)
         self._times = None if frame is None else _sample_times(frame)
 
     def describe(self) -> str:
@@ -87,7 +90,14 @@ class Forecasts:
             current = self.current
             if current is not None and current.key == key and current.made_at <= now:
                 return current
-            made = self._refresh(now, key)
+            if self.failed is not None and time.monotonic() - self.failed[0] < RETRY_AFTER_S:
+                raise ForecastUnavailable(str(self.failed[1]))
+            try:
+                made = self._refresh(now, key)
+            except ForecastUnavailable as exc:
+                self.failed = (time.monotonic(), exc)
+                raise
+            self.failed = None
             self.current = made
             self.refreshes += 1
         for hook in list(self.on_refresh):
