@@ -80,7 +80,7 @@ class Reads:
         from scheduler.plan import store_queue, tonight
         from scheduler.types import JobState
 
-        now = self.now()
+        now = self.now().replace(microsecond=0)  # a plan to the second
         made = self.forecast(now)
         queue, running, usage = store_queue(self.store, self.settings, self.estimate, now)
         ready = {job.id for job in queue}
@@ -158,7 +158,7 @@ class Reads:
     def windows(self, hours: float, min_hours: float, granularity: int) -> dict[str, Any]:
         from forecast.capacity import idle_windows, windows_frame
 
-        now = self.now()
+        now = self.now().replace(microsecond=0)  # a plan to the second
         made = self.forecast(now)
         free = self.free_window(made, now, hours)
         found = (idle_windows(free, confidence=self.settings.admission.confidence,
@@ -171,7 +171,7 @@ class Reads:
     def forecast_json(self, hours: float) -> dict[str, Any]:
         from forecast.capacity import FREE, forecast_pool_usage
 
-        now = self.now()
+        now = self.now().replace(microsecond=0)  # a plan to the second
         made = self.forecast(now)
         refresh = made.refresh
         free = self.free_window(made, now, hours)
