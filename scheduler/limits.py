@@ -177,9 +177,10 @@ def load_yaml_text(text: str | bytes, limits: RequestLimits, *, max_bytes: int |
         raise LimitError("", f"invalid YAML{at}: {_clip(str(problem))}; check the indentation "
                              "and quoting there (quote values containing ': ' or starting with "
                              "'{')") from None
-    except (ValueError, OverflowError, TypeError, RecursionError, MemoryError) as exc:
-        # a value the YAML reader cannot build: a 5,000-digit integer, 2025-02-30, a bad offset
-        text = str(exc)
+    except Exception as exc:  # noqa: BLE001
+        # a value the YAML reader cannot build: a 5,000-digit integer, 2025-02-30, a bad offset,
+        # an empty "!!int " (IndexError inside PyYAML)
+        text = str(exc) or type(exc).__name__
         if "integer string conversion" in text:
             text = "a number with more than 4,300 digits"
         raise LimitError("", f"a value cannot be read ({_clip(text)}); quote it to make it a "

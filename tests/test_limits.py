@@ -256,6 +256,9 @@ def test_a_trace_entry_out_of_range_is_refused(tmp_path: Path) -> None:
     ("a: 1\n---\nb: 2\n", "invalid YAML at line 2"),
     ("!!python/object/apply:os.system [echo hi]\n", "could not determine a constructor"),
     ("{[1]: 2}\n", "found unhashable key"),
+    ("name: !!int \n", "a value cannot be read"),
+    ("name: !!float x\n", "a value cannot be read"),
+    ("name: !!binary '%'\n", "name: String should match pattern"),
     ("", "expected a mapping of request fields, got NoneType"),
     ("args: [[1]]\n" + "\n".join(f"{k}: {v}" for k, v in request().items()),
      "args.0: Input should be a valid string; use a list of strings, e.g. [--lr, '{lr}']"),
@@ -381,6 +384,23 @@ _values = st.recursive(
                                                              "args", "env", "volumes"]),
                                           inner, max_size=5)),
     max_leaves=30)
+_words = st.sampled_from(_MARKUP) | st.text(max_size=30)
+_plausible = {  # values of the right type, so that more of the requests get through
+    "args": st.lists(_words | st.sampled_from(["{lr}", "{name}", "{output}", "{member}"]),
+                     max_size=6),
+    "command": st.lists(_words, max_size=3),
+    "description": _words,
+    "priority": st.integers(-2000, 2000),
+    "env": st.dictionaries(st.sampled_from(["A", "B_C", "NOTE"]), _words, max_size=3),
+    "parameters": st.dictionaries(st.sampled_from(["lr", "seed", "data"]),
+                                  st.integers() | _words | st.floats(), max_size=3),
+    "sweep": st.dictionaries(st.sampled_from(["seed", "shard"]),
+                             st.lists(st.integers(0, 300), max_size=8), max_size=2),
+    "steps": st.lists(st.fixed_dictionaries({"name": st.sampled_from(["a", "b", "c-1"])}),
+                      max_size=3),
+    "gpus": st.integers(-2, 70),
+    "deadline": st.datetimes(timezones=st.timezones()).map(lambda d: d.isoformat()),
+}
 _FIELDS = ["name", "team", "kind", "image", "gpus", "min_gpus", "cpu", "memory", "priority",
            "deadline", "max_preemptions", "runtime_estimate", "args", "command", "env",
            "parameters", "sweep", "steps", "output", "volumes", "env_from", "checkpoint",
@@ -393,8 +413,9 @@ def request_texts(draw: st.DrawFn) -> str | bytes:
     if kind == "mutated":
         data: dict[str, Any] = request(parameters={"lr": 1e-4}, args=["--lr", "{lr}"],
                                        output="s3://runs/{name}/{step}/{member}")
-        for _ in range(draw(st.integers(1, 4))):
-            data[draw(st.sampled_from(_FIELDS))] = draw(_values)
+        for _ in range(draw(st.integers(0, 3))):
+            field = draw(st.sampled_from(_FIELDS))
+            data[field] = draw(_values if draw(st.booleans()) else _plausible.get(field, _values))
         dump = draw(st.sampled_from(["json", "yaml"]))
         try:
             return json.dumps(data) if dump == "json" else yaml.safe_dump(data)
