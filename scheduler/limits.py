@@ -292,6 +292,22 @@ def _strings(value: Any) -> list[str]:
     return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
 
 
+def _raw_size(value: Any) -> int:
+    """Characters of the scalars in ``value`` plus a little per entry (iterative; the input's
+    depth and size are already bounded)."""
+    total, stack = 0, [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, Mapping):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+        else:
+            total += _text_len(item) + 4
+    return total
+
+
 def _bound(template: str, lengths: Mapping[str, int]) -> int:
     """The most characters ``template`` can render to with values of at most ``lengths``."""
     total = len(template)
@@ -446,6 +462,10 @@ def _unit_bound(data: Mapping[Any, Any], here: str, step: Mapping[Any, Any], mem
     size += sum(len(k) for k in {**job_env, **step_env} if isinstance(k, str))
     command, _ = pick("command")
     size += sum(len(t) + _PER_ENTRY for t in _strings(command))
+    # copied into every unit as written: volumes (sub_path counted again: an upper bound),
+    # env_from, value_from references
+    size += _raw_size(pick("volumes")[0]) + _raw_size(pick("env_from")[0])
+    size += _raw_size([v for v in {**job_env, **step_env}.values() if not isinstance(v, str)])
     image, _ = pick("image")
     size += _text_len(image)
     if size > limits.max_unit_bytes:

@@ -112,6 +112,18 @@ def test_a_request_whose_units_together_are_too_large_is_refused() -> None:
     assert "admission.limits.max_request_expanded_bytes" in message
 
 
+def test_fields_copied_into_every_unit_count_too() -> None:
+    # 800 scratch volumes (200 kB as written) copied into 1,024 units: 200 MB in the store
+    volumes = [{"name": f"v{i}", "mount_path": f"/scratch/{i}/" + "p" * 230, "empty_dir": {}}
+               for i in range(800)]
+    text = json.dumps(request(volumes=volumes, steps=[
+        {"name": f"s{i}", "sweep": {"seed": list(range(256))}} for i in range(4)]),
+        separators=(",", ":"))
+    assert len(text) < 256 * 1024
+    message, _, _ = refused(lambda: parse_request_text(text))
+    assert "admission.limits.max_request_expanded_bytes" in message
+
+
 def test_a_rendered_string_too_long_is_refused_at_its_field() -> None:
     text = json.dumps(request(parameters={"a": "y" * 9000}, args=["--x", "{a}{a}"]))
     message, _, _ = refused(lambda: parse_request_text(text))
