@@ -72,6 +72,7 @@ def plan_ahead(
     last_reason: dict[str, str] = {}
     reasons: dict[str, list[str]] = {}  # per job, the policy's reason at each step
     left: list[float] = []  # per step, the GPUs the planned jobs leave free
+    pools: list[float] = []  # per step, the GPUs free before any research job
     times: list[datetime] = []
     t = now
     while t < now + horizon and t < profile.end:
@@ -104,13 +105,14 @@ def plan_ahead(
             reasons.setdefault(job_id, []).append(last_reason.get(job_id, ""))
         i = profile.index_at(t)
         pool = float(profile.free[i]) if 0 <= i < len(profile.free) else math.nan
+        pools.append(pool)
         left.append(pool - sum(job.gpus for job, _ in active.values()))
         times.append(t)
         t += step
     for job, row in active.values():
         runs.append(replace(row, outcome="runs on" if row.end > t else row.outcome))
     runs.sort(key=lambda r: (r.start, r.job_id))
-    steps = _Steps(times, np.array(left, float), step, tz or UTC)
+    steps = _Steps(times, np.array(left, float), np.array(pools, float), step, tz or UTC)
     return NightPlan(
         tuple(runs),
         tuple((job, wait_reason(job, steps, reasons.get(job.id, []), settings.grace_s))
@@ -122,6 +124,7 @@ def plan_ahead(
 class _Steps:
     times: list[datetime]
     left: np.ndarray  # GPUs left free by the planned jobs at each step (NaN: no forecast)
+    pool: np.ndarray  # GPUs free before any research job at each step
     step: timedelta
     tz: tzinfo
 
@@ -149,12 +152,19 @@ def wait_reason(job: WaitingJob, steps: _Steps, reasons: Sequence[str], grace_s:
     what = f"needs {need} GPUs" if need == job.gpus else f"needs at least {need} GPUs"
     span = (len(steps.times) * steps.step).total_seconds() / 3600
     left = np.nan_to_num(steps.left, nan=-1.0)
+    pool = np.nan_to_num(steps.pool, nan=-1.0)
     now = max(0, int(left[0]))
-    most = int(np.argmax(left))
     ok = left >= need
-    if not ok.any():
-        return (f"{what}; {now} free now and at most {max(0, int(left[most]))} in the next "
+    if not (pool >= need).any():
+        most = int(np.argmax(pool))
+        return (f"{what}; {now} free now and at most {max(0, int(pool[most]))} in the next "
                 f"{span:g} h (at {steps.at(most)}): no {need}-GPU window opens")
+    if not ok.any():
+        opens = int(np.argmax(pool >= need))
+        most = int(np.argmax(left))
+        return (f"{what}; the pool has {need} free from {steps.at(opens)}, but the jobs "
+                f"planned ahead of it hold them: at most {max(0, int(left[most]))} left in the "
+                f"next {span:g} h")
     stretches = _runs(ok)
     whole = not job.checkpointable or (
         job.max_preemptions is not None and job.preemptions >= job.max_preemptions)

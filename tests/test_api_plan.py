@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from zoneinfo import ZoneInfo
 
 import pandas as pd
 import pytest
@@ -288,3 +289,43 @@ def test_plan_with_server_prints_the_servers_plan(env, cli, monkeypatch):
     code, out, _ = cli(["plan", "--horizon", "12h"])
     assert code == 0 and "Plan from Wed 2026-01-28 17:00" in out
     assert env.forecasts.refreshes == 1
+
+
+def test_the_wait_reason_speaks_for_the_whole_horizon():
+    from datetime import UTC, timedelta
+
+    import numpy as np
+
+    from scheduler.plan import plan_ahead
+    from scheduler.types import FreeProfile, PolicySettings, RunningJob, WaitingJob
+
+    t0 = datetime(2026, 1, 28, 9, 0, tzinfo=UTC)  # 18:00 in Seoul
+    # 2 h of nothing free, then 12 h of 16 free, then nothing
+    profile = FreeProfile(t0, 300, np.array([0] * 24 + [16] * 144 + [0] * 120, float), 0.9, t0)
+
+    def unit(id_, gpus, hours, **kw):
+        return WaitingJob(id_, "t", gpus, hours * 3600, False, 0, t0 - timedelta(hours=1), **kw)
+
+    queue = [unit("a", 16, 4), unit("b", 16, 4), unit("c", 16, 4), unit("big", 32, 1),
+             unit("late", 8, 1, deadline=t0 - timedelta(minutes=1)), unit("more", 16, 8)]
+    plan = plan_ahead(t0, profile, queue, PolicySettings(grace_s=600),
+                      horizon=timedelta(hours=24), tz=ZoneInfo("Asia/Seoul"))
+    reasons = {job.id: reason for job, reason in plan.waiting}
+    assert {r.job_id for r in plan.runs} == {"a", "b"}
+    # not the last moment's "0 free now": the whole night
+    assert reasons["big"] == ("needs 32 GPUs; 0 free now and at most 16 in the next 24 h (at "
+                              "Wed 20:00): no 32-GPU window opens")
+    assert reasons["c"] == ("needs 16 GPUs for 4.0 h + grace without a stop; the longest "
+                            "16-GPU window left in the next 24 h is 4.0 h (from Thu 04:00)")
+    assert reasons["more"].startswith("needs 16 GPUs for 8.0 h + grace without a stop")
+    assert reasons["late"] == ("needs 8 GPUs; the first 8-GPU window left opens at Thu 04:00, "
+                               "but then: its deadline has passed")
+    # a job already running holds the window all night
+    held = RunningJob("r", "t", 16, 0, t0 - timedelta(hours=1), False, 30 * 3600, None, None,
+                      "training")
+    profile = FreeProfile(t0, 300, np.full(300, 16.0), 0.9, t0)
+    plan = plan_ahead(t0, profile, [unit("x", 16, 1)], PolicySettings(grace_s=600),
+                      running=[held], horizon=timedelta(hours=24), tz=ZoneInfo("Asia/Seoul"))
+    (_, reason), = plan.waiting
+    assert reason == ("needs 16 GPUs; the pool has 16 free from Wed 18:00, but the jobs planned "
+                      "ahead of it hold them: at most 0 left in the next 24 h")

@@ -138,16 +138,16 @@ class Reads:
     def unit_plan(self, unit_id: str) -> dict[str, Any]:
         """``{start_at, stop_by, reason}`` of one unit in tonight's plan (24 h)."""
         try:
-            _, made, planned = self.tonight(24.0)
+            now, made, planned = self.tonight(24.0)
         except ForecastUnavailable as exc:
             return {"start_at": None, "stop_by": None, "reason": f"no plan now: {exc}",
-                    "made_at": None}
+                    "made_at": None, "forecast_age_s": None}
+        stamp = {"made_at": self.iso(made.made_at), "forecast_age_s": round(made.age_s(now), 1)}
         for unit in self.plan_units(planned):
             if unit["id"] == unit_id:
                 return {"start_at": unit["start_at"], "stop_by": unit["stop_by"],
-                        "reason": unit["reason"], "made_at": self.iso(made.made_at)}
-        return {"start_at": None, "stop_by": None, "reason": "not in tonight's plan",
-                "made_at": self.iso(made.made_at)}
+                        "reason": unit["reason"], **stamp}
+        return {"start_at": None, "stop_by": None, "reason": "not in tonight's plan", **stamp}
 
     def free_window(self, made: ServerForecast, now: datetime, hours: float) -> pd.Series:
         free = made.refresh.free
