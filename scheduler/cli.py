@@ -769,8 +769,7 @@ def plan(
         _check(history is None and jobs is None and store is None and runs is None
                and now is None, "the server plans from its own history, queue and clock; "
                "drop --history, --jobs, --store, --runs and --now", "--server")
-        # cli_remote escapes what it prints itself: consoles that read its markup
-        return remote_plan(Console(), Console(stderr=True), server, token_file,
+        return remote_plan(markup_console, markup_err_console, server, token_file,
                            span.total_seconds() / 3600)
     if history is None:
         raise typer.BadParameter("give the pool's history (or --server URL for the job "
