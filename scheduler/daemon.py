@@ -388,7 +388,11 @@ class Daemon:
 
         def stop(signum, frame) -> None:
             log.info("signal %s: finishing the pass under way, then stopping", signum)
-            sched.shutdown(wait=True)
+            # not from the handler itself: it runs in the scheduler's own thread, possibly in
+            # the middle of its job loop, whose (reentrant) lock it would walk straight
+            # through and empty the job store under it (APScheduler's JobLookupError)
+            threading.Thread(target=sched.shutdown, kwargs={"wait": True},
+                             name="idlegpu-stop", daemon=True).start()
 
         def refresh_now(signum, frame) -> None:  # on demand: kill -HUP <pid>
             log.info("SIGHUP: refreshing the forecast")
