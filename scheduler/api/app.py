@@ -231,13 +231,19 @@ def create_app(settings: Settings, store: JobStore, *,
             raise ApiError(400, f"{SOURCE}: the body is not UTF-8 text") from None
         if kind in YAML_TYPES:
             return load_request_text(text, settings.admission, source=SOURCE)
+        limit = settings.admission.limits.max_request_bytes
+        if len(body) > limit:  # the same bound as a request file's (YAML bodies check it too)
+            raise ApiError(413, f"{SOURCE}: the request is {len(body)} bytes, over the limit "
+                                f"of {limit} (admission.limits.max_request_bytes)")
         try:
             data = json.loads(text)
-        except (json.JSONDecodeError, RecursionError) as exc:
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError, or an int too long
             where = (f" at line {exc.lineno}, column {exc.colno}"
                      if isinstance(exc, json.JSONDecodeError) else "")
-            raise ApiError(400, f"{SOURCE}: invalid JSON{where}: "
-                                f"{getattr(exc, 'msg', 'too deeply nested')}") from None
+            problem = (exc.msg if isinstance(exc, json.JSONDecodeError) else
+                       "too deeply nested" if isinstance(exc, RecursionError) else
+                       "a number too long to read")
+            raise ApiError(400, f"{SOURCE}: invalid JSON{where}: {problem}") from None
         return validate_request(data, settings.admission, source=SOURCE)
 
     def check_priority(request: Any, units: Sequence[Any], team: str) -> None:
