@@ -189,6 +189,29 @@ def main() -> None:
               f"{peak / 2**20:.1f} MiB, {peak / max(1, len(rows)) / 1024:.1f} KiB per unit")
         store.close()
 
+        # the worst request the limits accept: 1,024 units, each with 40 args of 300 characters
+        worst = JobStore(f"sqlite:///{Path(tmp) / 'worst.db'}")
+        base = yaml.safe_load(SUBMIT.read_text(encoding="utf-8"))
+        text = yaml.safe_dump({
+            "name": "worst", "team": "evaluation", "kind": "eval",
+            "image": "registry.example.com/research/lm-eval:0.4.4",
+            "gpus": 1, "runtime_estimate": "1h", "parameters": {"blob": "x" * 300},
+            "steps": [{"name": f"s{i}", "sweep": {"seed": list(range(256))},
+                       "args": ["{blob}"] * 40} for i in range(4)],
+            "output": "s3://runs/{name}/{step}/{member}"})
+        request = load_request_text(text, settings.admission)
+        units = expand_units(request)
+        worst.submit(request.name, request.team, request.kind, request.model_dump(mode="json"),
+                     units, datetime.now(UTC))
+        tracemalloc.start()
+        rows = worst.waiting(datetime.now(UTC), lambda row: 3600.0)
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        print(f"the worst accepted request ({len(text)} bytes, {len(units)} units in 4 steps): one pass's "
+              f"view of it peaks at {peak / 2**20:.1f} MiB ({len(rows)} units waiting: the first "
+              f"step; the others wait on it), {peak / max(1, len(rows)) / 1024:.0f} KiB a unit")
+        worst.close()
+
 
 if __name__ == "__main__":
     main()
