@@ -177,6 +177,8 @@ def wait_reason(job: WaitingJob, steps: _Steps, reasons: Sequence[str], grace_s:
                 f"{need}-GPU window left in the next {span:g} h is {_hours(longest_s)} (from "
                 f"{steps.at(longest[0])})")
     said = reasons[first] if first < len(reasons) and reasons[first] else ""
+    if said and not said.startswith("needs") and reasons and reasons[0] == said:
+        return said  # not a matter of GPUs, and already so now (its deadline has passed)
     opens = "is open now" if first == 0 else f"opens at {steps.at(first)}"
     return f"{what}; the first {need}-GPU window left {opens}" + (f", but then: {said}" if said
                                                               else "")

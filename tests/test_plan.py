@@ -41,6 +41,15 @@ def test_a_job_that_never_fits_waits_with_its_reason():
     assert waiting.id == "huge" and "needs 32 GPUs; 8 free now" in reason
 
 
+def test_a_job_past_its_deadline_says_so_not_which_window_opens():
+    profile = FreeProfile(T0, 300, np.array([0] * 24 + [16] * 144 + [0] * 120, float), 0.9, T0)
+    late = WaitingJob("late", "t", 8, 3600, False, 0, T0 - timedelta(days=2),
+                      deadline=T0 - timedelta(hours=1))
+    plan = plan_ahead(T0, profile, [late], PolicySettings(), horizon=timedelta(hours=24))
+    (waiting, reason), = plan.waiting
+    assert waiting.id == "late" and reason == "its deadline has passed"
+
+
 def test_plan_command_on_the_sample(tmp_path, cli):
     code, out, err = cli([
         "plan", "--history", str(REPO / "data/sample/history.parquet"),
