@@ -41,4 +41,5 @@ fi
 .venv/bin/python -m pip install --quiet -e '.[test]'
 
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
-exec .venv/bin/python -m pytest "$@"
+# every test, the slow ones too (a plain `pytest` leaves those out); later -m arguments win
+exec .venv/bin/python -m pytest -m "slow or not slow" "$@"
