@@ -9,8 +9,7 @@ from pathlib import Path
 import test_api_kube
 import yaml
 from api_server import job
-
-from scheduler.cli import main
+from test_cli_remote import run
 
 kube_api = test_api_kube.kube_api  # the fixture: a job API whose TokenReviews reach the server
 sa_token = test_api_kube.sa_token
@@ -26,16 +25,6 @@ def kubeconfig_with_token(tmp_path: Path, kube, token: str) -> Path:
         "contexts": [{"name": "research", "context": {"cluster": "pool", "user": "alice"}}],
     }), encoding="utf-8")
     return path
-
-
-def run(capsys, *argv: str) -> tuple[int, str, str]:
-    try:
-        main(list(argv))
-        code = 0
-    except SystemExit as exc:
-        code = exc.code or 0
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_the_kubeconfig_token_submits_as_its_service_account(kube_api, kube_control_plane,
