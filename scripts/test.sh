@@ -5,8 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # Debian packages the tests start real servers from: Prometheus, etcd (for the Kubernetes control
-# plane), openssl (its certificates) and PostgreSQL (the job store); one apt-get update, then
-# install only what is missing
+# plane), openssl (its certificates), PostgreSQL (the job store) and Chromium with its driver (the
+# web console's browser tests); one apt-get update, then install only what is missing
 need=()
 if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
     need+=(prometheus)
@@ -16,6 +16,8 @@ command -v openssl >/dev/null || need+=(openssl)
 if ! command -v pg_ctl >/dev/null && ! compgen -G '/usr/lib/postgresql/*/bin/pg_ctl' >/dev/null; then
     need+=(postgresql)
 fi
+[ -x /usr/bin/chromium ] || need+=(chromium)
+[ -x /usr/bin/chromedriver ] || need+=(chromium-driver)
 if [ "${#need[@]}" -gt 0 ]; then
     echo "installing Debian's ${need[*]} (the tests start real servers)..."
     SUDO=""

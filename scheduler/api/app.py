@@ -172,9 +172,13 @@ def create_app(settings: Settings, store: JobStore, *,
 
     # -- identity ---------------------------------------------------------------------------
 
+    app.state.console_caller = None  # set by scheduler.console: its session cookie
+
     def caller(request: Request) -> Identity:
         address = request.client.host if request.client else None
-        return authenticator.authenticate(request.headers, address, now.now())
+        console = app.state.console_caller
+        who = console(request) if console is not None else None
+        return who or authenticator.authenticate(request.headers, address, now.now())
 
     Caller = Annotated[Identity, Depends(caller)]
 
@@ -303,6 +307,30 @@ def create_app(settings: Settings, store: JobStore, *,
         status, payload = await run_in_threadpool(work)
         return JSONResponse(payload, status_code=status)
 
+    @app.post(f"/{API_VERSION}/requests/validate",
+              summary="Validate a request without storing it: the units it expands to, or "
+                      "the error with its field (the same checks as submitting)")
+    async def validate(request: Request, who: Caller) -> dict[str, Any]:
+        require_change(who, "submit requests")
+        kind, body = await read_body(request)
+
+        def work() -> dict[str, Any]:
+            from scheduler.specs import expand_units
+
+            job = parse_request(kind, body)
+            if job.team != who.team:
+                raise ApiError(403, f"{SOURCE}: team: you act for team {who.team!r}; a "
+                                    f"request for team {job.team!r} is refused", field="team")
+            units = expand_units(job)
+            check_priority(job, units, who.team)
+            return {"name": job.name, "team": job.team, "kind": job.kind, "units": [{
+                "step": u.step, "step_index": u.step_index, "member": u.member,
+                "gpus": u.gpus, "image": u.image, "priority": u.priority,
+                "runtime_estimate_s": u.runtime_estimate_s,
+                "checkpointable": u.checkpointable} for u in units]}
+
+        return await run_in_threadpool(work)
+
     def request_json(request_id: str) -> dict[str, Any]:
         row = store.request(request_id)
         units = store.request_units(request_id)
@@ -426,4 +454,7 @@ def create_app(settings: Settings, store: JobStore, *,
             "detail": dict(e.detail)} for e in entries]}
 
     add_read_routes(app, reads, caller, f"/{API_VERSION}")
+    from scheduler.console import add_console
+
+    add_console(app, settings, store, authenticator, reads, now.now)
     return app

@@ -1,0 +1,245 @@
+"""The web console in a REAL headless Chromium against a real `idlegpu serve` app (uvicorn on
+loopback) with the sample pool replayed at Wed 2026-01-28 17:00 in Seoul and queued units of
+two teams (fixtures: tests/console_browser.py)."""
+
+# ruff: noqa: F811 - the fixtures imported from console_browser are the tests' parameters
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from pathlib import Path
+from urllib.parse import urlparse
+
+import requests
+import yaml
+from api_server import IMAGE
+from console_browser import browser, console_server, login  # noqa: F401 - fixtures
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import WebDriverWait
+
+SHOTS = Path(os.environ.get("IDLEGPU_CONSOLE_SHOTS") or tempfile.mkdtemp(prefix="console-shots-"))
+PAGES = ("/", "/queue", "/queue?scope=all", "/submit", "/units/x", "/requests/x")
+
+
+def wait(driver, seconds: float = 20):
+    return WebDriverWait(driver, seconds)
+
+
+def chart_drawn(driver) -> None:
+    wait(driver, 45).until(lambda d: d.find_element(By.ID, "chart").get_attribute("data-drawn"))
+
+
+def points(driver, selector: str) -> list[int]:
+    return [int(p.get_attribute("data-points") or 0)
+            for p in driver.find_elements(By.CSS_SELECTOR, f"#chart {selector}")]
+
+
+def test_logged_out_every_page_redirects_to_login(console_server, browser):
+    for page in PAGES:
+        answer = requests.get(console_server.url + page, allow_redirects=False, timeout=30)
+        assert answer.status_code == 303, (page, answer.status_code)
+        assert answer.headers["location"].startswith("/login?next="), page
+    assert requests.get(console_server.url + "/console/pool.json",
+                        timeout=30).status_code == 401
+    browser.delete_all_cookies()
+    browser.get(console_server.url + "/queue?scope=all")
+    assert urlparse(browser.current_url).path == "/login"
+    assert browser.find_element(By.CSS_SELECTOR, "label[for=token]").text == "idlegpu token"
+    # a wrong token is refused at the form
+    browser.find_element(By.ID, "token").send_keys("igt_not-a-token")
+    browser.find_element(By.CSS_SELECTOR, "form.login button[type=submit]").click()
+    assert "unknown token" in browser.find_element(By.ID, "login-error").text
+
+
+def test_a_member_logs_in_and_sees_tonights_chart_drawn(console_server, browser):
+    login(browser, console_server.url, console_server.tokens["alice"])
+    assert "alice · team alignment · member" in browser.find_element(By.ID, "who").text
+    chart_drawn(browser)
+    history = points(browser, "path.history-free")
+    assert len(history) == 1 and 500 <= history[0] <= 577, history  # 48 h of 5-min samples
+    services = browser.find_elements(By.CSS_SELECTOR, "#chart path.service")
+    assert {s.get_attribute("data-service") for s in services} == {"chat", "code",
+                                                                    "summarize", "embed"}
+    assert all(n > 500 for n in points(browser, "path.service"))
+    median, lower = points(browser, "path.median"), points(browser, "path.lower")
+    assert len(median) == 1 and 250 <= median[0] <= 289, median  # the next 24 h, 5-min steps
+    assert lower and lower[0] == median[0]
+    band = browser.find_element(By.CSS_SELECTOR, "#chart path.band").get_attribute("d")
+    assert band.count("L") > 2 * 250 and band.endswith("Z")
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#chart rect.window")) >= 1
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#chart line.now")) == 1
+    assert "now Wed 17:00" in browser.find_element(By.CSS_SELECTOR, "#chart .now-label").text
+    jobs = browser.find_elements(By.CSS_SELECTOR, "#chart rect.job")
+    assert {j.get_attribute("data-unit") for j in jobs} >= {
+        console_server.units["fits-tonight"], console_server.units["small"]}
+    # stamps: the forecast is fresh (made now), the replayed signals are 5 min old at most
+    forecast = browser.find_element(By.ID, "forecast-age")
+    assert "forecast made: Wed 28 Jan 17:00:00 KST" in forecast.text
+    assert "stale" not in forecast.get_attribute("class")
+    assert "KST" in browser.find_element(By.ID, "signals-age").text
+    assert "Asia/Seoul" in browser.find_element(By.CSS_SELECTOR, ".zone").text
+    assert browser.find_elements(By.CSS_SELECTOR, "#windows li")
+    browser.save_screenshot(str(SHOTS / "pool.png"))
+
+
+def test_a_queued_unit_shows_its_estimated_start_and_why_it_waits(console_server, browser):
+    login(browser, console_server.url, console_server.tokens["alice"], "/queue?scope=all")
+    rows = {r.get_attribute("data-unit"): r
+            for r in browser.find_elements(By.CSS_SELECTOR, "#queue tbody tr[data-unit]")}
+    assert set(console_server.units.values()) <= set(rows)
+    fits = rows[console_server.units["fits-tonight"]]
+    start = fits.find_element(By.CSS_SELECTOR, "td.start").text
+    assert re.match(r"^(Wed 28|Thu 29) Jan \d\d:\d\d KST$", start), start
+    never = rows[console_server.units["never-fits"]]
+    assert never.find_element(By.CSS_SELECTOR, "td.start").text == "not tonight"
+    reason = never.find_element(By.CSS_SELECTOR, "td.reason").text
+    assert reason.startswith("needs 64 GPUs;") and "no 64-GPU window opens" in reason
+    # full ids, never cut, with a copy button each
+    unit_id = console_server.units["never-fits"]
+    assert never.find_element(By.CSS_SELECTOR, "td.id code").text == unit_id
+    assert never.find_element(By.CSS_SELECTOR, "button.copy").get_attribute(
+        "data-copy") == unit_id
+    # sorted by estimated start: what starts comes before what waits
+    order = [r.get_attribute("data-unit") for r in
+             browser.find_elements(By.CSS_SELECTOR, "#queue tbody tr[data-unit]")]
+    assert order.index(console_server.units["fits-tonight"]) < order.index(unit_id)
+    browser.save_screenshot(str(SHOTS / "queue.png"))
+    # scope and filter
+    browser.get(console_server.url + "/queue?scope=team")
+    teams = {r.find_elements(By.TAG_NAME, "td")[2].text
+             for r in browser.find_elements(By.CSS_SELECTOR, "#queue tbody tr[data-unit]")}
+    assert teams == {"alignment"}
+    browser.get(console_server.url + "/queue?scope=all&q=never")
+    assert [r.get_attribute("data-unit") for r in browser.find_elements(
+        By.CSS_SELECTOR, "#queue tbody tr[data-unit]")] == [unit_id]
+
+
+def bad_request() -> str:
+    return yaml.safe_dump({"name": "console-sft", "team": "alignment", "kind": "sft",
+                           "image": "docker.io/someone/trainer:1.0", "gpus": 4,
+                           "runtime_estimate": "1h", "command": ["python", "train.py"]},
+                          sort_keys=False)
+
+
+def test_submit_shows_the_error_at_the_field_then_submits_and_cancels(console_server, browser):
+    login(browser, console_server.url, console_server.tokens["alice"], "/submit")
+    options = [o.get_attribute("value") for o in
+               browser.find_elements(By.CSS_SELECTOR, "#example option") if o.get_attribute("value")]
+    assert "sft-rl-eval.yaml" in options
+    area = browser.find_element(By.ID, "request")
+    browser.execute_script("arguments[0].value = arguments[1];"
+                           "arguments[0].dispatchEvent(new Event('input'));", area, bad_request())
+    error = browser.find_element(By.ID, "field-error")
+    wait(browser).until(lambda d: error.is_displayed())
+    assert error.get_attribute("data-field") == "image"
+    assert error.find_element(By.CSS_SELECTOR, "strong.field").text == "image"
+    assert "registry.example.com/" in error.text and "(line 4)" in error.text, error.text
+    assert area.get_attribute("aria-invalid") == "true"
+    # fixed: valid, the units previewed, then submitted
+    fixed = bad_request().replace("docker.io/someone/trainer:1.0", IMAGE)
+    browser.execute_script("arguments[0].value = arguments[1];"
+                           "arguments[0].dispatchEvent(new Event('input'));", area, fixed)
+    wait(browser).until(lambda d: d.find_element(By.ID, "validity").text.startswith("valid"))
+    assert not error.is_displayed()
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#preview tbody tr")) == 1
+    browser.find_element(By.ID, "submit").click()
+    wait(browser).until(lambda d: urlparse(d.current_url).path.startswith("/requests/"))
+    assert browser.find_element(By.ID, "notice").text == "submitted"
+    request_id = browser.find_element(By.ID, "request-id").text
+    console_server.requests_["console-sft"] = request_id
+    unit = browser.find_element(By.CSS_SELECTOR, "#units tbody tr").get_attribute("data-unit")
+    console_server.units["console-sft"] = unit
+    # the unit's page: its plan, then cancel it
+    browser.get(console_server.url + f"/units/{unit}")
+    assert "queued" in browser.find_element(By.ID, "unit-state").text
+    assert browser.find_element(By.ID, "unit-plan").text
+    assert "submitted" in browser.find_element(By.ID, "timeline").text
+    browser.find_element(By.ID, "reason").send_keys("not needed")
+    browser.find_element(By.ID, "cancel").click()
+    wait(browser).until(lambda d: "cancelled" in d.find_element(By.ID, "unit-state").text)
+    assert "cancelled 1 unit(s)" in browser.find_element(By.CSS_SELECTOR, ".notice").text
+    assert not browser.find_elements(By.ID, "cancel")  # nothing left to cancel
+    state = console_server.store.unit(unit).state.value
+    assert state == "cancelled"
+
+
+def test_a_member_of_another_team_sees_it_but_cannot_cancel(console_server, browser):
+    login(browser, console_server.url, console_server.tokens["vera"])
+    unit = console_server.units["small"]  # alignment's, queued
+    browser.get(console_server.url + f"/units/{unit}")
+    assert browser.find_element(By.ID, "unit-id").text == unit
+    assert not browser.find_elements(By.ID, "cancel")
+    browser.get(console_server.url + f"/requests/{console_server.requests_['small']}")
+    assert not browser.find_elements(By.ID, "cancel")
+    # her own team's: cancellable
+    browser.get(console_server.url + f"/units/{console_server.units['vision-eval']}")
+    assert browser.find_elements(By.ID, "cancel")
+
+
+def test_a_viewer_has_no_forms(console_server, browser):
+    login(browser, console_server.url, console_server.tokens["victor"])
+    assert not browser.find_elements(By.LINK_TEXT, "Submit")
+    for page in ("/", "/queue?scope=all", f"/units/{console_server.units['vision-eval']}",
+                 f"/requests/{console_server.requests_['vision-eval']}", "/submit"):
+        browser.get(console_server.url + page)
+        posts = [f.get_attribute("action") for f in
+                 browser.find_elements(By.CSS_SELECTOR, "form[method=post]")]
+        assert [urlparse(a).path for a in posts] == ["/logout"], (page, posts)
+        assert not browser.find_elements(By.TAG_NAME, "textarea")
+    assert "viewers read only" in browser.find_element(By.CSS_SELECTOR, ".error").text
+
+
+def test_a_post_without_the_csrf_token_is_refused(console_server, browser):
+    login(browser, console_server.url, console_server.tokens["alice"])
+    cookies = {c["name"]: c["value"] for c in browser.get_cookies()}
+    cookie = next(c for c in browser.get_cookies() if c["name"] == "idlegpu_session")
+    assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+    assert browser.execute_script("return document.cookie") == ""  # invisible to scripts
+    unit = console_server.units["small"]
+    session = requests.Session()
+    session.cookies.update(cookies)
+    url = console_server.url
+    for data in ({}, {"csrf": "forged"}):
+        answer = session.post(f"{url}/units/{unit}/cancel", data=data, allow_redirects=False)
+        assert answer.status_code == 403, answer.text
+        assert "CSRF" in answer.text
+        answer = session.post(f"{url}/submit", data={**data, "request": bad_request()},
+                              allow_redirects=False)
+        assert answer.status_code == 403
+    # the /v1 API with the cookie but without X-CSRF-Token: refused; reads are fine
+    answer = session.post(f"{url}/v1/units/{unit}/cancel", json={})
+    assert answer.status_code == 403 and "CSRF" in answer.json()["error"]["message"]
+    assert session.get(f"{url}/v1/whoami").json()["user"] == "alice"
+    assert console_server.store.unit(unit).state.value == "queued"  # nothing changed
+    # logging out ends the session, and its copy too
+    browser.get(url + "/")
+    browser.find_element(By.CSS_SELECTOR, "form[action='/logout'] button").click()
+    wait(browser).until(lambda d: urlparse(d.current_url).path == "/login")
+    assert session.get(f"{url}/queue", allow_redirects=False).status_code == 303
+
+
+def test_every_asset_a_page_loads_is_served_by_the_app(console_server, browser):
+    login(browser, console_server.url, console_server.tokens["alice"])
+    origin = console_server.url
+    seen = set()
+    for page in ("/", "/queue?scope=all", "/submit",
+                 f"/units/{console_server.units['small']}",
+                 f"/requests/{console_server.requests_['small']}", "/login"):
+        browser.get(origin + page)
+        if page == "/":
+            chart_drawn(browser)
+        entries = browser.execute_script(
+            "return performance.getEntriesByType('resource').map("
+            "e => [e.name, e.initiatorType]);")
+        assert entries, page
+        for name, kind in entries:
+            assert name.startswith(origin + "/"), (page, name, kind)
+            seen.add((urlparse(name).path, kind))
+    paths = {p for p, _ in seen}
+    assert {"/console/static/console.css", "/console/static/pool.js",
+            "/console/static/submit.js", "/console/pool.json"} <= paths, paths
+    # and the pages forbid anything else
+    answer = requests.get(origin + "/login", timeout=30)
+    assert "default-src 'self'" in answer.headers["content-security-policy"]
