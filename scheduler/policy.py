@@ -24,6 +24,16 @@
    backfilling), so small jobs never starve a big one. An elastic job whose full size does
    not fit now starts on the most GPUs that do (at least its ``min_gpus``), its runtime
    scaled linearly (``runtime_s * gpus / granted``).
+5. **Nodes.** With a node view (``nodes``: the pool's nodes and what their pods request now), a
+   unit starts now only if one node has the GPUs free (and the CPU and memory its pod asks,
+   when known): a pod is never split over nodes, and the kube-scheduler would leave one that
+   fits nowhere pending. Of the nodes that fit, the one with the fewest free GPUs is counted on
+   (**best fit**; then the fewest free CPUs, then the name), so whole nodes stay free for big
+   units; what it takes is taken from that node for the rest of the pass, so two admissions
+   never count on the same GPUs. A unit no node holds is deferred with the figures ("needs 8
+   GPUs on one node; 16 GPUs free but at most 2 on any node (8 nodes)") and gets no
+   reservation (the forecast is of the pool, it cannot say when a node frees up). The
+   forecast still decides for how long. ``nodes=None``: the pool as one bin (as before).
 Same inputs, same decisions: every ordering has a total tie-break on the job id.
 """
 
@@ -31,6 +41,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime, timedelta
 
 import numpy as np
@@ -39,6 +50,7 @@ from scheduler.types import (
     Action,
     Decision,
     FreeProfile,
+    NodeView,
     Plan,
     PolicySettings,
     RunningJob,
@@ -65,6 +77,7 @@ def decide(
     signals: ServingSignals,
     team_usage: Mapping[str, float],
     settings: PolicySettings,
+    nodes: NodeView | None = None,
 ) -> Plan:
     step = profile.step_s
     n_steps = len(profile.free)
@@ -248,12 +261,16 @@ def decide(
     if holes:
         values[hole[:n_steps]] = 0.0  # no admission into a hole, nor a reservation across it
     avail = _Availability(values, i0)
+    room = None if nodes is None else _NodeRoom(nodes)
     reserved = False
     attempts = 0  # reservation attempts; bounded so a long queue stays cheap
     for job in ordered:
         try_reserve = not reserved and attempts < MAX_RESERVATION_ATTEMPTS
-        decision = _place(job, now, profile, avail, settings, reserve=try_reserve)
-        if decision.action is Action.DEFER and try_reserve:
+        decision = _place(job, now, profile, avail, settings, reserve=try_reserve, nodes=room)
+        by_nodes = decision.action is Action.DEFER and decision.node == ""
+        if by_nodes:  # refused by the nodes: no reservation was tried
+            decision = replace(decision, node=None)
+        elif decision.action is Action.DEFER and try_reserve:
             attempts += 1
             reserved = decision.start_at is not None
         decisions.append(decision)
@@ -475,6 +492,68 @@ class _Availability:
         self._runs.clear()
 
 
+class _NodeRoom:
+    """What each usable node of a ``NodeView`` has free, taken from as the pass admits units
+    (best fit, see the module docstring)."""
+
+    def __init__(self, view: NodeView) -> None:
+        usable = sorted((n for n in view.nodes if n.usable), key=lambda n: n.name)
+        self.names = [n.name for n in usable]
+        self.gpus = [n.free_gpus for n in usable]
+        self.cpu = [n.free_cpu if n.cpu > 0 else math.inf for n in usable]
+        self.memory = [n.free_memory if n.memory > 0 else math.inf for n in usable]
+        self.cordoned = len(view.nodes) - len(usable)
+        self._max = max(self.gpus, default=0)
+
+    def fit(self, gpus: int, cpu: float | None, memory: int | None) -> int | None:
+        """Index of the node with the fewest free GPUs that still holds ``gpus`` GPUs, ``cpu``
+        cores and ``memory`` bytes (None: unknown, not checked); ties: the fewest free CPUs,
+        then the name. None: no node holds it."""
+        if gpus > self._max:
+            return None
+        best, key = None, None
+        for i, free in enumerate(self.gpus):
+            if free < gpus or (cpu is not None and self.cpu[i] < cpu) or (
+                    memory is not None and self.memory[i] < memory):
+                continue
+            k = (free, self.cpu[i])
+            if key is None or k < key:
+                best, key = i, k
+        return best
+
+    def take(self, i: int, gpus: int, cpu: float | None, memory: int | None) -> None:
+        self.gpus[i] -= gpus
+        self.cpu[i] -= cpu or 0.0
+        self.memory[i] -= memory or 0
+        self._max = max(self.gpus, default=0)
+
+    def why(self, job: WaitingJob) -> str:
+        """Why no node holds ``job`` (at its smallest size), in figures."""
+        gpus = job.min_gpus
+        nodes = len(self.names)
+        where = f"{nodes} node{'s' if nodes != 1 else ''}" + (
+            f", {self.cordoned} more not ready or cordoned" if self.cordoned else "")
+        total, most = sum(self.gpus), self._max
+        if most < gpus:
+            return (f"needs {gpus} GPUs on one node; {total} GPUs free but at most {most} on "
+                    f"any node ({where})")
+        roomy = [i for i, free in enumerate(self.gpus) if free >= gpus]
+        asks, most_free = [], []
+        if job.cpu is not None:
+            asks.append(f"{job.cpu:g} CPUs")
+            most_free.append(f"{max(self.cpu[i] for i in roomy):g} CPUs")
+        if job.memory is not None:
+            asks.append(f"{_gib(job.memory)} memory")
+            most_free.append(f"{_gib(max(self.memory[i] for i in roomy))} memory")
+        return (f"needs {', '.join([f'{gpus} GPUs', *asks])} on one node; {len(roomy)} of "
+                f"{where} have {gpus} GPUs free, none with {' and '.join(asks)} beside them "
+                f"(most free: {', '.join(most_free)})")
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.0f}Gi"
+
+
 def _too_big(job: WaitingJob, free_now: float) -> Decision:
     return Decision(Action.DEFER, job.id, job.gpus,
                     f"needs {job.gpus} GPUs; {max(0, int(free_now))} free now")
@@ -488,8 +567,10 @@ def _place(
     settings: PolicySettings,
     *,
     reserve: bool,
+    nodes: _NodeRoom | None = None,
 ) -> Decision:
-    """Admit ``job`` now if it fits (taking its GPUs), else defer it, reserving if asked."""
+    """Admit ``job`` now if it fits (taking its GPUs, and with ``nodes`` a node's), else defer
+    it, reserving if asked (never when it is the nodes that refuse it)."""
     step = profile.step_s
     avail, i0 = capacity.values, capacity.i0
     n = len(avail)
@@ -507,12 +588,25 @@ def _place(
     )
     # its full size first; an elastic job then on the most GPUs that fit now, its runtime
     # scaled linearly (the same work on fewer GPUs takes gpus / granted as long)
+    no_node = False  # the pool had room for some size, but no node held it
     for gpus in range(job.gpus, job.min_gpus - 1, -1):
         if gpus > avail[i0]:
             continue
+        node = None
+        if nodes is not None:
+            node = nodes.fit(gpus, job.cpu, job.memory)
+            if node is None:
+                no_node = True
+                continue
         admitted = _admit_now(job, gpus, whole, now, profile, capacity, settings)
         if admitted is not None:
-            return admitted
+            if node is None:
+                return admitted
+            nodes.take(node, gpus, job.cpu, job.memory)
+            return replace(admitted, node=nodes.names[node])
+    if no_node:
+        # "node" marks a refusal by the nodes: the caller reserves nothing for it
+        return Decision(Action.DEFER, job.id, job.gpus, nodes.why(job), node="")
     if not reserve and job.gpus > capacity.now():
         return _too_big(job, capacity.now())
     what = "whole" if whole else "for a worthwhile segment"

@@ -86,6 +86,10 @@ class WaitingJob:
     """An elastic job may start on as few as this many GPUs, its runtime then scaled
     linearly (``runtime_s * gpus / granted``); None (the default) becomes ``gpus``: not
     elastic."""
+    cpu: float | None = None
+    """CPU cores its pod requests (None: unknown, not checked against the nodes)."""
+    memory: int | None = None
+    """Bytes of memory its pod requests (None: unknown, not checked against the nodes)."""
 
     def __post_init__(self) -> None:
         _elastic_min(self)
@@ -292,6 +296,9 @@ class Decision:
     """For preemptions and shrinks: a proactive stop with the full lead time (its window
     closes, or the forecast ramp comes within the grace period), so the job checkpoints and
     stops cleanly; False when a live need or missing signals force it."""
+    node: str | None = None
+    """For admissions with a node view: the node it was fitted on (best fit). The Job does not
+    pin it (the kube-scheduler places the pod); it is what the admission counted on."""
 
 
 @dataclass(frozen=True)
@@ -405,3 +412,56 @@ class UnitSpec:
     def family(self) -> str:
         """Runs of the same image and step are one family for runtime estimates."""
         return family_of(self.image, self.step)
+
+
+@dataclass(frozen=True)
+class NodeState:
+    """One GPU node as admission sees it: what it can hold (allocatable) and what the pods
+    bound to it request now (service replicas, research jobs, anything else). CPU in cores,
+    memory in bytes."""
+
+    name: str
+    gpus: int
+    cpu: float = 0.0
+    memory: int = 0
+    gpus_requested: int = 0
+    cpu_requested: float = 0.0
+    memory_requested: int = 0
+    labels: tuple[tuple[str, str], ...] = ()
+    schedulable: bool = True
+    """False when cordoned (``spec.unschedulable``)."""
+    ready: bool = True
+    """The kubelet reports ``Ready=True``."""
+
+    @property
+    def usable(self) -> bool:
+        return self.schedulable and self.ready
+
+    @property
+    def free_gpus(self) -> int:
+        return max(0, self.gpus - self.gpus_requested) if self.usable else 0
+
+    @property
+    def free_cpu(self) -> float:
+        return max(0.0, self.cpu - self.cpu_requested) if self.usable else 0.0
+
+    @property
+    def free_memory(self) -> int:
+        return max(0, self.memory - self.memory_requested) if self.usable else 0
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """The pool's nodes now (the Kubernetes adapter's ``nodes()``, or the shapes of
+    ``pool.nodes`` for planning); ``decide()`` admits a unit only where one node holds it."""
+
+    nodes: tuple[NodeState, ...] = ()
+    observed_at: datetime | None = None
+
+    @property
+    def free_gpus(self) -> int:
+        return sum(node.free_gpus for node in self.nodes)
+
+    @property
+    def max_free_gpus(self) -> int:
+        return max((node.free_gpus for node in self.nodes), default=0)
