@@ -96,7 +96,7 @@ def make_console(root: Path, extra_units: int = 0) -> tuple[Console, ApiServer]:
 
 def bulk(store: JobStore, count: int) -> None:
     """``count`` queued 4-GPU units of team alignment, straight into the store (the API's
-    submit limits cap one request well below 10,000 units): requests of up to 1,000 members."""
+    submit limits cap one request well below 10,000 units): requests of up to 250 members."""
     from test_api_plan import CONFIG
 
     from forecast.config import load_config
@@ -104,7 +104,7 @@ def bulk(store: JobStore, count: int) -> None:
     from scheduler.specs import expand_units, validate_request
 
     settings = load_config(data=yaml.safe_load(CONFIG.read_text(encoding="utf-8")))
-    per, done, batch = 1000, 0, 0
+    per, done, batch = 250, 0, 0
     while done < count:
         n = min(per, count - done)
         data = dict(request(f"bulk-{batch}", "alignment", 4, 2.0), args=["--seed", "{seed}"],

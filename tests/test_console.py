@@ -243,3 +243,20 @@ def test_every_asset_a_page_loads_is_served_by_the_app(console_server, browser):
     # and the pages forbid anything else
     answer = requests.get(origin + "/login", timeout=30)
     assert "default-src 'self'" in answer.headers["content-security-policy"]
+
+
+def test_the_validate_route_expands_without_storing(console_server):
+    url, before = console_server.url, len(console_server.store.find_units(limit=10_000))
+    alice = {"Authorization": f"Bearer {console_server.tokens['alice']}"}
+    good = bad_request().replace("docker.io/someone/trainer:1.0", IMAGE)
+    answer = requests.post(f"{url}/v1/requests/validate", data=good, timeout=30,
+                           headers={**alice, "Content-Type": "application/yaml"})
+    assert answer.status_code == 200, answer.text
+    assert [(u["step"], u["gpus"]) for u in answer.json()["units"]] == [("main", 4)]
+    answer = requests.post(f"{url}/v1/requests/validate", data=bad_request(), timeout=30,
+                           headers={**alice, "Content-Type": "application/yaml"})
+    assert answer.status_code == 422 and answer.json()["error"]["field"] == "image"
+    viewer = {"Authorization": f"Bearer {console_server.tokens['victor']}"}
+    assert requests.post(f"{url}/v1/requests/validate", json={}, headers=viewer,
+                         timeout=30).status_code == 403
+    assert len(console_server.store.find_units(limit=10_000)) == before  # nothing stored

@@ -35,6 +35,9 @@ SIGNALS_STALE_S = 15 * 60.0
 """Live signals (the newest pool sample) older than this are shown red."""
 CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
        "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+PLAN_TTL_S = 30.0
+"""The console's pages share one plan for this long (the plan of 10,000 queued units takes the
+API tens of seconds); a submit or cancel from the console drops it at once."""
 SORTS = ("start", "submitted", "gpus", "state", "team", "id")
 QUEUE_LIMIT = 20_000
 EXAMPLES = HERE.parents[1] / "examples" / "jobs"
@@ -54,14 +57,30 @@ class _Stash:
         self.lock = threading.Lock()
         self.entry: tuple[Any, float, Any] | None = None
 
-    def get(self, key: Any, make: Callable[[], Any]) -> Any:
+        self.making = threading.Lock()  # one caller computes, the others wait for it
+
+    def _fresh(self, key: Any) -> Any:
         with self.lock:
             if self.entry and self.entry[0] == key and time.monotonic() - self.entry[1] < self.ttl:
-                return self.entry[2]
-        value = make()
+                return self.entry
+        return None
+
+    def get(self, key: Any, make: Callable[[], Any]) -> Any:
+        entry = self._fresh(key)
+        if entry is not None:
+            return entry[2]
+        with self.making:
+            entry = self._fresh(key)
+            if entry is not None:
+                return entry[2]
+            value = make()
+            with self.lock:
+                self.entry = (key, time.monotonic(), value)
+            return value
+
+    def clear(self) -> None:
         with self.lock:
-            self.entry = (key, time.monotonic(), value)
-        return value
+            self.entry = None
 
 
 def add_console(app: FastAPI, settings, store, authenticator: Authenticator, reads,
@@ -77,9 +96,33 @@ def add_console(app: FastAPI, settings, store, authenticator: Authenticator, rea
                       lstrip_blocks=True)
     examples = _examples()
     history_stash = _Stash(60.0)
+    plan_stash = _Stash(PLAN_TTL_S)
+
+    def plan_json() -> dict[str, Any]:
+        """Tonight's plan over 24 h (``Reads.plan_json``), shared for ``PLAN_TTL_S``."""
+        return plan_stash.get(pd.Timestamp(now()).floor("min"), lambda: reads.plan_json(24.0))
     from scheduler.runtime import RuntimeEstimator
 
     estimator = RuntimeEstimator.from_config(None, settings.admission)
+
+    def estimates() -> Callable[[Any], Any]:
+        """``estimator.estimate``, remembered per family and user estimate where the family
+        has no past runs (then nothing else about the unit matters); one table per render."""
+        runs: dict[str, int] = {}
+        known: dict[tuple[str, float | None], Any] = {}
+
+        def estimate(spec) -> Any:
+            family = spec.family
+            if family not in runs:
+                runs[family] = len(estimator.runs(family))
+            if runs[family]:
+                return estimator.estimate(spec)
+            key = (family, spec.runtime_estimate_s)
+            if key not in known:
+                known[key] = estimator.estimate(spec)
+            return known[key]
+
+        return estimate
 
     def local(when: datetime | str | None, *, seconds: bool = False) -> str:
         if when is None:
@@ -235,6 +278,8 @@ def add_console(app: FastAPI, settings, store, authenticator: Authenticator, rea
                 chunks.append(message.get("body", b""))
 
         await app(scope, receive, send)
+        if method == "POST" and status["code"] < 400 and not path.endswith("/validate"):
+            plan_stash.clear()  # the queue changed: the next page plans again
         text = b"".join(chunks)
         try:
             return status["code"], json.loads(text) if text else None
@@ -362,7 +407,7 @@ def add_console(app: FastAPI, settings, store, authenticator: Authenticator, rea
             "signals_age_s"] > SIGNALS_STALE_S
         try:
             forecast = reads.forecast_json(24.0)
-            plan = reads.plan_json(24.0)
+            plan = plan_json()
         except Exception as exc:  # noqa: BLE001 - ForecastUnavailable and the like: say so
             out.update(forecast=None, windows=[], jobs=[], forecast_error=str(exc),
                        forecast_made_at=None, forecast_age_s=None, forecast_stale=True,
@@ -419,16 +464,17 @@ def add_console(app: FastAPI, settings, store, authenticator: Authenticator, rea
         meta: dict[str, Any] = {"error": None, "made_at": None}
         planned: dict[str, dict[str, Any]] = {}
         try:
-            plan = reads.plan_json(24.0)
+            plan = plan_json()
             planned = {u["id"]: u for u in plan["units"]}
             meta["made_at"] = local(plan["made_at"], seconds=True)
             meta["stale"] = plan["forecast_age_s"] > FORECAST_STALE_S
         except Exception as exc:  # noqa: BLE001 - the queue without estimates, and why
             meta["error"] = str(exc)
         out = []
+        estimate_of = estimates()
         for row in rows:
             plan_unit = planned.get(row.id)
-            estimate = estimator.estimate(row.spec)
+            estimate = estimate_of(row.spec)
             start = plan_unit["start_at"] if plan_unit else None
             if row.state.holds_gpus():
                 reason = "running" if row.state is JobState.RUNNING else "admitted, starting"

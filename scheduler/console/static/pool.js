@@ -62,7 +62,7 @@
       el("line", { "class": "grid", x1: x(t), x2: x(t), y1: M.t, y2: M.t + plotH }, axis);
       text(fmt(t, tz, true), { x: x(t), y: H - 8, "text-anchor": "middle" }, axis);
     }
-    text("free GPUs", { x: 4, y: M.t + 10 }, axis);
+    text("free GPUs", { x: M.l + 4, y: M.t - 4 }, axis);
     // idle windows
     var wins = el("g", { "class": "windows" }, svg);
     (data.windows || []).forEach(function (w) {
@@ -98,6 +98,7 @@
     text("now " + fmt(now, tz, true), { "class": "now-label", x: x(now) + 4, y: M.t + 12 }, svg);
     // jobs placed, one lane each under the chart
     var lane = el("g", { "class": "jobs" }, svg);
+    if (lanes) text("jobs", { x: M.l - 6, y: H + 8 + LANE - 3, "text-anchor": "end" }, lane);
     jobs.slice(0, LANES_MAX).forEach(function (j, k) {
       var top = H + 8 + k * LANE, x0 = Math.max(M.l, x(j.start)), x1 = Math.min(W - M.r, x(j.end));
       var r = el("rect", { "class": "job " + j.state, x: x0, width: Math.max(2, x1 - x0), y: top, height: LANE - 3,
