@@ -22,19 +22,28 @@ resized: each attempt keeps its name, GPUs and accounting, and a crash before th
 the ADMITTED-without-Job case above). Its checkpoint and output are the unit's, so it resumes
 where the last one stopped. A crash between the stop and the record sends the unit back to the
 queue, as a planned stop, instead.
+
+**Nodes.** When the cluster offers a node view (``KubernetesCluster.nodes()``), every
+reconcile pass with units waiting reads it and ``decide`` admits a unit only where one node
+holds it. An admission's pod is not bound to its node at once: until the view shows it bound
+(or the attempt ends), what the admission counted on is added to that node (``_claims``), so
+the next pass does not count on the same GPUs. A view that cannot be read admits nothing that
+pass (never blind); one the service account may not read at all (403: an older RBAC without
+the ClusterRole) is given up with a warning, and the pool counts as one bin as before.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 import numpy as np
 
-from forecast.errors import IdlegpuError
+from forecast.errors import IdlegpuError, PermanentError
 from scheduler.policy import decide
 from scheduler.ports import (
     Cluster,
@@ -49,6 +58,7 @@ from scheduler.types import (
     Decision,
     FreeProfile,
     JobState,
+    NodeView,
     Overruns,
     Plan,
     PolicySettings,
@@ -76,12 +86,28 @@ class PassReport:
     deleted: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     signals: ServingSignals | None = None
+    nodes: NodeView | None = None
+    """The node view admission used (None: none read, the pool as one bin)."""
+    nodes_read_s: float | None = None
+    """Seconds the node view took to read."""
 
 
 def _rate(row) -> float:
     """Seconds of work per second of the unit's current attempt: an elastic unit on fewer
     GPUs than it asks for does proportionally less (``work_done_s`` is at full size)."""
     return row.gpus / row.spec.gpus if 0 < row.gpus < row.spec.gpus else 1.0
+
+
+def _pod_requests(spec) -> tuple[float | None, int | None]:
+    """CPU cores and memory bytes a unit's pod requests (None: not readable)."""
+    from scheduler.specs import quantity_bytes
+
+    try:
+        memory = int(quantity_bytes(spec.memory))
+    except (ValueError, TypeError, AttributeError):
+        memory = None
+    cpu = getattr(spec, "cpu", None)
+    return (float(cpu) if cpu is not None else None), memory
 
 
 class Controller:
@@ -138,6 +164,12 @@ class Controller:
         # same instant; they share the state above, so one pass at a time (else a job is told
         # to stop twice, or a stop meant for one attempt reaches the next)
         self._pass_lock = threading.Lock()
+        # the node view: read while the cluster offers it and the account may read it
+        self._nodes_readable = callable(getattr(cluster, "nodes", None))
+        # admissions whose pods are not bound yet: unit -> (Job name, node, gpus, cpu, memory)
+        self._claims: dict[str, tuple[str, str, int, float, int]] = {}
+        # what each stored unit's pod requests (cpu cores, memory bytes), from the rows read
+        self._requests: dict[str, tuple[float | None, int | None]] = {}
 
     def reconcile_once(self, now: datetime) -> PassReport:
         with self._pass_lock:
@@ -160,20 +192,59 @@ class Controller:
         # without a view of the cluster nothing is admitted (never blind); stops still go out
         overruns = self._overrun_model()
         waiting = self.store.waiting(now, self._estimate_row, overruns) if seen else []
+        nodes = None
+        if waiting and self._nodes_readable:
+            nodes = self._read_nodes(now, report)
+            if nodes is False:  # unreadable this pass: admit nothing rather than blind
+                waiting, nodes = [], None
+            elif nodes is not None:
+                waiting = [self._with_requests(job) for job in waiting]
         usage = self.store.team_gpu_hours(now, self.fair_share_days * 86400)
-        return self._decide_and_apply(now, report, waiting, usage)
+        return self._decide_and_apply(now, report, waiting, usage, nodes)
 
     def _backstop_pass(self, now: datetime) -> PassReport:
         return self._decide_and_apply(now, PassReport(now=now), [], {})
 
-    def _decide_and_apply(self, now: datetime, report: PassReport, waiting, usage) -> PassReport:
+    def _with_requests(self, job):
+        cpu, memory = self._requests.get(job.id, (None, None))
+        return job if cpu is None and memory is None else replace(job, cpu=cpu, memory=memory)
+
+    def _read_nodes(self, now: datetime, report: PassReport) -> NodeView | None | bool:
+        """The node view with the claims of admissions not bound yet; None: the account may
+        not read nodes (given up, warned once); False: not readable this pass."""
+        started = time.perf_counter()
+        try:
+            view = self.cluster.nodes(now)
+        except PermanentError as exc:  # 403: an older RBAC without the ClusterRole
+            self._nodes_readable = False
+            log.warning("cannot read the node view (%s): admission counts the pool as one bin; "
+                        "grant nodes list and pods list cluster-wide (deploy/role.yaml)", exc)
+            return None
+        except IdlegpuError as exc:
+            report.errors.append(f"nodes: {exc}")
+            return False
+        report.nodes_read_s = time.perf_counter() - started
+        current = {self.cluster.job_name(row.id, row.attempts) for row in self.store.holding()}
+        for unit, (name, *_rest) in list(self._claims.items()):
+            if name in view.bound_jobs or name not in current:
+                del self._claims[unit]
+        claims: dict[str, tuple[int, float, int]] = {}
+        for _name, node, gpus, cpu, memory in self._claims.values():
+            g, c, m = claims.get(node, (0, 0.0, 0))
+            claims[node] = (g + gpus, c + cpu, m + memory)
+        view = view.claiming(claims)
+        report.nodes = view
+        return view
+
+    def _decide_and_apply(self, now: datetime, report: PassReport, waiting, usage,
+                          nodes: NodeView | None = None) -> PassReport:
         holding = self.store.running(now, self._estimate_row, self._overrun_model())
         report.signals = self._net_of_stopping(
             self._read_signals(now, report, job_gpus=sum(job.gpus for job in holding)))
         # the policy may still act on what runs, but not on what was already told to stop
         running = [job for job in holding if job.id not in self._stopping]
         report.plan = decide(now, self._profile(now, report), running, waiting,
-                             report.signals, usage, self.settings)
+                             report.signals, usage, self.settings, nodes)
         self._apply(now, report.plan, report)
         return report
 
@@ -186,6 +257,7 @@ class Controller:
         return signals
 
     def _estimate_row(self, row) -> float:
+        self._requests[row.id] = _pod_requests(row.spec)
         return float(self.estimate(row.spec))
 
     def _overrun_model(self) -> Overruns:
@@ -469,6 +541,10 @@ class Controller:
         if self.dry_run and decision.gpus < row.gpus:
             from scheduler.specs import resize_unit
             row = replace(row, spec=resize_unit(row.spec, decision.gpus))
+        if decision.node:
+            cpu, memory = _pod_requests(row.attempt_spec)
+            self._claims[row.id] = (self.cluster.job_name(row.id, attempt), decision.node,
+                                    decision.gpus, cpu or 0.0, memory or 0)
         self._create(row, attempt, decision.stop_by, now, report)
 
     def _reject(self, unit_id: str, now: datetime, exc: Exception, report: PassReport) -> None:

@@ -457,6 +457,8 @@ class NodeView:
 
     nodes: tuple[NodeState, ...] = ()
     observed_at: datetime | None = None
+    bound_jobs: frozenset[str] = frozenset()
+    """Names of the Jobs whose pods are bound to these nodes (their requests are counted)."""
 
     @property
     def free_gpus(self) -> int:
@@ -465,3 +467,17 @@ class NodeView:
     @property
     def max_free_gpus(self) -> int:
         return max((node.free_gpus for node in self.nodes), default=0)
+
+    def claiming(self, claims) -> NodeView:
+        """This view with ``claims`` (``{node: (gpus, cpu, memory)}``: what admissions counted
+        on whose pods are not bound yet) added to what those nodes have requested."""
+        if not claims:
+            return self
+        nodes = []
+        for node in self.nodes:
+            gpus, cpu, memory = claims.get(node.name, (0, 0.0, 0))
+            nodes.append(replace(node, gpus_requested=node.gpus_requested + gpus,
+                                 cpu_requested=node.cpu_requested + cpu,
+                                 memory_requested=node.memory_requested + memory)
+                         if (gpus or cpu or memory) else node)
+        return replace(self, nodes=tuple(nodes))

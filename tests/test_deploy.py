@@ -157,10 +157,21 @@ def test_roles_grant_only_what_the_daemon_uses():
     assert grants(roles[SYSTEM, "idlegpu-leader-election"]) == {
         ("coordination.k8s.io", "leases"): {"get", "create", "update"},
     }
-    # cluster-wide: only the job API's TokenReviews (below), never anything of the daemon's
-    assert {d["metadata"]["name"] for d in docs("ClusterRole")} == {"idlegpu-api-tokenreview"}
+    # cluster-wide: the job API's TokenReviews (below) and the daemon's read-only node view
+    assert {d["metadata"]["name"] for d in docs("ClusterRole")} == {
+        "idlegpu-api-tokenreview", "idlegpu-node-view"}
     assert {d["metadata"]["name"] for d in docs("ClusterRoleBinding")} == {
-        "idlegpu-api-tokenreview"}
+        "idlegpu-api-tokenreview", "idlegpu-node-view"}
+
+
+def test_the_node_view_is_read_only_nodes_and_pod_lists():
+    role = one("ClusterRole", "idlegpu-node-view")
+    assert grants(role) == {("", "nodes"): {"get", "list"}, ("", "pods"): {"list"}}
+    binding = one("ClusterRoleBinding", "idlegpu-node-view")
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io",
+                                  "kind": "ClusterRole", "name": "idlegpu-node-view"}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "idlegpu",
+                                    "namespace": SYSTEM}]
 
 
 def test_the_job_api_may_only_create_token_reviews():

@@ -168,6 +168,9 @@ MAY = [  # (verb, resource, namespace)
     *[(verb, "jobs.batch", JOBS) for verb in ("get", "list", "create", "patch", "delete")],
     ("get", "pods", JOBS), ("list", "pods", JOBS),
     *[(verb, "leases.coordination.k8s.io", SYSTEM) for verb in ("get", "create", "update")],
+    # the node view (ClusterRole idlegpu-node-view): nodes, and the pods bound to them
+    ("get", "nodes", "default"), ("list", "nodes", "default"),
+    ("list", "pods", "default"), ("list", "pods", SYSTEM),
 ]
 MAY_NOT = [
     ("create", "jobs.batch", "default"), ("create", "jobs.batch", SYSTEM),
@@ -184,6 +187,9 @@ MAY_NOT = [
     ("create", "rolebindings.rbac.authorization.k8s.io", JOBS),
     ("update", "networkpolicies.networking.k8s.io", JOBS),
     ("create", "serviceaccounts/token", SYSTEM),
+    ("watch", "nodes", "default"), ("patch", "nodes", "default"),
+    ("update", "nodes/status", "default"), ("delete", "nodes", "default"),
+    ("get", "pods", "default"), ("watch", "pods", "default"), ("delete", "pods", "default"),
 ]
 
 
@@ -229,18 +235,20 @@ def _rules(kube: Any, who: str, namespace: str) -> set[tuple[str, str, str, str]
 
 
 @pytest.mark.usefixtures("deployed")
-def test_the_daemon_holds_exactly_the_two_roles(kube_control_plane):
+def test_the_daemon_holds_exactly_its_roles(kube_control_plane):
     # beyond what every service account of idlegpu-system gets (discovery, self reviews)
     kube = kube_control_plane
     extra = {ns: _rules(kube, DAEMON, ns) - _rules(kube, STRANGER, ns)
              for ns in (JOBS, SYSTEM, "default")}
+    # everywhere (ClusterRole idlegpu-node-view): read nodes, list the pods bound to them
+    node_view = {("", "nodes", "get", "*"), ("", "nodes", "list", "*"), ("", "pods", "list", "*")}
     assert extra == {
         JOBS: {*{("batch", "jobs", verb, "*")
                  for verb in ("get", "list", "create", "patch", "delete")},
-               ("", "pods", "get", "*"), ("", "pods", "list", "*")},
-        SYSTEM: {("coordination.k8s.io", "leases", verb, "*")
-                 for verb in ("get", "create", "update")},
-        "default": set(),
+               ("", "pods", "get", "*"), *node_view},
+        SYSTEM: {*{("coordination.k8s.io", "leases", verb, "*")
+                   for verb in ("get", "create", "update")}, *node_view},
+        "default": node_view,
     }
 
 
@@ -289,6 +297,23 @@ def test_a_real_token_of_the_daemon_account(daemon_api):
     assert _status(lambda: core.list_namespaced_secret(SYSTEM)) == 403
     assert _status(lambda: core.read_namespaced_secret("idlegpu-store", SYSTEM)) == 403
     assert _status(lambda: core.list_namespaced_secret(JOBS)) == 403
+
+
+def test_the_node_view_with_a_real_token(daemon_api):
+    """The adapter's node view (nodes + the pods bound to them, cluster-wide) reads with the
+    deployed ClusterRole alone; the same token may not change a node."""
+    from kubernetes import client
+
+    from scheduler.adapters.kubernetes import KubernetesCluster
+
+    view = KubernetesCluster(daemon_api, namespace=JOBS, retries=0).nodes(NOW)
+    assert view.observed_at == NOW  # a control plane without kubelets may have no node
+    core = client.CoreV1Api(daemon_api)
+    assert _status(lambda: core.list_pod_for_all_namespaces(limit=1)) == 200
+    assert _status(lambda: core.list_node(limit=1)) == 200
+    assert _status(lambda: core.delete_node("any", dry_run="All")) == 403
+    assert _status(lambda: core.patch_node("any", {"spec": {"unschedulable": True}},
+                                           dry_run="All")) == 403
 
 
 def test_leader_election_with_a_real_token(daemon_api):

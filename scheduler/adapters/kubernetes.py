@@ -6,6 +6,7 @@
     cluster.stop(name, reason="window closes", kind=StopKind.PLANNED, now=...)
                                                     # spec.suspend=true: SIGTERM + grace period
     jobs = cluster.observe()                        # this instance's Jobs, with their pods
+    view = cluster.nodes()                          # the pool's nodes and what runs on them
     cluster.delete(name)                            # a suspended attempt, once it is recorded
 
 Jobs are named deterministically from ``(unit_id, attempt)``, so a create that is retried after
@@ -52,7 +53,7 @@ from kubernetes.client.exceptions import ApiException
 
 from forecast.errors import PermanentError, TemporaryError
 from scheduler.ports import ClusterJob, JobPhase, JobRejectedError, StopKind
-from scheduler.types import EnvFromSource, EnvKeyRef, UnitSpec, UnitVolume
+from scheduler.types import EnvFromSource, EnvKeyRef, NodeState, NodeView, UnitSpec, UnitVolume
 
 log = logging.getLogger(__name__)
 
@@ -671,6 +672,74 @@ class KubernetesCluster:
                 found.setdefault(owner, []).append(pod)
         return found
 
+    def nodes(self, now: datetime | None = None) -> NodeView:
+        """The pool's nodes (those matching ``node_selector``) with their allocatable GPUs,
+        CPU and memory and what the pods bound to them request now, whoever runs them
+        (service replicas, our Jobs, daemons): two list calls, nodes by label and every pod
+        bound to a node that has not ended (``spec.nodeName!=,status.phase!=Succeeded,
+        status.phase!=Failed``, cluster-wide: the replicas live in other namespaces), paged
+        by 500. Needs a ClusterRole with nodes list and pods list (deploy/role.yaml).
+        ``NodeView.bound_jobs``: the Jobs (of any owner) whose pods are bound to these nodes.
+        ``now``: stamped as ``observed_at`` (the daemon's clock)."""
+        if self.core is None:
+            return NodeView((), observed_at=now)
+        selector = ",".join(f"{k}={v}" for k, v in sorted(self.node_selector.items()))
+        nodes = self._list_all(lambda **kw: self.core.list_node(
+            **({"label_selector": selector} if selector else {}), **kw), "nodes")
+        wanted = {}
+        for item in nodes:
+            labels = (item.get("metadata") or {}).get("labels") or {}
+            if all(labels.get(k) == v for k, v in self.node_selector.items()):
+                wanted[item["metadata"]["name"]] = item
+        pods = self._list_all(lambda **kw: self.core.list_pod_for_all_namespaces(
+            field_selector="spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed",
+            **kw), "pods")
+        used: dict[str, list[float]] = {name: [0.0, 0.0, 0.0] for name in wanted}
+        bound: set[str] = set()
+        for pod in pods:
+            spec = pod.get("spec") or {}
+            on = spec.get("nodeName")
+            phase = (pod.get("status") or {}).get("phase")
+            if on not in used or phase in ("Succeeded", "Failed"):
+                continue
+            asks = _pod_requests(spec)
+            for i, key in enumerate((GPU_RESOURCE, "cpu", "memory")):
+                used[on][i] += asks.get(key, 0.0)
+            labels = (pod.get("metadata") or {}).get("labels") or {}
+            owner = next((labels[k] for k in JOB_NAME_LABELS if labels.get(k)), None)
+            if owner:
+                bound.add(owner)
+        states = []
+        for name, item in sorted(wanted.items()):
+            status = item.get("status") or {}
+            alloc = status.get("allocatable") or {}
+            ready = any(c.get("type") == "Ready" and c.get("status") == "True"
+                        for c in status.get("conditions") or [])
+            gpus, cpu, memory = used[name]
+            labels = (item.get("metadata") or {}).get("labels") or {}
+            states.append(NodeState(
+                name=name, gpus=int(_quantity(alloc.get(GPU_RESOURCE, "0"))),
+                cpu=_quantity(alloc.get("cpu", "0")), memory=int(_quantity(alloc.get(
+                    "memory", "0"))),
+                gpus_requested=math.ceil(gpus), cpu_requested=cpu, memory_requested=int(memory),
+                labels=tuple(sorted(labels.items())),
+                schedulable=not (item.get("spec") or {}).get("unschedulable", False),
+                ready=ready))
+        return NodeView(tuple(states), observed_at=now, bound_jobs=frozenset(bound))
+
+    def _list_all(self, fn: Callable[..., Any], resource: str) -> list[dict[str, Any]]:
+        """Every item of a (cluster-wide) list, 500 a page."""
+        items: list[dict[str, Any]] = []
+        token = None
+        while True:
+            more = {"_continue": token} if token else {}
+            body = self._call("list", lambda more=more, **kw: fn(limit=500, **more, **kw),
+                              resource)
+            items.extend(body.get("items") or [])
+            token = (body.get("metadata") or {}).get("continue")
+            if not token:
+                return items
+
     # --- internals -----------------------------------------------------------------------
 
     def _get(self, name: str) -> dict[str, Any] | None:
@@ -790,6 +859,44 @@ def _conditions(job: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def _finished_condition(job: dict[str, Any]) -> dict[str, Any] | None:
     conds = _conditions(job)
     return conds.get("Complete") or conds.get("Failed")
+
+
+_SUFFIXES = {
+    "n": 1e-9, "u": 1e-6, "m": 1e-3, "": 1.0, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
+    "P": 1e15, "E": 1e18, "Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40,
+    "Pi": 2.0**50, "Ei": 2.0**60,
+}
+_QUANTITY = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)([a-zA-Z]*)$")
+
+
+def _quantity(value: Any) -> float:
+    """A Kubernetes quantity as the API server returns it (``"96"``, ``"500m"``,
+    ``"1056276Ki"``, ``"1e3"``) as a number; unreadable: 0."""
+    match = _QUANTITY.match(str(value).strip())
+    if not match or match.group(2) not in _SUFFIXES:
+        return 0.0
+    return float(match.group(1)) * _SUFFIXES[match.group(2)]
+
+
+def _pod_requests(spec: dict[str, Any]) -> dict[str, float]:
+    """What a pod requests of a node, as the kube-scheduler counts it: the sum over its
+    containers (a request not set: its limit, as for extended resources), at least the
+    largest init container's, plus the pod's overhead."""
+    def asks(container: dict[str, Any]) -> dict[str, float]:
+        res = container.get("resources") or {}
+        merged = {**(res.get("limits") or {}), **(res.get("requests") or {})}
+        return {k: _quantity(v) for k, v in merged.items()}
+
+    total: dict[str, float] = {}
+    for container in spec.get("containers") or []:
+        for key, value in asks(container).items():
+            total[key] = total.get(key, 0.0) + value
+    for container in spec.get("initContainers") or []:
+        for key, value in asks(container).items():
+            total[key] = max(total.get(key, 0.0), value)
+    for key, value in (spec.get("overhead") or {}).items():
+        total[key] = total.get(key, 0.0) + _quantity(value)
+    return total
 
 
 def _pod_holds_gpus(pod: dict[str, Any]) -> bool:
