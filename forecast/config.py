@@ -97,6 +97,42 @@ class CustomHoliday(_Strict):
         return {"date": value} if isinstance(value, str | date) else value
 
 
+_QUANTITY_FACTORS = {
+    "": 1, "k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15,
+    "E": 10**18, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
+}
+
+
+class NodeShape(_Strict):
+    """One kind of node of the pool (``pool.nodes``): ``count`` nodes of this size. For the
+    simulator and planning; the daemon reads the live nodes when it can."""
+
+    gpus: int = Field(gt=0)
+    """Allocatable ``nvidia.com/gpu`` of one node."""
+    cpu: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    """Allocatable CPU cores of one node (None: not checked)."""
+    memory: str | None = None
+    """Allocatable memory of one node, a Kubernetes quantity (``1Ti``; None: not checked)."""
+    labels: dict[str, str] = Field(default_factory=dict)
+    count: int = Field(default=1, gt=0)
+
+    @field_validator("memory")
+    @classmethod
+    def _memory_quantity(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if not re.fullmatch(r"\d+(\.\d+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|K|M|G|T|P|E)?", str(value).strip()):
+            raise ValueError(f"{value!r} is not a Kubernetes quantity; write e.g. 1Ti or 768Gi")
+        return str(value).strip()
+
+    @property
+    def memory_bytes(self) -> int | None:
+        if self.memory is None:
+            return None
+        number, suffix = re.fullmatch(r"(\d+(?:\.\d+)?)(\D*)", self.memory).groups()
+        return int(float(number) * _QUANTITY_FACTORS[suffix])
+
+
 class PoolConfig(_Strict):
     """The GPU pool shared by the inference services and idlegpu's jobs."""
 
@@ -116,6 +152,10 @@ class PoolConfig(_Strict):
     custom_holidays: list[CustomHoliday] = Field(default_factory=list)
     """The operator's own holidays (a launch, a company day off): dates, or ``{date, name}``;
     they count as holidays wherever public holidays do."""
+    nodes: list[NodeShape] = Field(default_factory=list)
+    """The pool's node shapes, e.g. ``[{gpus: 8, cpu: 96, memory: 1Ti, count: 12}]`` (their
+    GPUs add up to ``total_gpus``); empty: not described (the pool as one bin, unless the
+    daemon reads the live nodes)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -167,6 +207,15 @@ class PoolConfig(_Strict):
                 f"holiday_subdivision {self.holiday_subdivision!r}: the holidays package has no "
                 f"subdivisions for {self.holiday_country}; leave it out"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _nodes_make_the_pool(self) -> PoolConfig:
+        gpus = sum(shape.gpus * shape.count for shape in self.nodes)
+        if self.nodes and gpus != self.total_gpus:
+            shapes = " + ".join(f"{s.count} x {s.gpus}" for s in self.nodes)
+            raise ValueError(f"pool.nodes hold {shapes} = {gpus} GPUs, but total_gpus is "
+                             f"{self.total_gpus}; make them agree")
         return self
 
     @model_validator(mode="after")

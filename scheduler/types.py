@@ -468,6 +468,19 @@ class NodeView:
     def max_free_gpus(self) -> int:
         return max((node.free_gpus for node in self.nodes), default=0)
 
+    @classmethod
+    def of_shapes(cls, shapes, observed_at: datetime | None = None) -> NodeView:
+        """Empty nodes of the shapes of ``pool.nodes`` (``NodeShape``: gpus, cpu, memory,
+        labels, count), named ``node-<i>`` (for the simulator and planning)."""
+        nodes = []
+        for shape in shapes:
+            for _ in range(shape.count):
+                nodes.append(NodeState(
+                    name=f"node-{len(nodes)}", gpus=shape.gpus, cpu=float(shape.cpu or 0.0),
+                    memory=int(shape.memory_bytes or 0),
+                    labels=tuple(sorted(shape.labels.items()))))
+        return cls(tuple(nodes), observed_at=observed_at)
+
     def claiming(self, claims) -> NodeView:
         """This view with ``claims`` (``{node: (gpus, cpu, memory)}``: what admissions counted
         on whose pods are not bound yet) added to what those nodes have requested."""

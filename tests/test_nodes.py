@@ -134,3 +134,27 @@ def test_no_node_view_is_the_pool_as_one_bin():
     assert {d.job_id: d.action for d in old.decisions} == {"big": Action.ADMIT,
                                                             "small": Action.ADMIT}
     assert all(d.node is None for d in old.decisions)
+
+
+def test_pool_nodes_describe_the_node_shapes():
+    import pytest
+    from pydantic import ValidationError
+
+    from forecast.config import PoolConfig
+
+    pool = PoolConfig(total_gpus=40, nodes=[
+        {"gpus": 8, "cpu": 96, "memory": "1Ti", "labels": {"gpu": "h100"}, "count": 4},
+        {"gpus": 4, "count": 2}])
+    view = NodeView.of_shapes(pool.nodes)
+    assert [n.gpus for n in view.nodes] == [8, 8, 8, 8, 4, 4]
+    assert view.nodes[0].memory == 2**40 and view.nodes[0].cpu == 96
+    assert view.nodes[0].labels == (("gpu", "h100"),) and view.free_gpus == 40
+    assert view.nodes[5].cpu == 0 and view.nodes[5].memory == 0  # not described: not checked
+    got = by_id(plan([job("x", 8, cpu=64.0, memory=512 * GI)], view))
+    assert got["x"].node == "node-0"
+    assert PoolConfig(total_gpus=8).nodes == []
+    with pytest.raises(ValidationError, match=r"pool.nodes hold 2 x 8 = 16 GPUs, but "
+                                              r"total_gpus is 24"):
+        PoolConfig(total_gpus=24, nodes=[{"gpus": 8, "count": 2}])
+    with pytest.raises(ValidationError, match="not a Kubernetes quantity"):
+        PoolConfig(total_gpus=8, nodes=[{"gpus": 8, "memory": "lots"}])
