@@ -4,8 +4,13 @@
 from datetime import UTC, datetime, timedelta
 
 import numpy as np
+from test_controller import REQUEST, MemoryCluster, Signals
 
+from forecast.errors import PermanentError, TemporaryError
+from scheduler.adapters.store import JobStore
+from scheduler.controller import Controller
 from scheduler.policy import decide
+from scheduler.specs import expand_units, validate_request
 from scheduler.types import (
     Action,
     FreeProfile,
@@ -158,3 +163,104 @@ def test_pool_nodes_describe_the_node_shapes():
         PoolConfig(total_gpus=24, nodes=[{"gpus": 8, "count": 2}])
     with pytest.raises(ValidationError, match="not a Kubernetes quantity"):
         PoolConfig(total_gpus=8, nodes=[{"gpus": 8, "memory": "lots"}])
+
+
+# ----------------------------------------------------------------- the controller's node view
+
+
+
+class FreshSignals(Signals):
+    def read(self, now, *, job_gpus=0):
+        return ServingSignals(observed_at=now)
+
+
+class NodeCluster(MemoryCluster):
+    """MemoryCluster with a node view the test sets (or an error it raises)."""
+
+    def __init__(self, view: NodeView):
+        super().__init__()
+        self.view = view
+        self.raise_next: Exception | None = None
+        self.reads = 0
+
+    def nodes(self, now=None):
+        self.reads += 1
+        if self.raise_next is not None:
+            exc, self.raise_next = self.raise_next, None
+            raise exc
+        return self.view
+
+
+def _daemon(tmp_path, view):
+    store = JobStore(f"sqlite:///{tmp_path / 'jobs.db'}")
+    cluster = NodeCluster(view)
+
+    def forecast(now):
+        return FreeProfile(T0, 300, np.full(288, 32.0), 0.9, T0)
+
+    controller = Controller(store, cluster, FreshSignals(), forecast,
+                            lambda spec: spec.runtime_estimate_s, PolicySettings())
+    return store, cluster, controller
+
+
+def _submit(store, name, at=T0 - timedelta(hours=1)):
+    data = {**REQUEST, "name": name, "cpu": 64, "memory": "512Gi"}
+    request = validate_request(data)
+    store.submit(request.name, request.team, request.kind, data, expand_units(request), at)
+
+
+def test_the_daemon_admits_only_where_a_node_holds_the_unit(tmp_path):
+    view = NodeView((node("a", 8), node("b", 2)))
+    store, cluster, controller = _daemon(tmp_path, view)
+    _submit(store, "shards")  # two 8-GPU units, 64 CPUs and 512Gi each
+    report = controller.reconcile_once(T0)
+    admitted = report.plan.of(Action.ADMIT)
+    deferred = report.plan.of(Action.DEFER)
+    assert [d.node for d in admitted] == ["a"] and len(report.created) == 1
+    assert deferred[0].reason == (
+        "needs 8 GPUs on one node; 2 GPUs free but at most 2 on any node (2 nodes)")
+    assert report.nodes is not None and report.nodes_read_s is not None
+    # the CPU and memory of the stored unit were checked: a node without them refuses it
+    assert controller._requests[admitted[0].job_id] == (64.0, 512 * GI)
+    # next pass, the pod not bound yet (the view unchanged): its claim keeps node a taken
+    report = controller.reconcile_once(T0 + timedelta(minutes=1))
+    assert report.plan.of(Action.ADMIT) == [] and report.created == []
+    assert {n.name: n.free_gpus for n in report.nodes.nodes} == {"a": 0, "b": 2}
+    # bound now: the view counts its pod, the claim goes (never counted twice)
+    (name,) = cluster.created
+    cluster.view = NodeView((node("a", 0, cpu_used=64, mem_used=512 * GI), node("b", 2)),
+                            bound_jobs=frozenset({name}))
+    report = controller.reconcile_once(T0 + timedelta(minutes=2))
+    assert controller._claims == {}
+    assert {n.name: n.gpus_requested for n in report.nodes.nodes} == {"a": 8, "b": 6}
+    # another node frees up: the second unit goes there
+    cluster.view = NodeView((*cluster.view.nodes, node("c", 8)), bound_jobs=frozenset({name}))
+    report = controller.reconcile_once(T0 + timedelta(minutes=3))
+    assert [d.node for d in report.plan.of(Action.ADMIT)] == ["c"]
+
+
+def test_a_node_view_that_cannot_be_read_admits_nothing_that_pass(tmp_path):
+    store, cluster, controller = _daemon(tmp_path, NodeView((node("a", 8), node("b", 8))))
+    _submit(store, "shards")
+    cluster.raise_next = TemporaryError("the API server is unavailable (503)")
+    report = controller.reconcile_once(T0)
+    assert report.created == [] and any(e.startswith("nodes: ") for e in report.errors)
+    assert len(controller.reconcile_once(T0 + timedelta(minutes=1)).created) == 2
+
+
+def test_a_forbidden_node_view_falls_back_to_the_pool_as_one_bin(tmp_path, caplog):
+    store, cluster, controller = _daemon(tmp_path, NodeView((node("a", 2),)))
+    _submit(store, "shards")
+    cluster.raise_next = PermanentError("Kubernetes denied 'list' on nodes (HTTP 403)")
+    report = controller.reconcile_once(T0)
+    assert len(report.created) == 2 and report.nodes is None  # as before the node view
+    assert "cannot read the node view" in caplog.text
+    _submit(store, "more", at=T0)
+    controller.reconcile_once(T0 + timedelta(minutes=1))
+    assert cluster.reads == 1  # given up: not asked again
+
+
+def test_no_queue_no_node_view_read(tmp_path):
+    _, cluster, controller = _daemon(tmp_path, NodeView((node("a", 8),)))
+    report = controller.reconcile_once(T0)
+    assert cluster.reads == 0 and report.nodes is None

@@ -683,6 +683,13 @@ class KubernetesCluster:
         ``now``: stamped as ``observed_at`` (the daemon's clock)."""
         if self.core is None:
             return NodeView((), observed_at=now)
+        try:
+            return self._nodes(now)
+        except _NotFound as exc:  # a server (or a fake) that serves no nodes or pods
+            raise PermanentError(f"the Kubernetes API serves no node view (HTTP 404: {exc}); "
+                                 f"admission counts the pool as one bin") from None
+
+    def _nodes(self, now: datetime | None) -> NodeView:
         selector = ",".join(f"{k}={v}" for k, v in sorted(self.node_selector.items()))
         nodes = self._list_all(lambda **kw: self.core.list_node(
             **({"label_selector": selector} if selector else {}), **kw), "nodes")
