@@ -264,3 +264,31 @@ def test_no_queue_no_node_view_read(tmp_path):
     _, cluster, controller = _daemon(tmp_path, NodeView((node("a", 8),)))
     report = controller.reconcile_once(T0)
     assert cluster.reads == 0 and report.nodes is None
+
+
+def test_taints_our_jobs_do_not_tolerate_keep_a_node_out():
+    from scheduler.adapters.kubernetes import _tolerated
+
+    gpu = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+    assert not _tolerated(gpu, [])
+    assert _tolerated(gpu, [{"key": "nvidia.com/gpu", "operator": "Exists"}])
+    assert _tolerated(gpu, [{"key": "nvidia.com/gpu", "value": "present",
+                             "effect": "NoSchedule"}])
+    assert not _tolerated(gpu, [{"key": "nvidia.com/gpu", "value": "absent"}])
+    assert not _tolerated(gpu, [{"key": "nvidia.com/gpu", "operator": "Exists",
+                                 "effect": "NoExecute"}])
+    assert _tolerated(gpu, [{"operator": "Exists"}])
+    assert _tolerated({"key": "x", "effect": "PreferNoSchedule"}, [])
+
+
+def test_the_adapter_counts_requests_as_the_scheduler_does():
+    from scheduler.adapters.kubernetes import _pod_requests, _quantity
+
+    assert _quantity("500m") == 0.5 and _quantity("1Ti") == 2**40 and _quantity("1e3") == 1000
+    assert _quantity("1056276Ki") == 1056276 * 1024 and _quantity("junk") == 0
+    spec = {"containers": [
+        {"resources": {"limits": {"nvidia.com/gpu": "4"}, "requests": {"cpu": "8"}}},
+        {"resources": {"requests": {"cpu": "500m", "memory": "1Gi"}}}],
+        "initContainers": [{"resources": {"requests": {"cpu": "16"}}}],
+        "overhead": {"memory": "128Mi"}}
+    assert _pod_requests(spec) == {"nvidia.com/gpu": 4, "cpu": 16, "memory": 2**30 + 2**27}

@@ -154,3 +154,22 @@ def test_the_cost_of_reading_the_node_view(pool, inference) -> None:
     median, worst = statistics.median(times), max(times)
     print(f"\nnode view: {NODES} nodes, median {median * 1000:.1f} ms, max {worst * 1000:.1f} ms")
     assert median < 0.5
+
+
+def test_a_tainted_or_cordoned_node_is_not_offered(pool, kube_control_plane) -> None:
+    daemon, sim = pool(2, GPUS, taints=[{"key": "maintenance", "value": "true",
+                                         "effect": "NoSchedule"}], **SHAPE)
+    view = daemon.cluster.nodes()
+    assert [n.schedulable for n in view.nodes] == [False, False] and view.free_gpus == 0
+    core = kubernetes.client.CoreV1Api(kube_control_plane.api_client())
+    core.patch_node(sim.node_names[1], {"spec": {"taints": [], "unschedulable": True}})
+    by_name = {n.name: n for n in daemon.cluster.nodes().nodes}
+    assert not by_name[sim.node_names[1]].schedulable  # cordoned
+    core.patch_node(sim.node_names[1], {"spec": {"unschedulable": False}})
+    by_name = {n.name: n for n in daemon.cluster.nodes().nodes}
+    assert by_name[sim.node_names[1]].free_gpus == GPUS
+    unit = submit(daemon.store, request("fits", gpus=8, cpu=64, memory="512Gi"))
+    report = daemon.reconcile()
+    (decision,) = report.plan.decisions
+    assert decision.action is Action.ADMIT and decision.node == sim.node_names[1]
+    daemon.until(lambda r: unit in r.started, what="the pod running")

@@ -678,7 +678,8 @@ class KubernetesCluster:
         (service replicas, our Jobs, daemons): two list calls, nodes by label and every pod
         bound to a node that has not ended (``spec.nodeName!=,status.phase!=Succeeded,
         status.phase!=Failed``, cluster-wide: the replicas live in other namespaces), paged
-        by 500. Needs a ClusterRole with nodes list and pods list (deploy/role.yaml).
+        by 500. A node is schedulable for us unless cordoned or tainted ``NoSchedule`` /
+        ``NoExecute`` without a toleration of our Jobs. Needs a ClusterRole with nodes list and pods list (deploy/role.yaml).
         ``NodeView.bound_jobs``: the Jobs (of any owner) whose pods are bound to these nodes.
         ``now``: stamped as ``observed_at`` (the daemon's clock)."""
         if self.core is None:
@@ -730,7 +731,9 @@ class KubernetesCluster:
                     "memory", "0"))),
                 gpus_requested=math.ceil(gpus), cpu_requested=cpu, memory_requested=int(memory),
                 labels=tuple(sorted(labels.items())),
-                schedulable=not (item.get("spec") or {}).get("unschedulable", False),
+                schedulable=not (item.get("spec") or {}).get("unschedulable", False)
+                and all(_tolerated(taint, self.tolerations)
+                        for taint in (item.get("spec") or {}).get("taints") or []),
                 ready=ready))
         return NodeView(tuple(states), observed_at=now, bound_jobs=frozenset(bound))
 
@@ -883,6 +886,26 @@ def _quantity(value: Any) -> float:
     if not match or match.group(2) not in _SUFFIXES:
         return 0.0
     return float(match.group(1)) * _SUFFIXES[match.group(2)]
+
+
+def _tolerated(taint: dict[str, Any], tolerations: list[dict[str, Any]]) -> bool:
+    """Whether our Jobs' pods may be scheduled on a node with ``taint``: a ``PreferNoSchedule``
+    taint never keeps them off; ``NoSchedule`` and ``NoExecute`` ones only with a matching
+    toleration (same key, or none with ``Exists``; ``Equal`` also compares the value; no
+    effect tolerates every effect)."""
+    effect = taint.get("effect")
+    if effect == "PreferNoSchedule":
+        return True
+    for tol in tolerations:
+        if tol.get("effect") and tol.get("effect") != effect:
+            continue
+        key = tol.get("key")
+        if (tol.get("operator") or "Equal") == "Exists":
+            if not key or key == taint.get("key"):
+                return True
+        elif key == taint.get("key") and (tol.get("value") or "") == (taint.get("value") or ""):
+            return True
+    return False
 
 
 def _pod_requests(spec: dict[str, Any]) -> dict[str, float]:
