@@ -14,10 +14,12 @@ timing (the server refits once per clock hour; its cost is the plan route's, see
   plan), which the chart waits for;
 * **browser**: navigation start to the chart drawn (the page's ``idlegpu-chart-drawn``
   performance mark, set when the SVG is in the DOM) and to the queue table parsed
-  (``domContentLoadedEventEnd`` of the navigation entry; the table is server-rendered), from
-  the Performance API.
+  (``domContentLoadedEventEnd`` of the navigation entry; the table is server-rendered, its
+  first page of 500 units), from the Performance API.
 
-Prints the median of ``--repeats`` loads of each and the page sizes.
+Each is measured with the plan made for the load (the console's plan cache emptied first: the
+first page after 30 s or after a change) and with the plan shared (median of ``--repeats``).
+Prints the figures and the page sizes.
 """
 
 from __future__ import annotations
@@ -64,9 +66,13 @@ def main() -> None:
         print(f"first plan (forecast fit and plan of {args.queued + 4} units): "
               f"{time.perf_counter() - warm:.1f} s (not counted below)")
 
-        def server_ms(path: str) -> tuple[float, int]:
+        cache = server.server.config.app.state.console_plan_cache
+
+        def server_ms(path: str, cold: bool) -> tuple[float, int]:
             times, size = [], 0
-            for _ in range(args.repeats):
+            for _ in range(1 if cold else args.repeats):
+                if cold:
+                    cache.clear()
                 t = time.perf_counter()
                 answer = http.get(console.url + path, timeout=600)
                 times.append((time.perf_counter() - t) * 1000)
@@ -74,40 +80,43 @@ def main() -> None:
                 size = len(answer.content)
             return statistics.median(times), size
 
-        def browser_ms(path: str, script: str, ready) -> float:
+        def browser_ms(path: str, script: str, ready, cold: bool) -> float:
             times = []
-            for _ in range(args.repeats):
+            for _ in range(1 if cold else args.repeats):
                 driver.get("about:blank")
+                if cold:
+                    cache.clear()
                 driver.get(console.url + path)
                 WebDriverWait(driver, 600).until(ready)
                 times.append(float(driver.execute_script(script)))
             return statistics.median(times)
 
+        drawn_js = "return performance.getEntriesByName('idlegpu-chart-drawn')[0].startTime"
+        drawn = (lambda d: d.execute_script(
+            "return performance.getEntriesByName('idlegpu-chart-drawn').length"))
+        parsed_js = ("return performance.getEntriesByType('navigation')[0]"
+                     ".domContentLoadedEventEnd")
+        parsed = (lambda d: d.execute_script(parsed_js + " > 0"))
         rows = []
-        html, size = server_ms("/")
-        rows.append(("server", "GET / (pool page HTML)", html, size))
-        data, size = server_ms("/console/pool.json")
-        rows.append(("server", "GET /console/pool.json (history, forecast, plan)", data, size))
-        queue, size = server_ms("/queue?scope=all")
-        rows.append(("server", "GET /queue?scope=all (HTML, every unit)", queue, size))
-        drawn = browser_ms(
-            "/", "return performance.getEntriesByName('idlegpu-chart-drawn')[0].startTime",
-            lambda d: d.execute_script(
-                "return performance.getEntriesByName('idlegpu-chart-drawn').length"))
-        rows.append(("browser", "pool: navigation start to the chart drawn", drawn, None))
-        table = browser_ms(
-            "/queue?scope=all",
-            "return performance.getEntriesByType('navigation')[0].domContentLoadedEventEnd",
-            lambda d: d.execute_script(
-                "return performance.getEntriesByType('navigation')[0]"
-                ".domContentLoadedEventEnd > 0"))
+        for cold in (True, False):
+            plan = "plan made" if cold else "plan shared"
+            html, size = server_ms("/", cold)
+            rows.append(("server", "GET / (pool page HTML, no plan needed)", html, size))
+            data, size = server_ms("/console/pool.json", cold)
+            rows.append(("server", f"GET /console/pool.json ({plan})", data, size))
+            queue, size = server_ms("/queue?scope=all", cold)
+            rows.append(("server", f"GET /queue?scope=all ({plan})", queue, size))
+            rows.append(("browser", f"pool: navigation to the chart drawn ({plan})",
+                         browser_ms("/", drawn_js, drawn, cold), None))
+            rows.append(("browser", f"queue: navigation to the table parsed ({plan})",
+                         browser_ms("/queue?scope=all", parsed_js, parsed, cold), None))
         count = len(driver.find_elements(By.CSS_SELECTOR, "#queue tbody tr[data-unit]"))
-        rows.append(("browser", f"queue: navigation start to the table parsed ({count} rows)",
-                     table, None))
-        print(f"\nconsole, {args.queued + 4} queued units, median of {args.repeats}:")
+        print(f"\nconsole, {args.queued + 4} queued units ({count} rows on the queue's first page); "
+              f"'plan made': the plan cache emptied first (one load), 'plan shared': median "
+              f"of {args.repeats}:")
         for side, what, ms, size in rows:
             extra = f"  ({size / 1e6:.2f} MB)" if size else ""
-            print(f"  {side:<8} {what:<58} {ms:8.0f} ms{extra}")
+            print(f"  {side:<8} {what:<52} {ms:8.0f} ms{extra}")
     finally:
         driver.quit()
         server.stop()

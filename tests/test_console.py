@@ -260,3 +260,37 @@ def test_the_validate_route_expands_without_storing(console_server):
     assert requests.post(f"{url}/v1/requests/validate", json={}, headers=viewer,
                          timeout=30).status_code == 403
     assert len(console_server.store.find_units(limit=10_000)) == before  # nothing stored
+
+
+def test_behind_the_trusted_proxy_the_login_is_automatic(tmp_path):
+    from api_server import ApiServer, MovableClock, api_settings
+
+    from scheduler.adapters.store import JobStore
+    from scheduler.api import create_app
+
+    store = JobStore(f"sqlite:///{tmp_path / 'proxy.db'}")
+    settings = api_settings(trusted_proxies=["127.0.0.1/32"], identities=[
+        {"group": "ml-alignment", "team": "alignment", "role": "member"}])
+    server = ApiServer(create_app(settings, store, clock=MovableClock())).start()
+    try:
+        proxy = {"X-Remote-User": "ada@corp", "X-Remote-Group": "ml-alignment"}
+        answer = requests.get(server.url + "/queue", headers=proxy, allow_redirects=False,
+                              timeout=30)
+        assert answer.status_code == 303 and answer.headers["location"].startswith("/login")
+        answer = requests.get(server.url + answer.headers["location"], headers=proxy,
+                              allow_redirects=False, timeout=30)
+        assert answer.status_code == 303 and answer.headers["location"] == "/queue"
+        cookie = answer.headers["set-cookie"]
+        assert "idlegpu_session=" in cookie and "HttpOnly" in cookie
+        assert "SameSite=strict" in cookie or "SameSite=Strict" in cookie
+        assert "Secure" not in cookie  # plain http on loopback
+        session = requests.Session()
+        session.cookies.update(answer.cookies)
+        page = session.get(server.url + "/queue", allow_redirects=False, timeout=30)
+        assert page.status_code == 200
+        assert "ada@corp · team alignment · member" in page.text
+        # without the proxy's headers and cookie: the login form
+        assert requests.get(server.url + "/login", timeout=30).status_code == 200
+    finally:
+        server.stop()
+        store.close()

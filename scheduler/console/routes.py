@@ -11,7 +11,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, quote
+from urllib.parse import parse_qs, quote, urlencode
 
 import pandas as pd
 import yaml
@@ -40,6 +40,8 @@ PLAN_TTL_S = 30.0
 API tens of seconds); a submit or cancel from the console drops it at once."""
 SORTS = ("start", "submitted", "gpus", "state", "team", "id")
 QUEUE_LIMIT = 20_000
+PAGE_ROWS = 500
+"""Units per queue page (a browser takes seconds to lay out 10,000 rows)."""
 EXAMPLES = HERE.parents[1] / "examples" / "jobs"
 
 
@@ -208,7 +210,7 @@ def add_console(app: FastAPI, settings, store, authenticator: Authenticator, rea
             return None
         return authenticator.authenticate(request.headers, address, now())
 
-    def page(name: str, request: Request, who: Identity | None, session: Session | None,
+    def render(name: str, request: Request, who: Identity | None, session: Session | None,
              status: int = 200, **context: Any) -> HTMLResponse:
         html = env.get_template(name).render(
             who=who, csrf=session.csrf if session else "", static=STATIC, zone=zone_label,
@@ -308,7 +310,7 @@ def add_console(app: FastAPI, settings, store, authenticator: Authenticator, rea
     def login_form(request: Request, target: str, error: str | None = None,
                    status: int = 200) -> HTMLResponse:
         nonce = secrets.token_urlsafe(24)
-        response = page("login.html", request, None, None, status=status, next=target,
+        response = render("login.html", request, None, None, status=status, next=target,
                         error=error, login_csrf=nonce)
         response.set_cookie(LOGIN_CSRF, nonce, max_age=3600, path="/login", httponly=True,
                             samesite="strict", secure=secure(request))
@@ -441,7 +443,7 @@ def add_console(app: FastAPI, settings, store, authenticator: Authenticator, rea
         if isinstance(got, Response):
             return got
         session, who, _ = got
-        return page("pool.html", request, who, session)
+        return render("pool.html", request, who, session)
 
     @app.get("/console/pool.json", include_in_schema=False)
     async def pool_data(request: Request) -> Response:
@@ -494,7 +496,7 @@ def add_console(app: FastAPI, settings, store, authenticator: Authenticator, rea
 
     @app.get("/queue", include_in_schema=False)
     async def queue_page(request: Request, scope: str = "team", sort: str = "start",
-                         q: str = "", state: str = "") -> Response:
+                         q: str = "", state: str = "", page: int = 1) -> Response:
         got = await signed_in(request)
         if isinstance(got, Response):
             return got
@@ -517,8 +519,19 @@ def add_console(app: FastAPI, settings, store, authenticator: Authenticator, rea
                 "gpus": lambda u: (-u["gpus"], u["id"]), "state": lambda u: (u["state"], u["id"]),
                 "team": lambda u: (u["team"], u["id"]), "id": lambda u: u["id"]}
         units.sort(key=keys[sort])
-        response = page("queue.html", request, who, session, units=units, scope=scope,
-                        sort=sort, q=q, state=state, states=states, meta=meta)
+        total = len(units)
+        pages = max(1, -(-total // PAGE_ROWS))
+        number = min(max(1, page), pages)
+        first = (number - 1) * PAGE_ROWS
+        query = {"scope": scope, "sort": sort, "q": q, "state": state}
+        link = lambda n: "/queue?" + urlencode({**query, "page": n})
+        response = render("queue.html", request, who, session,
+                          units=units[first:first + PAGE_ROWS], scope=scope, sort=sort, q=q,
+                          state=state, states=states, meta=meta, total=total,
+                          first=first + 1 if total else 0,
+                          last=min(total, first + PAGE_ROWS), page=number, pages=pages,
+                          prev=link(number - 1) if number > 1 else None,
+                          next=link(number + 1) if number < pages else None)
         response.headers["Server-Timing"] = f"queue;dur={(time.perf_counter() - started) * 1000:.1f}"
         return response
 
@@ -579,8 +592,8 @@ def add_console(app: FastAPI, settings, store, authenticator: Authenticator, rea
         try:
             detail = await run_in_threadpool(unit_detail, unit_id)
         except UnknownJobError as exc:
-            return page("error.html", request, who, session, status=404, message=str(exc))
-        return page("unit.html", request, who, session, **detail,
+            return render("error.html", request, who, session, status=404, message=str(exc))
+        return render("unit.html", request, who, session, **detail,
                     may_cancel=who.may_cancel(detail["unit"].team)
                     and not detail["unit"].state.is_terminal(),
                     notice=request.query_params.get("notice"))
@@ -597,9 +610,9 @@ def add_console(app: FastAPI, settings, store, authenticator: Authenticator, rea
             row = await run_in_threadpool(store.request, request_id)
             units = await run_in_threadpool(store.request_units, request_id)
         except UnknownJobError as exc:
-            return page("error.html", request, who, session, status=404, message=str(exc))
+            return render("error.html", request, who, session, status=404, message=str(exc))
         live = any(not u.state.is_terminal() for u in units)
-        return page("request.html", request, who, session, request_row=row, units=units,
+        return render("request.html", request, who, session, request_row=row, units=units,
                     raw=yaml.safe_dump(row.raw, sort_keys=False, allow_unicode=True),
                     may_cancel=who.may_cancel(row.team) and live,
                     notice=request.query_params.get("notice"))
@@ -615,7 +628,7 @@ def add_console(app: FastAPI, settings, store, authenticator: Authenticator, rea
                                         f"/v1/{kind}/{quote(target, safe='')}/cancel", body)
         if status != 200:
             message = (answer or {}).get("error", {}).get("message", f"error {status}")
-            return page("error.html", request, who, session, status=status, message=message)
+            return render("error.html", request, who, session, status=status, message=message)
         done = len(answer["cancelled"]) + len(answer["to_stop"])
         notice = f"cancelled {done} unit(s)"
         return RedirectResponse(f"/{kind}/{quote(target, safe='')}?notice={quote(notice)}",
@@ -638,10 +651,10 @@ def add_console(app: FastAPI, settings, store, authenticator: Authenticator, rea
             return got
         session, who, _ = got
         if not who.may_change():
-            return page("error.html", request, who, session, status=403,
+            return render("error.html", request, who, session, status=403,
                         message=f"role {who.role} may not submit requests: viewers read only")
         text = examples.get(example, "")
-        return page("submit.html", request, who, session, examples=sorted(examples),
+        return render("submit.html", request, who, session, examples=sorted(examples),
                     example=example, text=text, error=None, preview=None)
 
     @app.get("/console/examples/{name}", include_in_schema=False)
@@ -667,8 +680,9 @@ def add_console(app: FastAPI, settings, store, authenticator: Authenticator, rea
             return RedirectResponse(f"/requests/{quote(answer['id'], safe='')}"
                                     f"?notice={quote('submitted')}", status_code=303)
         error = (answer or {}).get("error") if status >= 400 else None
-        return page("submit.html", request, who, session, status=200 if error is None else 422,
+        return render("submit.html", request, who, session, status=200 if error is None else 422,
                     examples=sorted(examples), example="", text=text, error=error,
                     preview=None if error else answer)
 
     app.state.console_pool_json = pool_json
+    app.state.console_plan_cache = plan_stash
