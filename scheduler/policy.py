@@ -534,6 +534,9 @@ class _NodeRoom:
         where = f"{nodes} node{'s' if nodes != 1 else ''}" + (
             f", {self.cordoned} more not ready or cordoned" if self.cordoned else "")
         total, most = sum(self.gpus), self._max
+        if not self.names:
+            return (f"needs {gpus} GPUs on one node; no node of the pool is ready and "
+                    f"schedulable ({where})")
         if most < gpus:
             return (f"needs {gpus} GPUs on one node; {total} GPUs free but at most {most} on "
                     f"any node ({where})")

@@ -292,3 +292,23 @@ def test_the_adapter_counts_requests_as_the_scheduler_does():
         "initContainers": [{"resources": {"requests": {"cpu": "16"}}}],
         "overhead": {"memory": "128Mi"}}
     assert _pod_requests(spec) == {"nvidia.com/gpu": 4, "cpu": 16, "memory": 2**30 + 2**27}
+
+
+def test_no_usable_node_says_so():
+    got = by_id(plan([job("x", 2)], NodeView((node("down", 8, ready=False),))))
+    assert got["x"].reason == ("needs 2 GPUs on one node; no node of the pool is ready and "
+                               "schedulable (0 nodes, 1 more not ready or cordoned)")
+    got = by_id(plan([job("x", 2)], NodeView(())))
+    assert got["x"].reason == ("needs 2 GPUs on one node; no node of the pool is ready and "
+                               "schedulable (0 nodes)")
+
+
+def test_a_dry_run_without_a_cluster_has_no_node_view(tmp_path):
+    from scheduler.adapters.kubernetes import KubernetesCluster
+
+    assert KubernetesCluster(None, namespace="research", dry_run=True).nodes() is None
+    store, cluster, controller = _daemon(tmp_path, NodeView(()))
+    cluster.view = None
+    _submit(store, "shards")
+    report = controller.reconcile_once(T0)
+    assert len(report.created) == 2 and report.nodes is None  # the pool as one bin

@@ -672,7 +672,7 @@ class KubernetesCluster:
                 found.setdefault(owner, []).append(pod)
         return found
 
-    def nodes(self, now: datetime | None = None) -> NodeView:
+    def nodes(self, now: datetime | None = None) -> NodeView | None:
         """The pool's nodes (those matching ``node_selector``) with their allocatable GPUs,
         CPU and memory and what the pods bound to them request now, whoever runs them
         (service replicas, our Jobs, daemons): two list calls, nodes by label and every pod
@@ -681,9 +681,10 @@ class KubernetesCluster:
         by 500. A node is schedulable for us unless cordoned or tainted ``NoSchedule`` /
         ``NoExecute`` without a toleration of our Jobs. Needs a ClusterRole with nodes list and pods list (deploy/role.yaml).
         ``NodeView.bound_jobs``: the Jobs (of any owner) whose pods are bound to these nodes.
-        ``now``: stamped as ``observed_at`` (the daemon's clock)."""
-        if self.core is None:
-            return NodeView((), observed_at=now)
+        ``now``: stamped as ``observed_at`` (the daemon's clock). None without an API client
+        (a dry run): no node view, the pool counts as one bin."""
+        if self.core is None:  # a dry run without a cluster: no node view
+            return None
         try:
             return self._nodes(now)
         except _NotFound as exc:  # a server (or a fake) that serves no nodes or pods
