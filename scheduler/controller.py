@@ -226,7 +226,8 @@ class Controller:
         report.nodes_read_s = time.perf_counter() - started
         if view is None:  # the cluster has no node view to offer (a dry run without one)
             return None
-        current = {self.cluster.job_name(row.id, row.attempts) for row in self.store.holding()}
+        current = {self.cluster.job_name(row.id, row.attempts)
+                   for row in self.store.holding()} if self._claims else set()
         for unit, (name, *_rest) in list(self._claims.items()):
             if name in view.bound_jobs or name not in current:
                 del self._claims[unit]
