@@ -16,6 +16,7 @@ import requests
 import yaml
 from api_server import IMAGE
 from console_browser import browser, console_server, login  # noqa: F401 - fixtures
+from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
@@ -24,7 +25,14 @@ PAGES = ("/", "/queue", "/queue?scope=all", "/submit", "/units/x", "/requests/x"
 
 
 def wait(driver, seconds: float = 20):
-    return WebDriverWait(driver, seconds)
+    """A wait that retries through a page being replaced (a stale element)."""
+    return WebDriverWait(driver, seconds, ignored_exceptions=(NoSuchElementException,
+                                                              StaleElementReferenceException))
+
+
+def find(driver, css: str):
+    """The element at ``css`` once the page has it (after a click that navigates)."""
+    return wait(driver).until(lambda d: d.find_element(By.CSS_SELECTOR, css))
 
 
 def chart_drawn(driver) -> None:
@@ -50,7 +58,7 @@ def test_logged_out_every_page_redirects_to_login(console_server, browser):
     # a wrong token is refused at the form
     browser.find_element(By.ID, "token").send_keys("igt_not-a-token")
     browser.find_element(By.CSS_SELECTOR, "form.login button[type=submit]").click()
-    assert "unknown token" in browser.find_element(By.ID, "login-error").text
+    assert "unknown token" in find(browser, "#login-error").text
 
 
 def test_a_member_logs_in_and_sees_tonights_chart_drawn(console_server, browser):
@@ -146,7 +154,7 @@ def test_submit_shows_the_error_at_the_field_then_submits_and_cancels(console_se
     assert len(browser.find_elements(By.CSS_SELECTOR, "#preview tbody tr")) == 1
     browser.find_element(By.ID, "submit").click()
     wait(browser).until(lambda d: urlparse(d.current_url).path.startswith("/requests/"))
-    assert browser.find_element(By.ID, "notice").text == "submitted"
+    assert find(browser, "#notice").text == "submitted"
     request_id = browser.find_element(By.ID, "request-id").text
     console_server.requests_["console-sft"] = request_id
     unit = browser.find_element(By.CSS_SELECTOR, "#units tbody tr").get_attribute("data-unit")
@@ -159,7 +167,7 @@ def test_submit_shows_the_error_at_the_field_then_submits_and_cancels(console_se
     browser.find_element(By.ID, "reason").send_keys("not needed")
     browser.find_element(By.ID, "cancel").click()
     wait(browser).until(lambda d: "cancelled" in d.find_element(By.ID, "unit-state").text)
-    assert "cancelled 1 unit(s)" in browser.find_element(By.CSS_SELECTOR, ".notice").text
+    assert "cancelled 1 unit(s)" in find(browser, ".notice").text
     assert not browser.find_elements(By.ID, "cancel")  # nothing left to cancel
     state = console_server.store.unit(unit).state.value
     assert state == "cancelled"

@@ -139,6 +139,12 @@ def add_console(app: FastAPI, settings, store, authenticator: Authenticator, rea
             return f"{seconds / 60:.0f} min"
         return f"{seconds / 3600:.1f} h"
 
+    def short_error(message: str, field: str | None) -> str:
+        """An API error without the ``request: <field>: `` the page already shows."""
+        message = message.removeprefix("request: ")
+        return message.removeprefix(f"{field}: ") if field else message
+
+    env.filters["short_error"] = short_error
     env.filters["local"] = local
     env.filters["hours"] = hours
     zone_label = f"{settings.pool.timezone} ({pd.Timestamp(now()).tz_convert(tz).strftime('%Z, UTC%z')})"

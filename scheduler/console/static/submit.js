@@ -31,7 +31,9 @@
       var at = lineOf(e.field);
       error.appendChild(document.createTextNode((at ? " (line " + at + ")" : "") + ": "));
     }
-    error.appendChild(document.createTextNode(e.message));
+    var message = e.message.replace(/^request: /, "");
+    if (e.field && message.indexOf(e.field + ": ") === 0) message = message.slice(e.field.length + 2);
+    error.appendChild(document.createTextNode(message));
     error.setAttribute("data-field", e.field || "");
     error.hidden = false; area.classList.add("invalid"); area.setAttribute("aria-invalid", "true");
   }
