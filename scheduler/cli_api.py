@@ -90,7 +90,8 @@ def serve(
         bind_host = host or settings.api.host
         bind_port = settings.api.port if port is None else port
         err_console.print(f"job API on http://{bind_host}:{bind_port}/v1 (docs at /docs), "
-                          f"store {job_store!r}", highlight=False, markup=False)
+                          f"web console at http://{bind_host}:{bind_port}/, store "
+                          f"{job_store!r}", highlight=False, markup=False)
         # proxy_headers off: the peer address is the connection's, so only api.trusted_proxies
         # decides whose forwarded headers count
         uvicorn.run(application, host=bind_host, port=bind_port, proxy_headers=False,
