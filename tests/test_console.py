@@ -282,23 +282,54 @@ def test_behind_the_trusted_proxy_the_login_is_automatic(tmp_path):
     server = ApiServer(create_app(settings, store, clock=MovableClock())).start()
     try:
         proxy = {"X-Remote-User": "ada@corp", "X-Remote-Group": "ml-alignment"}
-        answer = requests.get(server.url + "/queue", headers=proxy, allow_redirects=False,
+        answer = requests.get(server.url + "/submit", headers=proxy, allow_redirects=False,
                               timeout=30)
         assert answer.status_code == 303 and answer.headers["location"].startswith("/login")
         answer = requests.get(server.url + answer.headers["location"], headers=proxy,
                               allow_redirects=False, timeout=30)
-        assert answer.status_code == 303 and answer.headers["location"] == "/queue"
+        assert answer.status_code == 303 and answer.headers["location"] == "/submit"
         cookie = answer.headers["set-cookie"]
         assert "idlegpu_session=" in cookie and "HttpOnly" in cookie
         assert "SameSite=strict" in cookie or "SameSite=Strict" in cookie
         assert "Secure" not in cookie  # plain http on loopback
         session = requests.Session()
         session.cookies.update(answer.cookies)
-        page = session.get(server.url + "/queue", allow_redirects=False, timeout=30)
+        page = session.get(server.url + "/submit", allow_redirects=False, timeout=30)
         assert page.status_code == 200
         assert "ada@corp · team alignment · member" in page.text
         # without the proxy's headers and cookie: the login form
         assert requests.get(server.url + "/login", timeout=30).status_code == 200
+    finally:
+        server.stop()
+        store.close()
+
+
+def test_old_live_signals_are_shown_red(tmp_path, browser):
+    """The replayed history ends 20 minutes before the server's clock: the forecast is still
+    made (STALE_AFTER is 30 min), the live signals are shown stale."""
+    import pandas as pd
+    from api_server import ApiServer, MovableClock
+    from test_api_plan import HISTORY, NOW, settings_for, token
+
+    from forecast.sources import read_history
+    from scheduler.adapters.store import JobStore
+    from scheduler.api import create_app
+    from scheduler.api.forecasts import Forecasts
+
+    history = read_history(HISTORY)
+    history = history[history["ds"] <= pd.Timestamp(NOW) - pd.Timedelta(minutes=20)]
+    settings = settings_for(tmp_path)
+    store = JobStore(f"sqlite:///{tmp_path / 'stale.db'}")
+    server = ApiServer(create_app(settings, store, clock=MovableClock(NOW),
+                                  forecasts=Forecasts(settings, history))).start()
+    try:
+        login(browser, server.url, token(store, "alice", "alignment", "member"))
+        chart_drawn(browser)
+        signals = browser.find_element(By.ID, "signals-age")
+        assert "stale" in signals.get_attribute("class") and "20 min ago" in signals.text
+        assert "Wed 28 Jan 16:40:00 KST" in signals.text
+        forecast = browser.find_element(By.ID, "forecast-age")
+        assert "stale" not in forecast.get_attribute("class")
     finally:
         server.stop()
         store.close()
