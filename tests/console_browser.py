@@ -62,7 +62,8 @@ def start_browser(profile: Path, width: int = 1280, height: int = 1000):
 class Console:
     url: str
     store: JobStore
-    tokens: dict[str, str]  # user -> token (alice, vera: members; victor: viewer)
+    tokens: dict[str, str]  # user -> token (alice, vera: members; victor: viewer; olga:
+    # an operator of team platform)
     units: dict[str, str]  # request name -> its first unit id
     requests_: dict[str, str] = field(default_factory=dict)  # request name -> its id
 
@@ -77,7 +78,8 @@ def make_console(root: Path, extra_units: int = 0) -> tuple[Console, ApiServer]:
     server = ApiServer(create_app(settings, store, clock=clock, forecasts=forecasts)).start()
     tokens = {"alice": token(store, "alice", "alignment", "member"),
               "vera": token(store, "vera", "vision", "member"),
-              "victor": token(store, "victor", "vision", "viewer")}
+              "victor": token(store, "victor", "vision", "viewer"),
+              "olga": token(store, "olga", "platform", "operator")}
     console = Console(server.url, store, tokens, {})
     bodies = (("alice", request("fits-tonight", "alignment", 16)),
               ("alice", request("small", "alignment", 4, 1.0)),

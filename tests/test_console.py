@@ -173,7 +173,7 @@ def test_submit_shows_the_error_at_the_field_then_submits_and_cancels(console_se
     assert state == "cancelled"
 
 
-def test_a_member_of_another_team_sees_it_but_cannot_cancel(console_server, browser):
+def test_a_member_of_another_team_sees_it_but_cannot_cancel_an_operator_can(console_server, browser):
     login(browser, console_server.url, console_server.tokens["vera"])
     unit = console_server.units["small"]  # alignment's, queued
     browser.get(console_server.url + f"/units/{unit}")
@@ -183,6 +183,9 @@ def test_a_member_of_another_team_sees_it_but_cannot_cancel(console_server, brow
     assert not browser.find_elements(By.ID, "cancel")
     # her own team's: cancellable
     browser.get(console_server.url + f"/units/{console_server.units['vision-eval']}")
+    assert browser.find_elements(By.ID, "cancel")
+    # an operator (of another team still) may cancel anyone's
+    login(browser, console_server.url, console_server.tokens["olga"], f"/units/{unit}")
     assert browser.find_elements(By.ID, "cancel")
 
 
