@@ -118,9 +118,15 @@ def test_a_serving_pod_evicting_ours_sends_the_unit_back_to_the_queue(pool, kube
 
 
 def test_a_unit_no_node_can_place_is_requeued_then_fails_with_the_reason(pool) -> None:
-    daemon, sim = pool(nodes=2, gpus=4, harness={
+    # the node view sees room (a free 8-GPU node), but the Jobs' affinity asks for a label no
+    # node has, which the view does not model: the kube-scheduler leaves the pod pending. (A
+    # unit bigger than any node is no longer admitted at all: test_nodes_kube.py.)
+    daemon, sim = pool(nodes=2, gpus=8, cpu="128", memory="1024Gi", harness={
         "pending_timeout_s": 2.0, "max_unscheduled_attempts": 2})
-    unit = submit(daemon.store, request("too-big", gpus=8))  # the pool has 8, no node has
+    daemon.cluster.affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [
+            {"key": "idlegpu.test/never", "operator": "In", "values": ["true"]}]}]}}}
+    unit = submit(daemon.store, request("unplaceable", gpus=8))
     daemon.until(lambda r: unit in r.failed, timeout=90, what="the unit failing")
     row = daemon.store.unit(unit)
     assert row.state is JobState.FAILED and "no node could place its pod in 2 attempts" in \
