@@ -164,6 +164,7 @@ class RuntimeEstimator:
             fam: sub.head(max_runs).reset_index(drop=True)
             for fam, sub in frame.groupby("family", sort=True)
         }
+        self._no_runs = _empty_runs()  # one for every family without runs (read only)
         self._tables: dict[str, tuple[pd.DataFrame, frozenset[str]]] = {}
         self._models: dict[tuple[str, tuple[str, ...]], _Fit] = {}
 
@@ -178,7 +179,7 @@ class RuntimeEstimator:
     def runs(self, family: str) -> pd.DataFrame:
         """The family's runs the estimator uses (most recent first)."""
         runs = self._families.get(family)
-        return _empty_runs() if runs is None else runs
+        return self._no_runs if runs is None else runs
 
     def estimate(self, unit: UnitSpec) -> Estimate:
         runs = self.runs(unit.family)
