@@ -56,16 +56,18 @@ def request(name, checkpoint):
 # --------------------------------------------------------------------------- the real server
 
 
-def the_deployed_role() -> dict:
-    """The Role of deploy/role.yaml the daemon holds in its jobs namespace."""
+def the_deployed_role(kind: str = "Role", name: str = "idlegpu") -> dict:
+    """The Role of deploy/role.yaml the daemon holds in its jobs namespace (or, with
+    ``kind="ClusterRole", name="idlegpu-node-view"``, its node view's cluster-wide rules)."""
     return next(doc for doc in yaml.safe_load_all(ROLE.read_text())
-                if doc and doc["kind"] == "Role" and doc["metadata"]["name"] == "idlegpu")
+                if doc and doc["kind"] == kind and doc["metadata"]["name"] == name)
 
 
 @pytest.fixture
 def daemon_credentials(kube_control_plane, kube_namespace):
     """A client authenticated by a REAL token of a ServiceAccount that holds only the deployed
-    Role in the test's namespace: any call the Role does not grant is refused (403)."""
+    Role in the test's namespace and the node view's ClusterRole: any call they do not grant
+    is refused (403)."""
     admin = kube_control_plane.api_client()
     core = kubernetes.client.CoreV1Api(admin)
     rbac = kubernetes.client.RbacAuthorizationV1Api(admin)
@@ -76,6 +78,15 @@ def daemon_credentials(kube_control_plane, kube_namespace):
     rbac.create_namespaced_role_binding(kube_namespace, {
         "metadata": {"name": "idlegpu"},
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "idlegpu"},
+        "subjects": [{"kind": "ServiceAccount", "name": "idlegpu",
+                      "namespace": kube_namespace}]})
+    node_view = the_deployed_role("ClusterRole", "idlegpu-node-view")
+    node_view["metadata"] = {"name": f"idlegpu-node-view-{kube_namespace}"}
+    rbac.create_cluster_role(node_view)
+    rbac.create_cluster_role_binding({
+        "metadata": {"name": node_view["metadata"]["name"]},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                    "name": node_view["metadata"]["name"]},
         "subjects": [{"kind": "ServiceAccount", "name": "idlegpu",
                       "namespace": kube_namespace}]})
     token = core.create_namespaced_service_account_token(
@@ -98,6 +109,8 @@ def daemon_credentials(kube_control_plane, kube_namespace):
             time.sleep(0.1)
     yield client
     client.close()
+    rbac.delete_cluster_role_binding(node_view["metadata"]["name"])
+    rbac.delete_cluster_role(node_view["metadata"]["name"])
     admin.close()
 
 
@@ -106,7 +119,7 @@ def verbs_used(sent) -> dict[str, set[str]]:
     used: dict[str, set[str]] = {}
     for request in sent:
         parts = request.path.rstrip("/").split("/")
-        collection = parts[-1] in ("jobs", "pods")
+        collection = parts[-1] in ("jobs", "pods", "nodes")
         resource = parts[-1] if collection else parts[-2]
         verb = {("GET", True): "list", ("GET", False): "get", ("POST", True): "create",
                 ("PATCH", False): "patch", ("DELETE", False): "delete"}[(request.method,
@@ -216,7 +229,11 @@ def test_traffic_rises_the_cheapest_job_stops_and_resumes_later(pool, daemon_cre
     used = verbs_used(sent)
     assert used["jobs"] == granted["jobs"]
     assert used["pods"] == {"list"} <= granted["pods"]
-    assert set(used) == {"jobs", "pods"}
+    # the node view: the GPU nodes and the pods bound to them, cluster-wide
+    viewed = {rule["resources"][0]: set(rule["verbs"])
+              for rule in the_deployed_role("ClusterRole", "idlegpu-node-view")["rules"]}
+    assert used["nodes"] == {"list"} <= viewed["nodes"] and {"list"} <= viewed["pods"]
+    assert set(used) == {"jobs", "pods", "nodes"}
 
 
 # --------------------------------------------------------------------------- the fake server
