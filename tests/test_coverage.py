@@ -169,8 +169,9 @@ def test_the_daemon_exports_coverage_and_widening(launch):
     assert 'idlegpu_forecast_widened{service="chat"} 0.0' in body
 
 
-def test_plan_warns_about_the_services_it_widens(launch, tmp_path, cli):
-    settings, histories = launch
+def grown_pool_config(tmp_path: Path, settings) -> Path:
+    """The sample config with every service's max_replicas tripled, as the synthetic pools of
+    these tests (room to grow) have them."""
     config = tmp_path / "pool.yaml"
     text = (REPO / "idlegpu.yaml").read_text()
     for service in load_config(REPO / "idlegpu.yaml").services:
@@ -179,6 +180,12 @@ def test_plan_warns_about_the_services_it_widens(launch, tmp_path, cli):
     config.write_text(text)
     assert [s.max_replicas for s in load_config(config).services] == [
         s.max_replicas for s in settings.services]
+    return config
+
+
+def test_plan_warns_about_the_services_it_widens(launch, tmp_path, cli):
+    settings, histories = launch
+    config = grown_pool_config(tmp_path, settings)
     history = tmp_path / "h.parquet"
     histories["launch"].to_parquet(history)
     code, _, err = cli(["plan", "--history", str(history), "--config", str(config),

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from test_coverage import grown_pool_config
 
 from forecast.config import load_config
 from forecast.synthetic import SAMPLE_POOL, generate_pool_history
@@ -229,14 +230,7 @@ def test_a_month_without_widening_says_so(check, tmp_path):
 
 def test_cli_report_with_a_history_checks_each_service(stepped, tmp_path, cli):
     settings, history = stepped
-    config = tmp_path / "pool.yaml"
-    text = (REPO / "idlegpu.yaml").read_text()
-    for service in load_config(REPO / "idlegpu.yaml").services:
-        text = text.replace(f"max_replicas: {service.max_replicas}\n",
-                            f"max_replicas: {service.max_replicas * 3}\n", 1)
-    config.write_text(text)
-    assert [s.max_replicas for s in load_config(config).services] == [
-        s.max_replicas for s in settings.services]
+    config = grown_pool_config(tmp_path, settings)
     path = tmp_path / "h.parquet"
     history.to_parquet(path)
     table = tmp_path / "runs.csv"
