@@ -692,3 +692,13 @@ def add_console(app: FastAPI, settings, store, authenticator: Authenticator, rea
 
     app.state.console_pool_json = pool_json
     app.state.console_plan_cache = plan_stash
+
+    from scheduler.console import operators, report_pages
+    from scheduler.console.pages import Pages
+
+    pages = Pages(app=app, settings=settings, store=store, reads=reads, now=now, env=env,
+                  render=render, signed_in=signed_in, call_api=call_api,
+                  from_session=from_session, local=local, hours=hours, headers=headers,
+                  plan_json=plan_json, zone=zone_label)
+    operators.add_pages(pages)
+    report_pages.add_pages(pages)

@@ -1,0 +1,37 @@
+"""What a console page module needs from ``add_console``: ``Pages``, handed to each module's
+``add_pages(pages)`` so that every page renders, authenticates and calls the API one way."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from fastapi import FastAPI
+from jinja2 import Environment
+
+
+@dataclass(frozen=True)
+class Pages:
+    app: FastAPI
+    settings: Any
+    store: Any
+    reads: Any
+    now: Callable[[], datetime]
+    env: Environment
+    render: Callable[..., Any]
+    """``render(template, request, who, session, status=200, **context)`` -> HTMLResponse."""
+    signed_in: Callable[..., Awaitable[Any]]
+    """``await signed_in(request, post=False)`` -> ``(session, identity, form)`` or a
+    Response (the login redirect, or a 403 for a POST without the CSRF token)."""
+    call_api: Callable[..., Awaitable[tuple[int, Any]]]
+    """``await call_api(request, session, method, path, body, content_type)`` -> the /v1
+    route's ``(status, json)``, called in-process under the session's identity."""
+    from_session: Callable[[Any], Any]
+    local: Callable[..., str]
+    """A time as the pages show it: local to the pool, with the zone."""
+    hours: Callable[[float | None], str]
+    headers: Callable[[], dict[str, str]]
+    plan_json: Callable[[], dict[str, Any]]
+    zone: str
