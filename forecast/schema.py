@@ -8,6 +8,7 @@ missing rows: a gap stays a gap, nothing is filled in.
 from __future__ import annotations
 
 import pandas as pd
+from pandas.errors import OutOfBoundsDatetime
 
 from forecast.errors import HistoryError
 from forecast.metrics import (
@@ -88,6 +89,7 @@ def validate_history(frame: pd.DataFrame, *, source: str = "history") -> pd.Data
         )
     out[Y] = y.astype("float64")
     out = out[out[Y].notna()]
+    _refuse_negative(out, source)
 
     dup = out.duplicated([UNIQUE_ID, DS], keep=False)
     if dup.any():
@@ -117,7 +119,33 @@ def _parse_timestamps(ds: pd.Series, source: str) -> pd.Series:
     if parsed.isna().any():
         pos = int(parsed.isna().to_numpy().nonzero()[0][0])
         raise HistoryError(f"{source}: missing timestamp at row {pos}")
-    return parsed.astype("datetime64[ns, UTC]")
+    try:
+        return parsed.astype("datetime64[ns, UTC]")
+    except OutOfBoundsDatetime:
+        low, high = pd.Timestamp.min.tz_localize("UTC"), pd.Timestamp.max.tz_localize("UTC")
+        outside = ((parsed < low) | (parsed > high)).to_numpy()
+        pos = int(outside.nonzero()[0][0]) if outside.any() else 0
+        raise HistoryError(
+            f"{source}: timestamp {ds.iloc[pos]!r} at row {pos} is outside the range a "
+            f"history can hold ({low:%Y-%m-%d} to {high:%Y-%m-%d}); check the column ds"
+        ) from None
+
+
+def _refuse_negative(frame: pd.DataFrame, source: str) -> None:
+    """Every metric of a service is a count, a rate or a share: a negative sample is a broken
+    export (a counter reset read as a rate, a sign flip), and counted as replicas it would make
+    the pool look emptier than it is."""
+    if frame.empty:
+        return
+    metric = frame[UNIQUE_ID].str.rpartition("/")[2]
+    negative = (frame[Y] < 0) & metric.isin(SERVICE_METRICS)
+    if negative.any():
+        row = frame[negative].iloc[0]
+        raise HistoryError(
+            f"{source}: {int(negative.sum())} negative value(s), e.g. {row[Y]:g} for "
+            f"{row[UNIQUE_ID]} at {row[DS].isoformat()}; every service metric is a count, a "
+            "rate or a share (>= 0): fix the export, or drop those rows (a gap stays a gap)"
+        )
 
 
 def infer_step(frame: pd.DataFrame) -> pd.Timedelta:

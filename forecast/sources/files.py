@@ -39,7 +39,13 @@ def read_history(path: str | Path) -> pd.DataFrame:
         raise
     except (OSError, ValueError, pa.ArrowException) as exc:
         raise HistoryError(f"{file}: cannot read history ({exc})") from exc
-    return validate_history(frame, source=str(file))
+    history = validate_history(frame, source=str(file))
+    if history.empty:
+        what = ("has no rows, only a header" if frame.empty else
+                f"has {len(frame):,} rows, but every y is missing (NaN or empty)")
+        raise HistoryError(f"{file}: the history {what}; a history needs samples: columns "
+                           "unique_id, ds, y with y a number")
+    return history
 
 
 def write_history(frame: pd.DataFrame, path: str | Path) -> Path:
