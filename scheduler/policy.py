@@ -34,6 +34,19 @@
    GPUs on one node; 16 GPUs free but at most 2 on any node (8 nodes)") and gets no
    reservation (the forecast is of the pool, it cannot say when a node frees up). The
    forecast still decides for how long. ``nodes=None``: the pool as one bin (as before).
+6. **Multi-node (gang) units** (``WaitingJob.nodes`` = N > 1, ``gpus`` = N x G, ``cpu`` and
+   ``memory`` per pod) start all N pods or none. Without a node view they are counted by
+   their N x G GPUs like any unit. With one, a gang starts now only on N *distinct* usable
+   nodes that each have G GPUs free (and the pod's CPU and memory); of the nodes that do, the
+   N with the fewest free GPUs are counted on (best fit; then the fewest free CPUs, then the
+   name), and G GPUs (and the pod's CPU and memory) are taken from each for the rest of the
+   pass. ``Decision.nodes`` names them in pod order (index 0 first), ``Decision.node`` is the
+   first; a one-pod admission has ``nodes == (node,)``. Never a partial placement: too few
+   such nodes defers the whole gang with the figures ("needs 4 whole 8-GPU nodes; 3 free now
+   (2 free GPUs on each of 5 others)", or "needs 2 nodes with 4 GPUs free each; ...") and no
+   reservation, as in 5. Gangs are never elastic (the spec refuses ``min_gpus`` with
+   ``nodes``). The simulator's node-aware mode relies on exactly this contract, e.g. the
+   sample trace's 24-32 GPU units on 8-GPU nodes are gangs of 3-4 whole nodes.
 Same inputs, same decisions: every ordering has a total tie-break on the job id.
 """
 
@@ -502,8 +515,23 @@ class _NodeRoom:
         self.gpus = [n.free_gpus for n in usable]
         self.cpu = [n.free_cpu if n.cpu > 0 else math.inf for n in usable]
         self.memory = [n.free_memory if n.memory > 0 else math.inf for n in usable]
+        self.total = [n.gpus for n in usable]
         self.cordoned = len(view.nodes) - len(usable)
         self._max = max(self.gpus, default=0)
+
+    def fit_gang(self, count: int, gpus: int, cpu: float | None,
+                 memory: int | None) -> list[int] | None:
+        """Indices of ``count`` distinct nodes that each hold ``gpus`` GPUs, ``cpu`` cores
+        and ``memory`` bytes: those with the fewest free GPUs (then the fewest free CPUs,
+        then the name), in that order. None: fewer than ``count`` nodes hold it."""
+        if gpus > self._max:
+            return None
+        fits = [i for i, free in enumerate(self.gpus) if free >= gpus and (
+            cpu is None or self.cpu[i] >= cpu) and (memory is None or self.memory[i] >= memory)]
+        if len(fits) < count:
+            return None
+        fits.sort(key=lambda i: (self.gpus[i], self.cpu[i], i))
+        return fits[:count]
 
     def fit(self, gpus: int, cpu: float | None, memory: int | None) -> int | None:
         """Index of the node with the fewest free GPUs that still holds ``gpus`` GPUs, ``cpu``
@@ -527,8 +555,40 @@ class _NodeRoom:
         self.memory[i] -= memory or 0
         self._max = max(self.gpus, default=0)
 
+    def why_gang(self, job: WaitingJob) -> str:
+        """Why fewer than ``job.nodes`` nodes hold a pod of the gang ``job``, in figures."""
+        count, gpus = job.nodes, job.gpus_per_node
+        whole = bool(self.names) and all(
+            self.total[i] == gpus for i in range(len(self.names)))
+        ask = f"{count} whole {gpus}-GPU nodes" if whole else (
+            f"{count} nodes with {gpus} GPUs free each")
+        roomy = [i for i, free in enumerate(self.gpus) if free >= gpus]
+        fits = [i for i in roomy if (job.cpu is None or self.cpu[i] >= job.cpu) and (
+            job.memory is None or self.memory[i] >= job.memory)]
+        others = [self.gpus[i] for i in range(len(self.names)) if i not in set(roomy)]
+        if not others:
+            rest = ""
+        elif min(others) == max(others):
+            rest = (f"{others[0]} free GPUs on {'each of ' if len(others) > 1 else ''}"
+                    f"{len(others)} other{'s' if len(others) > 1 else ''}")
+        else:
+            rest = f"{min(others)} to {max(others)} free GPUs on each of {len(others)} others"
+        if self.cordoned:
+            rest += (", " if rest else "") + f"{self.cordoned} more not ready or cordoned"
+        text = f"needs {ask}; {len(fits)} {'free' if whole else 'have them'} now"
+        if len(fits) < len(roomy):
+            asks = [f"{job.cpu:g} CPUs"] if job.cpu is not None else []
+            asks += [f"{_gib(job.memory)} memory"] if job.memory is not None else []
+            text += (f" ({len(roomy)} have {gpus} GPUs free, {len(roomy) - len(fits)} of them "
+                     f"without {' and '.join(asks)} beside them" + (f"; {rest})" if rest else ")"))
+        elif rest:
+            text += f" ({rest})"
+        return text
+
     def why(self, job: WaitingJob) -> str:
         """Why no node holds ``job`` (at its smallest size), in figures."""
+        if job.nodes > 1:
+            return self.why_gang(job)
         gpus = job.min_gpus
         nodes = len(self.names)
         where = f"{nodes} node{'s' if nodes != 1 else ''}" + (
@@ -596,6 +656,18 @@ def _place(
         if gpus > avail[i0]:
             continue
         node = None
+        if nodes is not None and job.nodes > 1:  # a gang: N distinct nodes, or none
+            gang = nodes.fit_gang(job.nodes, job.gpus_per_node, job.cpu, job.memory)
+            if gang is None:
+                no_node = True
+                break
+            admitted = _admit_now(job, gpus, whole, now, profile, capacity, settings)
+            if admitted is None:
+                break
+            for i in gang:
+                nodes.take(i, job.gpus_per_node, job.cpu, job.memory)
+            names = tuple(nodes.names[i] for i in gang)
+            return replace(admitted, node=names[0], nodes=names)
         if nodes is not None:
             node = nodes.fit(gpus, job.cpu, job.memory)
             if node is None:
@@ -606,7 +678,7 @@ def _place(
             if node is None:
                 return admitted
             nodes.take(node, gpus, job.cpu, job.memory)
-            return replace(admitted, node=nodes.names[node])
+            return replace(admitted, node=nodes.names[node], nodes=(nodes.names[node],))
     if no_node:
         # "node" marks a refusal by the nodes: the caller reserves nothing for it
         return Decision(Action.DEFER, job.id, job.gpus, nodes.why(job), node="")

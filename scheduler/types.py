@@ -90,13 +90,23 @@ class WaitingJob:
     """CPU cores its pod requests (None: unknown, not checked against the nodes)."""
     memory: int | None = None
     """Bytes of memory its pod requests (None: unknown, not checked against the nodes)."""
+    nodes: int = 1
+    """Pods of a multi-node (gang) unit, one per node, each with ``gpus // nodes`` GPUs and
+    ``cpu`` and ``memory`` (those are per pod); all start together or none. 1: one pod."""
 
     def __post_init__(self) -> None:
         _elastic_min(self)
+        if self.nodes < 1 or self.gpus % self.nodes:
+            raise ValueError(f"unit {self.id}: {self.gpus} GPUs do not split into "
+                             f"{self.nodes} equal nodes")
 
     @property
     def elastic(self) -> bool:
         return self.min_gpus < self.gpus
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.gpus // self.nodes
 
 
 OVERRUN_MIN_SAMPLES = 5
@@ -297,8 +307,12 @@ class Decision:
     closes, or the forecast ramp comes within the grace period), so the job checkpoints and
     stops cleanly; False when a live need or missing signals force it."""
     node: str | None = None
-    """For admissions with a node view: the node it was fitted on (best fit). The Job does not
-    pin it (the kube-scheduler places the pod); it is what the admission counted on."""
+    """For admissions with a node view: the node it was fitted on (best fit; a multi-node
+    unit: the node of its first pod). A one-pod Job does not pin it (the kube-scheduler
+    places the pod); it is what the admission counted on."""
+    nodes: tuple[str, ...] = ()
+    """For admissions with a node view: every node counted on, one per pod, in pod order (a
+    one-pod unit: ``(node,)``); a multi-node unit's pods are pinned to exactly these."""
 
 
 @dataclass(frozen=True)
@@ -407,6 +421,18 @@ class UnitSpec:
     min_gpus: int | None = None
     """Elastic: the fewest GPUs it can run on (below ``gpus``, checkpointable); None: it runs
     on ``gpus`` only. An attempt on fewer GPUs is ``specs.resize_unit(spec, n)``."""
+    nodes: int = 1
+    """A multi-node (gang) unit: this many pods, one per node, started together or not at
+    all (an Indexed Job). ``gpus``, ``cpu`` and ``memory`` are the unit's totals; each pod
+    gets ``gpus_per_node`` GPUs and the same share of CPU and memory. 1: one pod."""
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.gpus // max(1, self.nodes)
+
+    @property
+    def cpu_per_node(self) -> float:
+        return self.cpu / max(1, self.nodes)
 
     @property
     def family(self) -> str:

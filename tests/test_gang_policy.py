@@ -1,0 +1,118 @@
+"""decide() with multi-node (gang) units: N pods of G GPUs on N distinct nodes, all or none,
+best fit, taken from the view for the rest of the pass (policy.py, section 6)."""
+
+from datetime import UTC, datetime, timedelta
+
+import numpy as np
+import pytest
+
+from scheduler.policy import decide
+from scheduler.types import (
+    Action,
+    FreeProfile,
+    NodeState,
+    NodeView,
+    PolicySettings,
+    ServingSignals,
+    WaitingJob,
+)
+
+T0 = datetime(2026, 1, 28, 11, 0, tzinfo=UTC)
+H = 3600
+GI = 2**30
+SETTINGS = PolicySettings(grace_s=600, min_segment_s=1800)
+FRESH = ServingSignals(observed_at=T0, kv_cache_usage=0.3)
+
+
+def profile(gpus: float, hours: float = 12) -> FreeProfile:
+    return FreeProfile(T0, 300, np.full(int(hours * 12), float(gpus)), 0.9, T0)
+
+
+def gang(id, nodes=4, per_node=8, hours=2.0, priority=0, **kw) -> WaitingJob:
+    return WaitingJob(id=id, team="a", gpus=nodes * per_node, runtime_s=hours * H,
+                      checkpointable=True, priority=priority,
+                      submitted_at=T0 - timedelta(hours=1), nodes=nodes, **kw)
+
+
+def single(id, gpus=8, priority=0, **kw) -> WaitingJob:
+    return WaitingJob(id=id, team="a", gpus=gpus, runtime_s=2 * H, checkpointable=True,
+                      priority=priority, submitted_at=T0 - timedelta(hours=1), **kw)
+
+
+def node(name, free, gpus=8, cpu=96.0, memory=1024 * GI, cpu_used=0.0, **kw):
+    return NodeState(name=name, gpus=gpus, cpu=cpu, memory=memory, gpus_requested=gpus - free,
+                     cpu_requested=cpu_used, **kw)
+
+
+def plan(queue, nodes, free=64):
+    result = decide(T0, profile(free), [], list(queue), FRESH, {}, SETTINGS, nodes)
+    return {d.job_id: d for d in result.decisions}
+
+
+def test_a_4_node_gang_takes_4_distinct_whole_nodes_best_fit():
+    # a node with more free GPUs than the pods need: best fit keeps it for last
+    view = NodeView((node("a", 8), node("b", 10, gpus=16), node("c", 8), node("d", 8),
+                     node("e", 8), node("f", 3)))
+    got = plan([gang("g", 4)], view)["g"]
+    assert got.action is Action.ADMIT and got.gpus == 32
+    assert got.nodes == ("a", "c", "d", "e") and got.node == "a"
+    assert len(set(got.nodes)) == 4
+
+
+def test_with_only_3_whole_nodes_free_it_is_not_admitted_and_says_why():
+    view = NodeView(tuple(node(f"w{i}", 8) for i in range(3))
+                    + tuple(node(f"f{i}", 2) for i in range(5)))
+    got = plan([gang("g", 4)], view, free=64)["g"]
+    assert got.action is Action.DEFER and got.nodes == () and got.start_at is None
+    assert got.reason == "needs 4 whole 8-GPU nodes; 3 free now (2 free GPUs on each of 5 others)"
+
+
+def test_fragmented_free_gpus_are_not_offered_to_a_gang():
+    view = NodeView(tuple(node(f"n{i}", 2) for i in range(8)))  # 16 free, 2 on each
+    got = plan([gang("g", 2, per_node=8)], view, free=16)["g"]
+    assert got.action is Action.DEFER
+    assert got.reason == "needs 2 whole 8-GPU nodes; 0 free now (2 free GPUs on each of 8 others)"
+
+
+def test_pods_smaller_than_the_nodes_and_cpu_short_nodes():
+    view = NodeView((node("a", 4, cpu_used=90.0), node("b", 6), node("c", 1)))
+    got = plan([gang("g", 2, per_node=4, cpu=32.0)], view)["g"]
+    assert got.action is Action.DEFER
+    assert got.reason == ("needs 2 nodes with 4 GPUs free each; 1 have them now (2 have 4 GPUs "
+                          "free, 1 of them without 32 CPUs beside them; 1 free GPUs on 1 other)")
+    got = plan([gang("g", 2, per_node=4, cpu=4.0)], view)["g"]
+    assert got.action is Action.ADMIT and got.nodes == ("a", "b")
+
+
+def test_what_a_gang_takes_is_gone_for_the_rest_of_the_pass():
+    view = NodeView(tuple(node(f"n{i}", 8) for i in range(5)))
+    got = plan([gang("first", 4, priority=2), gang("second", 2, priority=1),
+                single("one", 8)], view, free=64)
+    assert got["first"].action is Action.ADMIT
+    assert got["second"].action is Action.DEFER  # 1 whole node left, not 2
+    assert got["second"].reason.startswith("needs 2 whole 8-GPU nodes; 1 free now")
+    assert got["one"].action is Action.ADMIT  # the one node left still holds a single unit
+    (left,) = set(f"n{i}" for i in range(5)) - set(got["first"].nodes)
+    assert got["one"].nodes == (left,) and got["one"].node == left
+
+
+def test_without_a_node_view_a_gang_counts_by_its_gpus():
+    got = decide(T0, profile(32), [], [gang("g", 4)], FRESH, {}, SETTINGS, None).decisions
+    assert got[0].action is Action.ADMIT and got[0].gpus == 32 and got[0].nodes == ()
+    got = decide(T0, profile(31), [], [gang("g", 4)], FRESH, {}, SETTINGS, None).decisions
+    assert got[0].action is Action.DEFER
+
+
+def test_the_forecast_still_decides_for_how_long():
+    view = NodeView(tuple(node(f"n{i}", 8) for i in range(4)))
+    short = FreeProfile(T0, 300, np.array([32.0] * 6 + [0.0] * 138), 0.9, T0)  # 30 min
+    result = decide(T0, short, [], [gang("g", 4, hours=5)], FRESH, {}, SETTINGS, view)
+    (got,) = result.decisions
+    assert got.action is Action.DEFER and got.nodes == ()
+    assert "do not stay free" in got.reason
+
+
+def test_a_gang_needs_gpus_in_whole_pods():
+    with pytest.raises(ValueError, match="do not split into 3 equal nodes"):
+        WaitingJob(id="x", team="a", gpus=32, runtime_s=H, checkpointable=True, priority=0,
+                   submitted_at=T0, nodes=3)
