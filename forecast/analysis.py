@@ -21,6 +21,7 @@ from forecast.capacity import (
 )
 from forecast.config import Settings
 from forecast.planning import night_mask
+from forecast.tables import write_csv
 
 DAY_HOURS = (10, 17)  # local weekday office hours, for its "day mean"
 
@@ -92,7 +93,7 @@ class PoolAnalysis:
             "idle_depth.csv": self.depth,
         }
         for name, table in tables.items():
-            table.to_csv(out / name, index=name != "nightly_idle.csv", float_format="%.4f")
+            write_csv(table, out / name, index=name != "nightly_idle.csv", decimals=4)
             files.append(out / name)
         return files
 

@@ -426,9 +426,11 @@ def forecast_cmd(
     if out.suffix == ".parquet":
         result.to_parquet(out, index=False)
     else:
-        result.to_csv(out, index=False, float_format="%.6g")
+        from forecast.tables import write_csv
+        write_csv(result, out, tz=settings.pool.timezone if settings else None, decimals=4)
     console.print(
-        f"wrote {len(result):,} rows ({result['unique_id'].nunique()} series x {span}) to {out}"
+        f"wrote {len(result):,} rows ({result['unique_id'].nunique()} series x {horizon} "
+        f"ahead) to {out}"
     )
     if plot is not None:
         from forecast import plots
@@ -487,7 +489,8 @@ def windows(
     tz = settings.pool.timezone
     table = windows_frame(found, tz)
     out.mkdir(parents=True, exist_ok=True)
-    table.to_csv(out / "windows.csv", index=False, float_format="%.3f")
+    from forecast.tables import write_csv
+    write_csv(table, out / "windows.csv", tz=tz, decimals=3)
     past = pool_usage(frame, settings)[FREE]
     pool = settings.pool
     chart = plots.free_gpu_chart(
@@ -591,7 +594,8 @@ def backtest_cmd(
             f"{name}/replicas" in ids for name in settings.service_names):  # else: no pool view
         table = table.join(window_quality(run.forecasts, frame, settings, confidence))
     out.parent.mkdir(parents=True, exist_ok=True)
-    table.to_csv(out, float_format="%.5g")
+    from forecast.tables import write_csv
+    write_csv(table, out, decimals=5, index=True)
     view = Table(
         title=f"Backtest: {len(cutoffs)} daily cutoffs at {cutoff_hour:02d}:00 ({tz}), "
         f"horizon {horizon}, {', '.join(metrics)}",
@@ -608,7 +612,7 @@ def backtest_cmd(
     target = 0.9 if 0.9 in qs else max(qs)
     series = series_calibration(run.forecasts, qs)
     series_out = out.with_name(f"{out.stem}_series{out.suffix or '.csv'}")
-    series.to_csv(series_out, index=False, float_format="%.5g")
+    write_csv(series, series_out, decimals=5)
     view = Table(title=f"Per series: q{target:g} calibrated when strict coverage (y < q) <= "
                  f"{target:g} <= coverage (y <= q)", title_justify="left")
     for col in ("model", "series", "strict cov.", "coverage", f"q{target:g}"):
@@ -650,6 +654,7 @@ def simulate(
 
     from forecast import plots
     from forecast.sources import read_history
+    from forecast.tables import write_csv
     from scheduler.reports import useful
     from scheduler.simulate import POLICIES, trace_jobs
     from scheduler.simulate import simulate as run_policy
@@ -689,14 +694,14 @@ def simulate(
             progress.remove_task(forecasting)
             progress.remove_task(task)
             rows[name] = result.metrics
-            result.runs.to_csv(out / f"runs_{name}.csv", index=False)
+            write_csv(result.runs, out / f"runs_{name}.csv", tz=settings.pool.timezone)
             kept = useful(result.runs)
             ends = pd.to_datetime(result.runs["end"], utc=True).dt.tz_convert(
                 settings.pool.timezone).dt.tz_localize(None)
             cumulative[name] = pd.Series(kept, index=ends).groupby(level=0).sum().cumsum()
     table = pd.DataFrame(rows).T
     table.index.name = "policy"
-    table.to_csv(out / "policies.csv", float_format="%.4g")
+    write_csv(table, out / "policies.csv", index=True)
     curves = pd.concat(cumulative, axis=1, sort=True).ffill().fillna(0)
     chart = plots.policy_chart(
         table, curves, out / "policies.png",
@@ -819,9 +824,10 @@ def plan(
     result, table, free = planned.plan, planned.windows, refreshed.free
 
     out.mkdir(parents=True, exist_ok=True)
-    table.to_csv(out / "windows.csv", index=False, float_format="%.3f")
+    from forecast.tables import write_csv
+    write_csv(table, out / "windows.csv", tz=tz, decimals=3)
     rows = pd.DataFrame([r.__dict__ for r in result.runs])
-    rows.to_csv(out / "plan.csv", index=False)
+    write_csv(rows, out / "plan.csv", tz=tz)
     local = pd.Timestamp(start).tz_convert(tz)
     console.print(Text.assemble((f"Plan from {local:%a %Y-%m-%d %H:%M} ({tz})", "bold"),
                                 f", free GPUs promised with {confidence:.0%} confidence; "

@@ -56,6 +56,7 @@ import numpy as np
 import pandas as pd
 
 from forecast.errors import PermanentError
+from forecast.tables import write_csv
 
 RUN_COLUMNS = (
     "job_id", "team", "kind", "gpus", "start", "end", "outcome", "gpu_hours", "lost_gpu_hours",
@@ -1039,7 +1040,7 @@ def _bold(text: str) -> str:
 
 def write_summary_csv(report: Report, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    report.summary.to_csv(path, index=False, float_format="%.6f")
+    write_csv(report.summary, path, decimals=6)
     return path
 
 
@@ -1068,9 +1069,9 @@ def write_coverage_csv(report: Report, out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     label = report.month.label
     services = out / f"report-{label}_coverage.csv"
-    report.forecast.services.to_csv(services, index=False, float_format="%.6f")
+    write_csv(report.forecast.services, services, decimals=6)
     daily = out / f"report-{label}_coverage_daily.csv"
-    report.forecast.daily.to_csv(daily, index=False, float_format="%.6f")
+    write_csv(report.forecast.daily, daily, tz=report.tz, decimals=6)
     return [services, daily]
 
 
