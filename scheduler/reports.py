@@ -822,12 +822,13 @@ _DEFINITIONS = (
 
 
 _MD_SPECIAL = str.maketrans({
-    **{c: "\\" + c for c in "\\`*_[]|#"}, "<": "&lt;", ">": "&gt;", "&": "&amp;"})
+    **{c: "\\" + c for c in "\\`*_[]|#$~"}, "<": "&lt;", ">": "&gt;", "&": "&amp;"})
 
 
 def markdown_text(text: str) -> str:
-    """``text`` as Markdown shows it literally: HTML and emphasis, link, code and table
-    characters escaped (a team or service called ``<script>`` or ``a_b*c`` stays that)."""
+    """``text`` as Markdown shows it literally: HTML and emphasis, link, code, table, math
+    and strike-through characters escaped (a team or service called ``<script>``, ``a_b*c``
+    or ``a$b^{$c`` stays that)."""
     return str(text).translate(_MD_SPECIAL)
 
 
@@ -1101,7 +1102,7 @@ def write_charts(report: Report, out: Path, *, dpi: int = 100) -> dict[str, Path
     bottom = np.zeros(len(days))
     colours = ["#4C72B0", "#55A868", "#C44E52", "#8172B2", "#CCB974", "#64B5CD", "#8C8C8C"]
     for k, team in enumerate(teams):
-        ax.bar(days.index, days[team], bottom=bottom, width=0.85, label=team,
+        ax.bar(days.index, days[team], bottom=bottom, width=0.85, label=_mpl_text(team),
                color=colours[k % len(colours)])
         bottom += days[team].to_numpy()
     ax.set_ylabel("useful GPU-hours per day")
