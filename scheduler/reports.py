@@ -48,7 +48,7 @@ import html
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import date, datetime
 from pathlib import Path
 from typing import Any
 
@@ -492,14 +492,16 @@ DAILY_COVERAGE_COLUMNS = (
 
 @dataclass(frozen=True)
 class ForecastCheck:
-    """How the nightly forecasts of a month kept their promise, pooled and per service.
+    """How the nightly forecasts of a month (or of any run of days) kept their promise,
+    pooled and per service.
 
     ``accuracy``: the pooled figures (``forecast_accuracy``); ``services``: one row per
-    service (``SERVICE_COVERAGE_COLUMNS``); ``daily``: one row per nightly refresh and service
-    (``DAILY_COVERAGE_COLUMNS``): the coverage of that evening's forecast over its next 24
-    hours, and whether that refresh planned the service wider."""
+    service (``SERVICE_COVERAGE_COLUMNS``; its ``month`` is the ``label``); ``daily``: one row
+    per nightly refresh and service (``DAILY_COVERAGE_COLUMNS``): the coverage of that
+    evening's forecast over its next 24 hours, and whether that refresh planned the service
+    wider. ``month`` is None for a check of days (``forecast_check_days``)."""
 
-    month: Month
+    month: Month | None
     confidence: float
     widened_quantile: float
     refresh_hour: int
@@ -509,6 +511,10 @@ class ForecastCheck:
     held_back_gpu_hours: float
     """GPU-hours the pool's plan promised free less than the ``confidence`` forecast would
     have, over the 24 hours after each refresh that widened a service."""
+    label: str = ""
+    """What was checked: the month (``2026-01``) or the days (``2025-12-31 to 2026-01-27``)."""
+    evenings: int = 0
+    """The evenings asked for (a history too short for some of them scores fewer)."""
 
     @property
     def widened(self) -> pd.DataFrame:
@@ -521,23 +527,53 @@ def forecast_check(
     history: pd.DataFrame, settings: Any, month: str | Month, *, confidence: float | None = None,
     model: str = "auto", on_step: Callable[[int, int], None] | None = None,
 ) -> ForecastCheck:
-    """Replay the daemon's nightly forecast refresh over ``month`` and score it.
+    """Replay the daemon's nightly forecast refresh over ``month`` and score it
+    (``forecast_check_days`` over the local days of the month)."""
+    m = Month.parse(month) if isinstance(month, str) else month
+    tz = settings.pool.timezone
+    days = [d.tz_convert(tz).normalize()
+            for d in pd.date_range(m.start(tz), m.end(tz), freq="D", inclusive="left")]
+    return _replay_check(history, settings, days, m.label, month=m, confidence=confidence,
+                         model=model, on_step=on_step)
 
-    Each local day of the month at ``daemon.forecast_refresh_hour`` (with a week of history
-    before it), the shared ``scheduler.refresh.Refresher`` (the daemon's and the simulator's
-    refresh; its fits share a cache, as the simulator's do) scores the promises in use,
-    widens the services that under-cover and forecasts from the history before that moment.
-    Every forecast whose next 24 hours are in the history is scored on them
-    (``forecast.backtest``: ``score``, ``series_calibration``, ``window_quality``): pooled, per
-    service for the month and per service and evening. ``confidence`` defaults to
-    ``admission.confidence``; ``on_step(done, total)`` after each refresh."""
+
+def forecast_check_days(
+    history: pd.DataFrame, settings: Any, first: date, last: date, *,
+    confidence: float | None = None, model: str = "auto",
+    on_step: Callable[[int, int], None] | None = None,
+) -> ForecastCheck:
+    """Replay the daemon's nightly forecast refresh on the local days ``first`` to ``last``
+    (dates, both included) and score it, as ``forecast_check`` does for a month.
+
+    Each day at ``daemon.forecast_refresh_hour`` (with a week of history before it), the
+    shared ``scheduler.refresh.Refresher`` (the daemon's and the simulator's refresh; its fits
+    share a cache, as the simulator's do) scores the promises in use, widens the services that
+    under-cover and forecasts from the history before that moment. Every forecast whose next
+    24 hours are in the history is scored on them (``forecast.backtest``: ``score``,
+    ``series_calibration``, ``window_quality``): pooled, per service over the days and per
+    service and evening. ``confidence`` defaults to ``admission.confidence``;
+    ``on_step(done, total)`` after each refresh."""
+    if last < first:
+        raise ReportError(f"the last day {last} is before the first {first}; give the days "
+                          "oldest first")
+    tz = settings.pool.timezone
+    days = list(pd.date_range(pd.Timestamp(first), pd.Timestamp(last), freq="D").tz_localize(tz))
+    return _replay_check(history, settings, days, f"{first} to {last}", month=None,
+                         confidence=confidence, model=model, on_step=on_step)
+
+
+def _replay_check(
+    history: pd.DataFrame, settings: Any, days: Sequence[pd.Timestamp], label: str, *,
+    month: Month | None, confidence: float | None, model: str,
+    on_step: Callable[[int, int], None] | None,
+) -> ForecastCheck:
+    """``forecast_check`` on the local midnights ``days`` (tz-aware), called ``label``."""
     from forecast.backtest import CUTOFF, HORIZON, score, series_calibration, window_quality
     from forecast.capacity import FREE, forecast_pool_usage
     from forecast.models.base import quantile_column
     from forecast.schema import DS, REPLICAS, UNIQUE_ID, Y, metric_rows, series_id
     from scheduler.refresh import Refresher
 
-    m = Month.parse(month) if isinstance(month, str) else month
     if confidence is not None and confidence != settings.admission.confidence:
         admission = settings.admission.model_copy(update={"confidence": confidence})
         settings = settings.model_copy(update={"admission": admission})
@@ -546,19 +582,17 @@ def forecast_check(
     replicas = metric_rows(history, REPLICAS)
     if replicas.empty:
         raise ReportError(f"the history has no replica series to check the forecasts of "
-                          f"{m.label}")
+                          f"{label}")
     first, newest = replicas[DS].min(), replicas[DS].max()
     day = pd.Timedelta(hours=24)
     cache: dict = {}
     refresher = Refresher(settings, model=model, **({"cache": cache} if model == "auto" else {}))
     hour = refresher.refresh_hour
-    days = pd.date_range(m.start(tz), m.end(tz), freq="D", inclusive="left")
-    moments = [(d.tz_convert(tz).normalize() + pd.Timedelta(hours=hour)).tz_convert("UTC")
-               for d in days]
+    moments = [(d + pd.Timedelta(hours=hour)).tz_convert("UTC") for d in days]
     moments = [t for t in moments if t - pd.Timedelta(days=7) > first and t <= newest]
     if not any(t + day <= newest + pd.Timedelta(hours=1) for t in moments):
         raise ReportError(f"the history ({first:%Y-%m-%d} to {newest:%Y-%m-%d}) does not cover "
-                          f"{m.label} for a forecast accuracy check (a week before a refresh "
+                          f"{label} for a forecast accuracy check (a week before a refresh "
                           "and the day after it)")
     services = list(settings.service_names)
     per_replica = {s.name: s.gpus_per_replica for s in settings.services}
@@ -612,7 +646,7 @@ def forecast_check(
             on_step(n + 1, len(moments))
     if not parts:
         raise ReportError(f"the history ends {newest:%Y-%m-%d %H:%M} UTC: no forecast of "
-                          f"{m.label} has its next 24 hours in it to score")
+                          f"{label} has its next 24 hours in it to score")
     frame = pd.concat(parts, ignore_index=True)
     qs = sorted({0.5, confidence})
     pooled = score(frame, qs).iloc[0]
@@ -640,7 +674,7 @@ def forecast_check(
         cal = calibration.loc[uid] if uid in calibration.index else None
         wide = mine[mine["widened"]]
         rows.append({
-            "month": m.label,
+            "month": label,
             "service": service,
             "forecasts": int((mine["points"] > 0).sum()),
             "points": int(cal["points"]) if cal is not None else 0,
@@ -659,9 +693,10 @@ def forecast_check(
             "held_back_gpu_hours": float(wide["held_back_gpu_hours"].sum()),
         })
     return ForecastCheck(
-        month=m, confidence=confidence, widened_quantile=refresher.widened, refresh_hour=hour,
-        accuracy=accuracy, services=pd.DataFrame(rows, columns=list(SERVICE_COVERAGE_COLUMNS)),
-        daily=daily_frame, held_back_gpu_hours=held_total,
+        month=month, confidence=confidence, widened_quantile=refresher.widened,
+        refresh_hour=hour, accuracy=accuracy,
+        services=pd.DataFrame(rows, columns=list(SERVICE_COVERAGE_COLUMNS)),
+        daily=daily_frame, held_back_gpu_hours=held_total, label=label, evenings=len(days),
     )
 
 
@@ -1206,7 +1241,7 @@ def _coverage_figure(check: ForecastCheck, tz: str):
     fig.legend(unique.values(), unique.keys(), loc="outside lower center", fontsize=8,
                ncols=min(len(unique), 5))
     fig.suptitle(f"Realised coverage of each evening's q{check.confidence:g} forecast over "
-                 f"the next 24 h, {check.month.label} ({tz})", fontsize=10)
+                 f"the next 24 h, {check.label} ({tz})", fontsize=10)
     for label in axes[-1].get_xticklabels():
         label.set_rotation(30)
         label.set_ha("right")
