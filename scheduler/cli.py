@@ -1173,7 +1173,8 @@ def submit(
     from scheduler.specs import expand_units, load_request
 
     settings = _optional_config(config)
-    request = load_request(file, settings.admission if settings is not None else None)
+    request = load_request(file, settings.admission if settings is not None else None,
+                           nodes=settings.pool.nodes if settings is not None else ())
     units = expand_units(request)
     when = _now(now)
     with JobStore(_store_url(settings, store)) as job_store:

@@ -13,6 +13,15 @@ Job-level fields are defaults for every step; a step overrides them (``parameter
 are merged key by key, everything else is replaced). ``cpu`` and ``memory`` are totals for one
 unit; left out they are 8 CPUs and 64Gi per GPU.
 
+A unit may span nodes (a gang: one pod per node, all started together or none): ``nodes: N``
+with ``gpus_per_node: G`` (or ``gpus`` the total N x G), ``cpu`` and ``memory`` then *per
+node*. A plain ``gpus`` above the largest node of the pool (``pool.nodes``, passed as
+``nodes=`` to the loaders) that is a multiple of that node's GPUs is split into whole nodes,
+its ``cpu`` and ``memory`` shared evenly (the unit says so: ``nodes``, ``IDLEGPU_NODES``);
+any other size above the node is refused with the fix. In a gang ``{gpus}`` and
+``IDLEGPU_GPUS`` are the GPUs of one pod (``torchrun --nproc-per-node={gpus}``). Gangs are
+not elastic (``min_gpus`` is refused with ``nodes``).
+
 Requests run on a GPU pool shared with production inference, so settings that reach outside
 the container are refused: ``privileged``, ``host_network``, ``host_pid``, ``host_ipc``,
 ``allow_privilege_escalation``, ``capabilities.add``, ``host_path`` volumes and environment
@@ -71,6 +80,7 @@ from pydantic import (
     Discriminator,
     Field,
     PlainValidator,
+    PrivateAttr,
     Tag,
     ValidationError,
     ValidationInfo,
@@ -152,6 +162,8 @@ MAX_UNITS = 1024
 UNITS_CEILING = 4096
 """No request expands to more units than this, whatever ``admission.limits.max_units`` says."""
 MAIN_STEP = "main"
+MAX_NODES = 1024
+"""No unit spans more nodes than this (an Indexed Job's completions)."""
 
 _DEFAULT_ADMISSION = AdmissionConfig()
 _LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -796,6 +808,22 @@ class _Runnable(_PodSettings):
     def _gpus(cls, value: int | None, info: ValidationInfo) -> int | None:
         return None if value is None else _check_gpus(value, info)
 
+    @field_validator("gpus_per_node", check_fields=False)
+    @classmethod
+    def _gpus_per_node(cls, value: int | None, info: ValidationInfo) -> int | None:
+        return None if value is None else _check_gpus(value, info)
+
+    @field_validator("nodes", check_fields=False)
+    @classmethod
+    def _nodes(cls, value: int | None) -> int | None:
+        if value is not None and value < 1:
+            raise ValueError(
+                f"nodes must be at least 1 (got {value}); ask for the number of nodes the unit "
+                "spans (e.g. nodes: 4 with gpus_per_node: 8), or leave nodes out for one pod")
+        if value is not None and value > MAX_NODES:
+            raise ValueError(f"nodes {value} is above {MAX_NODES}; ask for fewer nodes")
+        return value
+
     @field_validator("parameters", check_fields=False)
     @classmethod
     def _parameters(cls, value: dict[str, Any]) -> dict[str, Any]:
@@ -857,6 +885,8 @@ class StepSpec(_Runnable):
     env: EnvMap = Field(default_factory=dict)
     gpus: int | None = None
     min_gpus: int | None = None
+    nodes: int | None = None
+    gpus_per_node: int | None = None
     cpu: Cpu | None = None
     memory: Memory | None = None
     runtime_estimate: Duration | None = None
@@ -907,10 +937,18 @@ class JobRequest(_Runnable):
     while it runs (checkpoint, then restart on fewer GPUs from the checkpoint) when the service
     needs GPUs back. The unit reads its GPU count from ``IDLEGPU_GPUS``. Left out: always
     ``gpus``."""
+    nodes: int | None = None
+    """A multi-node unit: this many pods, one per node (an Indexed Job with a headless
+    Service and the rendezvous environment), all started together or none; ``gpus`` is then
+    the total, or give ``gpus_per_node``. ``cpu`` and ``memory`` are per node. Not elastic."""
+    gpus_per_node: int | None = None
+    """GPUs of each pod of a multi-node unit (``nodes`` x this = ``gpus``)."""
     cpu: Cpu | None = None
-    """CPU cores per unit (``"500m"`` works too); default 8 per GPU."""
+    """CPU cores per unit (``"500m"`` works too), per node with ``nodes``; default 8 per
+    GPU."""
     memory: Memory | None = None
-    """Memory per unit as a Kubernetes quantity (``"256Gi"``); default 64Gi per GPU."""
+    """Memory per unit as a Kubernetes quantity (``"256Gi"``), per node with ``nodes``;
+    default 64Gi per GPU."""
     runtime_estimate: Duration | None = None
     """Expected run time of each unit, in seconds (``"36h"``, ``"90m"``, ``"2d"``)."""
     checkpoint: Checkpoint | None = None
@@ -933,11 +971,16 @@ class JobRequest(_Runnable):
     steps: list[StepSpec] | None = Field(default=None, min_length=1)
     """Pipeline steps run in order; without them the request is one step named ``main``."""
 
+    _node_shapes: tuple[tuple[int, float | None, int | None], ...] = PrivateAttr(default=())
+
     @model_validator(mode="after")
     def _request_is_consistent(self, info: ValidationInfo) -> JobRequest:
         try:
             admission = _admission_of(info.context)
-            _admit_units(self, _build_units(self, admission.limits.max_units), admission)
+            # the pool's node shapes it was validated against: expand_units splits the same
+            self._node_shapes = _node_shapes_of(info.context)
+            _admit_units(self, _build_units(self, admission.limits.max_units,
+                                            self._node_shapes), admission)
         except _RuleError as exc:
             raise _custom(exc.field, exc.message) from None
         return self
@@ -976,6 +1019,8 @@ class _Step:
     env: dict[str, Any]
     gpus: int | None
     min_gpus: int | None
+    nodes: int | None
+    gpus_per_node: int | None
     cpu: float | None
     memory: str | None
     runtime: float | None
@@ -993,7 +1038,8 @@ class _Step:
 
 
 _STEP_FIELDS = (
-    "kind", "image", "command", "args", "gpus", "min_gpus", "cpu", "memory", "runtime_estimate",
+    "kind", "image", "command", "args", "gpus", "min_gpus", "nodes", "gpus_per_node", "cpu",
+    "memory", "runtime_estimate",
     "checkpoint", "priority", "deadline", "max_preemptions", "output", "volumes", "env_from",
     "ephemeral_storage",
 )
@@ -1005,7 +1051,8 @@ def _step(index: int, name: str, value: Mapping[str, Any], parameters: dict[str,
     return _Step(
         index=index, name=name, kind=value["kind"], image=value["image"],
         command=list(value["command"]), args=list(value["args"]), parameters=parameters,
-        env=env, gpus=value["gpus"], min_gpus=value["min_gpus"], cpu=value["cpu"],
+        env=env, gpus=value["gpus"], min_gpus=value["min_gpus"], nodes=value["nodes"],
+        gpus_per_node=value["gpus_per_node"], cpu=value["cpu"],
         memory=value["memory"],
         runtime=value["runtime_estimate"], checkpoint=value["checkpoint"],
         priority=value["priority"], deadline=value["deadline"],
@@ -1143,15 +1190,22 @@ def _admit_units(req: JobRequest, units: Sequence[UnitSpec], admission: Admissio
     refuse: resource caps and the team's volume and secret allow-lists."""
     steps = {s.index: s for s in _resolve(req)}
     for unit in units:
+        step = steps[unit.step_index]
+        if unit.gpus > admission.max_gpus_per_job:  # nodes x gpus_per_node (gpus is checked)
+            where = step.where["gpus_per_node" if step.gpus_per_node is not None else "nodes"]
+            raise _RuleError(where, _in_step_text(
+                f"{unit.nodes} nodes x {unit.gpus_per_node} GPUs = {unit.gpus} GPUs is above "
+                f"this pool's limit of {admission.max_gpus_per_job} per job "
+                "(admission.max_gpus_per_job); ask for fewer nodes", where, step, req))
         problems = _admission_problems(unit, req.team, admission)
         if problems:
             field, message = problems[0]
-            step = steps[unit.step_index]
             where = _request_path(field, step)
             raise _RuleError(where, _in_step_text(message, where, step, req))
 
 
-def _build_units(req: JobRequest, max_units: int = UNITS_CEILING) -> list[UnitSpec]:
+def _build_units(req: JobRequest, max_units: int = UNITS_CEILING,
+                 shapes: Sequence[tuple[int, float | None, int | None]] = ()) -> list[UnitSpec]:
     steps = _resolve(req)
     first: dict[str, int] = {}
     for i, name in enumerate(s.name for s in steps):
@@ -1163,7 +1217,7 @@ def _build_units(req: JobRequest, max_units: int = UNITS_CEILING) -> list[UnitSp
         )
     for step in steps:
         for f, label in (("image", "an image"), ("gpus", "a GPU count")):
-            if getattr(step, f) is None:
+            if getattr(step, f) is None and not (f == "gpus" and step.gpus_per_node is not None):
                 example = "registry.example.com/team/app:1.0" if f == "image" else "8"
                 fix = (
                     f"set {f} at the job level or in step {step.name!r}" if req.steps
@@ -1187,15 +1241,25 @@ def _build_units(req: JobRequest, max_units: int = UNITS_CEILING) -> list[UnitSp
                     f"parameters {other!r} and {key!r} both become {PARAM_ENV_PREFIX}"
                     f"{key.upper()}; rename one",
                 )
-        gpus = int(step.gpus)  # type: ignore[arg-type]
+        gpus, nodes, split = _node_layout(step, req, shapes)
         checkpointable = step.checkpoint is not None and step.checkpoint.enabled
+        if step.min_gpus is not None and nodes > 1:
+            where = step.where["min_gpus"]
+            raise _RuleError(where, _in_step_text(
+                f"a multi-node unit ({nodes} nodes of {gpus // nodes} GPUs) starts and stops as "
+                "one gang and is not elastic; remove min_gpus (or run it on one node)", where,
+                step, req))
         min_gpus = _check_min_gpus(step, gpus, checkpointable, req)
+        per_node = gpus // nodes
+        # with nodes given, cpu and memory are per node; a split plain request shares its own
+        cpu_total, memory_total = _gang_resources(step, gpus, nodes, split)
         this_step: list[tuple[int, int]] = []
         for member, point in enumerate(members):
             params = {**base, **point}
             values = {k: scalar_text(v) for k, v in params.items()}
             values.update(
-                name=req.name, team=req.team, step=step.name, member=str(member), gpus=str(gpus)
+                name=req.name, team=req.team, step=step.name, member=str(member),
+                gpus=str(per_node),
             )
             output = None
             if step.output is not None:
@@ -1233,8 +1297,10 @@ def _build_units(req: JobRequest, max_units: int = UNITS_CEILING) -> list[UnitSp
             env += [
                 ("IDLEGPU_JOB", req.name), ("IDLEGPU_TEAM", req.team),
                 ("IDLEGPU_STEP", step.name), ("IDLEGPU_MEMBER", str(member)),
-                ("IDLEGPU_GPUS", str(gpus)),
+                ("IDLEGPU_GPUS", str(per_node)),
             ]
+            if nodes > 1:
+                env.append(("IDLEGPU_NODES", str(nodes)))
             if output is not None:
                 env.append(("IDLEGPU_OUTPUT", output))
             env += [(PARAM_ENV_PREFIX + k.upper(), scalar_text(params[k])) for k in sorted(params)]
@@ -1249,8 +1315,9 @@ def _build_units(req: JobRequest, max_units: int = UNITS_CEILING) -> list[UnitSp
                 parameters=tuple((k, scalar_text(params[k])) for k in sorted(params)),
                 gpus=gpus,
                 min_gpus=min_gpus,
-                cpu=float(step.cpu) if step.cpu is not None else DEFAULT_CPU_PER_GPU * gpus,
-                memory=step.memory or f"{DEFAULT_MEMORY_GI_PER_GPU * gpus}Gi",
+                nodes=nodes,
+                cpu=cpu_total,
+                memory=memory_total,
                 runtime_estimate_s=step.runtime,
                 checkpointable=checkpointable,
                 checkpoint_interval_s=step.checkpoint.interval if checkpointable else None,  # type: ignore[union-attr]
@@ -1336,6 +1403,95 @@ def _check_min_gpus(step: _Step, gpus: int, checkpointable: bool,
     return least
 
 
+def _node_layout(step: _Step, req: JobRequest,
+                 shapes: Sequence[tuple[int, float | None, int | None]]) -> tuple[int, int, bool]:
+    """``(gpus in all, nodes, split)`` of a step's units, or ``_RuleError`` at the field:
+    ``nodes`` x ``gpus_per_node`` (or ``gpus`` the total), checked against the largest node
+    of the pool's shapes; a plain ``gpus`` above that node split into whole nodes
+    (``split``)."""
+    def refuse(field: str, message: str) -> _RuleError:
+        where = step.where[field]
+        return _RuleError(where, _in_step_text(message, where, step, req))
+
+    biggest = max((g for g, _, _ in shapes), default=None)
+    nodes, per_node, total = step.nodes, step.gpus_per_node, step.gpus
+    if nodes is None and per_node is None:
+        gpus = int(total)  # type: ignore[arg-type]
+        if biggest is None or gpus <= biggest:
+            return gpus, 1, False
+        if gpus % biggest:
+            lower, upper = gpus // biggest * biggest, (gpus // biggest + 1) * biggest
+            sizes = f"{lower} or {upper}" if lower else f"{upper}"
+            raise refuse("gpus", (
+                f"{gpus} GPUs do not fit one node of this pool (at most {biggest} GPUs, "
+                f"pool.nodes) and are not a multiple of {biggest}, so they cannot be split into "
+                f"whole nodes; ask for {sizes} GPUs, or set nodes and gpus_per_node"))
+        return gpus, gpus // biggest, True
+    if per_node is None:  # nodes with the total
+        nodes = int(nodes)  # type: ignore[arg-type]
+        gpus = int(total)  # type: ignore[arg-type]
+        if gpus % nodes:
+            raise refuse("nodes", (
+                f"{gpus} GPUs do not split evenly over {nodes} nodes; set gpus_per_node (gpus "
+                f"is then nodes x gpus_per_node), or a gpus that is a multiple of {nodes}"))
+        per_node = gpus // nodes
+    else:
+        per_node = int(per_node)
+        if nodes is None:
+            if total is None or int(total) == per_node:
+                nodes = 1
+            elif int(total) % per_node:
+                raise refuse("gpus_per_node", (
+                    f"gpus {total} is not a multiple of gpus_per_node {per_node}; set nodes, or "
+                    f"a gpus that is a multiple of {per_node}"))
+            else:
+                nodes = int(total) // per_node
+        nodes = int(nodes)
+        if total is not None and int(total) != nodes * per_node:
+            raise refuse("gpus", (
+                f"gpus {total} is not nodes x gpus_per_node ({nodes} x {per_node} = "
+                f"{nodes * per_node}); leave gpus out, or make it {nodes * per_node}"))
+        gpus = nodes * per_node
+    field = "gpus_per_node" if step.gpus_per_node is not None else "nodes"
+    if biggest is not None and per_node > biggest:
+        raise refuse(field, (
+            f"{per_node} GPUs per node is above the pool's largest node ({biggest} GPUs, "
+            f"pool.nodes); ask for at most {biggest} GPUs per node and more nodes (e.g. nodes: "
+            f"{math.ceil(gpus / biggest)} with gpus_per_node: {biggest})"))
+    return gpus, nodes, False
+
+
+def _gang_resources(step: _Step, gpus: int, nodes: int, split: bool) -> tuple[float, str]:
+    """The unit's total CPU cores and memory: ``cpu`` and ``memory`` as given (one pod, or a
+    plain request split into nodes: shared evenly), per node times ``nodes`` for a unit
+    that names its nodes, else the defaults per GPU."""
+    times = 1 if split else nodes
+    cpu = float(step.cpu) * times if step.cpu is not None else DEFAULT_CPU_PER_GPU * gpus
+    if step.memory is None:
+        memory = f"{DEFAULT_MEMORY_GI_PER_GPU * gpus}Gi"
+    elif times == 1:
+        memory = step.memory
+    else:
+        memory = _format_bytes(quantity_bytes(step.memory) * times)
+    return cpu, memory
+
+
+def memory_per_node(spec: UnitSpec) -> str:
+    """The memory quantity of one pod of ``spec`` (its total shared by its ``nodes``)."""
+    if spec.nodes <= 1:
+        return spec.memory
+    share = quantity_bytes(spec.memory) / spec.nodes
+    mib = max(1, int((share / 2**20).to_integral_value(rounding="ROUND_CEILING")))
+    return _format_bytes(Decimal(mib) * 2**20)
+
+
+def _node_shapes_of(context: Any) -> tuple[tuple[int, float | None, int | None], ...]:
+    """``(gpus, cpu, memory bytes)`` of each node shape a validation context names."""
+    if not isinstance(context, Mapping):
+        return ()
+    return tuple(context.get("node_shapes") or ())
+
+
 def resize_unit(spec: UnitSpec, gpus: int) -> UnitSpec:
     """An elastic unit as it runs on ``gpus`` GPUs (``min_gpus`` to ``spec.gpus``): CPU and
     memory scaled to the same share of the full size (so the per-GPU caps still hold) and
@@ -1365,7 +1521,7 @@ def expand_units(request: JobRequest) -> list[UnitSpec]:
     ``IDLEGPU_OUTPUT``), durations are seconds and times UTC.
     """
     try:
-        return _build_units(request)
+        return _build_units(request, shapes=request._node_shapes)
     except _RuleError as exc:  # only reachable for a request built without validation
         raise SpecError(f"{request.name}: {exc.field}: {exc.message}") from None
 
@@ -1621,6 +1777,10 @@ def recheck_unit(spec: UnitSpec, team: str, admission: AdmissionConfig) -> None:
             f"min_gpus {spec.min_gpus} does not fit a unit of {spec.gpus} GPUs that "
             f"{'can' if spec.checkpointable else 'cannot'} checkpoint; an elastic unit runs on "
             "1 to gpus - 1 GPUs and checkpoints (resubmit it)")))
+    if spec.nodes < 1 or spec.gpus % spec.nodes or (spec.nodes > 1 and spec.min_gpus):
+        problems.append(("nodes", (
+            f"{spec.gpus} GPUs on {spec.nodes} nodes{' elastic' if spec.min_gpus else ''} is "
+            "no multi-node unit (whole pods of equal GPUs, not elastic); resubmit it")))
     problems += _structure_problems(spec)
     problems += _admission_problems(spec, team, admission)
     if problems:
@@ -1722,13 +1882,17 @@ def _custom(field: str, message: str) -> PydanticCustomError:
 # Loading and error messages
 
 
-def admission_context(admission: AdmissionConfig | None = None) -> dict[str, Any]:
-    """The validation context carrying ``admission``'s limits (defaults when None)."""
+def admission_context(admission: AdmissionConfig | None = None,
+                      nodes: Sequence[Any] = ()) -> dict[str, Any]:
+    """The validation context carrying ``admission``'s limits (defaults when None) and the
+    pool's node shapes (``pool.nodes``: ``NodeShape``s; empty: not described)."""
     admission = admission or _DEFAULT_ADMISSION
     return {
         "admission": admission,
         "allowed_registries": list(admission.allowed_registries),
         "max_gpus_per_job": admission.max_gpus_per_job,
+        "node_shapes": tuple((int(n.gpus), None if n.cpu is None else float(n.cpu),
+                              n.memory_bytes) for n in nodes or ()),
     }
 
 
@@ -1778,29 +1942,6 @@ _BOOLEANS = {
 }
 
 
-def _fields_at(root: type[BaseModel], loc: Sequence[Any]) -> list[str]:
-    """Field names of the model reached by following ``loc`` from ``root`` (best effort)."""
-    current: type[BaseModel] | None = root
-    for part in loc:
-        if current is None:
-            return []
-        if isinstance(part, int) or part not in current.model_fields:
-            continue
-        current = _model_in(current.model_fields[part].annotation)
-    return list(current.model_fields) if current is not None else []
-
-
-def _model_in(annotation: Any) -> type[BaseModel] | None:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is not None:
-        for arg in typing.get_args(annotation):
-            found = _model_in(arg)
-            if found is not None:
-                return found
-    return None
-
-
 def _describe(err: Mapping[str, Any], root: type[BaseModel], prefix: Sequence[Any],
               max_gpus: int) -> str:
     loc = list(err["loc"])
@@ -1809,12 +1950,7 @@ def _describe(err: Mapping[str, Any], root: type[BaseModel], prefix: Sequence[An
         loc += ctx["idlegpu_field"].split(".") if ctx.get("idlegpu_field") else []
         problem = ctx["idlegpu_msg"]
     elif err["type"] == "extra_forbidden":
-        known = _fields_at(root, loc[:-1])
-        close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.6)
-        fix = f"did you mean {close[0]!r}?" if close else (
-            f"remove it or use one of: {', '.join(known)}" if known else "remove it"
-        )
-        problem = f"unknown field; {fix}"
+        problem = unknown_field(root, loc)
     elif err["type"] == "missing":
         problem = f"required field is missing; add it ({_EXAMPLES})"
     else:
@@ -1857,15 +1993,17 @@ def _format(exc: ValidationError, root: type[BaseModel], prefix: Sequence[Any] =
 
 
 def validate_request(data: Any, admission: AdmissionConfig | None = None, *,
-                     source: str = "request") -> JobRequest:
+                     source: str = "request", nodes: Sequence[Any] = ()) -> JobRequest:
     """``data`` (a mapping, e.g. parsed YAML or an API body) as a validated ``JobRequest``;
-    ``SpecError("<source>: <field>: <problem>; <fix>")`` when it is not one."""
-    return _validate(JobRequest, data, admission, source, ())
+    ``SpecError("<source>: <field>: <problem>; <fix>")`` when it is not one. ``nodes``: the
+    pool's node shapes (``pool.nodes``) multi-node units are checked against and split by
+    (every loader takes it)."""
+    return _validate(JobRequest, data, admission, source, (), nodes)
 
 
 def _validate(model: type[BaseModel], data: Any, admission: AdmissionConfig | None, source: str,
-              prefix: Sequence[Any]) -> Any:
-    context = admission_context(admission)
+              prefix: Sequence[Any], nodes: Sequence[Any] = ()) -> Any:
+    context = admission_context(admission, nodes)
     where = ".".join(str(p) for p in prefix)
     if not isinstance(data, Mapping):
         at = f"{where}: " if where else ""
@@ -1934,7 +2072,7 @@ def _read_yaml(path: str | Path, admission: AdmissionConfig | None = None, *,
 
 
 def parse_request_text(text: str | bytes, admission: AdmissionConfig | None = None, *,
-                       source: str = "request") -> JobRequest:
+                       source: str = "request", nodes: Sequence[Any] = ()) -> JobRequest:
     """The one job request in YAML or JSON ``text`` (a file's content, an API body), checked
     against ``admission.limits`` while it is parsed and before anything is expanded, then
     validated against ``admission``.
@@ -1948,37 +2086,40 @@ def parse_request_text(text: str | bytes, admission: AdmissionConfig | None = No
         data = load_yaml_text(text, limits)
     except LimitError as exc:
         raise SpecError(_limit_message(source, (), exc)) from None
-    return _request_data(data, admission, source)
+    return _request_data(data, admission, source, nodes)
 
 
-def _request_data(data: Any, admission: AdmissionConfig | None, source: str) -> JobRequest:
+def _request_data(data: Any, admission: AdmissionConfig | None, source: str,
+                  nodes: Sequence[Any] = ()) -> JobRequest:
     if isinstance(data, Mapping) and set(data) == {"jobs"}:
         raise SpecError(
             f"{source}: jobs: the file holds a list of requests; submit one request per file "
             "or load the list with load_requests"
         )
-    return _validate(JobRequest, data, admission, source, ())
+    return _validate(JobRequest, data, admission, source, (), nodes)
 
 
-def load_request(path: str | Path, admission: AdmissionConfig | None = None) -> JobRequest:
+def load_request(path: str | Path, admission: AdmissionConfig | None = None, *,
+                 nodes: Sequence[Any] = ()) -> JobRequest:
     """The one job request in the YAML file ``path``, validated against ``admission`` (the
     file read as :func:`parse_request_text` reads a text)."""
-    return _request_data(_read_yaml(path, admission), admission, str(path))
+    return _request_data(_read_yaml(path, admission), admission, str(path), nodes)
 
 
 def load_request_text(text: str | bytes, admission: AdmissionConfig | None = None, *,
-                      source: str = "request") -> JobRequest:
+                      source: str = "request", nodes: Sequence[Any] = ()) -> JobRequest:
     """The one job request in YAML (or JSON) ``text``, e.g. an API body: the same as
     :func:`parse_request_text` (limits checked while parsing, before any expansion)."""
-    return parse_request_text(text, admission, source=source)
+    return parse_request_text(text, admission, source=source, nodes=nodes)
 
 
-def load_requests(path: str | Path, admission: AdmissionConfig | None = None) -> list[JobRequest]:
+def load_requests(path: str | Path, admission: AdmissionConfig | None = None, *,
+                  nodes: Sequence[Any] = ()) -> list[JobRequest]:
     """The requests in ``path``: one request, or a list of them under ``jobs:``; job names must
     be unique."""
     data = _read_yaml(path, admission, many=True)
     if not (isinstance(data, Mapping) and "jobs" in data):
-        return [_validate(JobRequest, data, admission, str(path), ())]
+        return [_validate(JobRequest, data, admission, str(path), (), nodes)]
     jobs = data["jobs"]
     extra = sorted(set(data) - {"jobs"})
     if extra:
@@ -1989,13 +2130,15 @@ def load_requests(path: str | Path, admission: AdmissionConfig | None = None) ->
     if not isinstance(jobs, list) or not jobs:
         raise SpecError(f"{path}: jobs: expected a non-empty list of requests; {_EXAMPLES}")
     requests = [
-        _validate(JobRequest, job, admission, str(path), ("jobs", i)) for i, job in enumerate(jobs)
+        _validate(JobRequest, job, admission, str(path), ("jobs", i), nodes)
+        for i, job in enumerate(jobs)
     ]
     _unique_names([r.name for r in requests], path)
     return requests
 
 
-def load_trace(path: str | Path, admission: AdmissionConfig | None = None) -> list[TraceEntry]:
+def load_trace(path: str | Path, admission: AdmissionConfig | None = None, *,
+               nodes: Sequence[Any] = ()) -> list[TraceEntry]:
     """A simulation trace: ``jobs:``, each a request plus ``submit_at`` and ``actual_runtime``;
     returned in submission order (ties keep the file's order)."""
     data = _read_yaml(path, admission, many=True)
@@ -2005,7 +2148,7 @@ def load_trace(path: str | Path, admission: AdmissionConfig | None = None) -> li
             "data/sample/jobs.yaml"
         )
     entries = [
-        _validate(TraceEntry, job, admission, str(path), ("jobs", i))
+        _validate(TraceEntry, job, admission, str(path), ("jobs", i), nodes)
         for i, job in enumerate(data["jobs"])
     ]
     _unique_names([e.request.name for e in entries], path)
