@@ -35,6 +35,20 @@ counted in GPU-seconds whatever the size (``shrinks`` counts the shrinks).
 
 **Overruns**: a unit running past its estimate is given the remaining work of
 ``Overruns.remaining_s`` (learnt online from the units that finished so far), not one step.
+
+**Placement** (``placement``): ``pool`` (the default) counts GPUs for the pool as one bin, as
+above. ``spread`` and ``binpack`` put the cluster on the nodes of ``pool.nodes``: the
+services' replicas are placed step by step by ``forecast.nodes.ServicePlacement`` (the
+kube-scheduler's ``LeastAllocated`` or ``MostAllocated`` scoring for scale-ups, the ReplicaSet
+controller's ranking for scale-downs; the state carries over, replicas never move), every
+policy gets a ``NodeView`` of the simulated nodes each step and ``decide(..., nodes=view)``
+places units on the nodes really free, and a unit bigger than the largest node that splits
+into whole nodes is a multi-node (gang) unit of that many pods. A scale-up lands where jobs
+are not; where no node has room, the replica evicts jobs on one node (kube-scheduler
+preemption) and waits for their grace period, nominated there: its GPUs count as service
+delay, as a pool-level shortfall does. A replica no node could hold even without jobs is not
+delay (``service_unplaced_gpu_hours``). Evicting one pod of a multi-node unit stops the
+whole unit.
 """
 
 from __future__ import annotations
@@ -48,6 +62,7 @@ import pandas as pd
 
 from forecast.capacity import FREE, IN_USE, pool_usage
 from forecast.config import Settings
+from forecast.nodes import STRATEGIES, ServicePlacement
 from forecast.schema import DS, KV_CACHE_USAGE, REPLICAS, UNIQUE_ID, Y, metric_rows
 from scheduler.policy import decide, policy_settings
 from scheduler.refresh import Refresher
@@ -56,6 +71,7 @@ from scheduler.types import (
     NIGHT_HOURS,
     Action,
     FreeProfile,
+    NodeView,
     Overruns,
     PolicySettings,
     RunningJob,
@@ -64,6 +80,8 @@ from scheduler.types import (
 )
 
 POLICIES = ("night", "reactive", "forecast", "oracle")
+POOL = "pool"
+PLACEMENTS = (POOL, *STRATEGIES)
 
 
 @dataclass(frozen=True)
@@ -88,6 +106,8 @@ class SimJob:
     min_gpus: int | None = None
     """Elastic: the fewest GPUs it can run on (None: ``gpus`` only); on fewer GPUs its work
     goes proportionally slower."""
+    nodes: int = 1
+    """Pods of a multi-node (gang) unit, one per whole node (set by a simulation on nodes)."""
 
     def as_waiting(self, *, runtime_s: float | None = None, preemptions: int = 0) -> WaitingJob:
         """What the policy sees of it in the queue (by default: never started)."""
@@ -97,6 +117,7 @@ class SimJob:
             checkpointable=self.checkpointable, priority=self.priority,
             submitted_at=self.submit_at, deadline=self.deadline, preemptions=preemptions,
             max_preemptions=self.max_preemptions, kind=self.kind, min_gpus=self.min_gpus,
+            **({"nodes": self.nodes} if self.nodes != 1 else {}),
         )
 
 
@@ -118,6 +139,8 @@ class _Job:
     finished_at: datetime | None = None
     preemptions: int = 0
     lost_s: float = 0.0
+    where: dict[int, int] = field(default_factory=dict)
+    """On nodes: the GPUs the current (or last) attempt holds on each node (by index)."""
     queued_view: tuple[tuple[float, int], WaitingJob] | None = None
     """The last ``as_waiting`` of it, with the (saved work, preemptions) it was made for: the
     replay asks every step, and it changes only when those do."""
@@ -144,6 +167,9 @@ class _Run:
                 "gpus": job.gpus, "start": start, "end": end, "outcome": outcome,
                 "gpu_hours": job.gpus * hours,
                 "lost_gpu_hours": job.spec.gpus * lost_s / 3600,  # full-size work seconds
+                # on nodes: where its pods ran (NodeView.of_shapes names)
+                **({"nodes": ",".join(f"node-{i}" for i in sorted(job.where))}
+                   if job.where else {}),
             }
         )
 
@@ -172,6 +198,11 @@ class _PoolTimeline:
         self.free_gpu_hours = float(np.nansum(self.free_now) * self.step_s / 3600)
         self.unobserved_hours = float((~self.observed).sum() * self.step_s / 3600)
         self.lendable = float(settings.pool.lendable_gpus)
+        # the replicas each service runs (as last seen through a gap), for placing them
+        self.replicas = np.column_stack([
+            (usage[s.name] / s.gpus_per_replica).ffill().bfill().loc[self.index].to_numpy()
+            for s in settings.services
+        ]).round().astype(np.int64)
 
 
 def simulate(
@@ -188,10 +219,20 @@ def simulate(
     forecast_profiles: dict[datetime, FreeProfile] | None = None,
     on_refresh: Callable[[int, int], None] | None = None,
     on_step: Callable[[int, int], None] | None = None,
+    placement: str = POOL,
+    deletion_cost: bool = False,
 ) -> SimResult:
-    """Run one policy over ``[start, end)``; see the module docstring."""
+    """Run one policy over ``[start, end)``; see the module docstring. ``placement``: ``pool``,
+    ``spread`` or ``binpack`` (on ``pool.nodes``; ``deletion_cost``: the scale-downs empty the
+    least-used nodes first, see ``forecast.nodes``)."""
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
+    if placement not in PLACEMENTS:
+        raise ValueError(f"unknown placement {placement!r}; choose from {', '.join(PLACEMENTS)}")
+    on_nodes = placement != POOL
+    if on_nodes and not settings.pool.nodes:
+        raise ValueError(f"placement {placement!r} needs the pool's node shapes: set pool.nodes "
+                         "in the config, e.g. [{gpus: 8, count: 11}]")
     config = policy_config or policy_settings(settings.admission, settings.pool.headroom_gpus,
                                               settings.pool.total_gpus)
     oracle = policy == "oracle"
@@ -205,10 +246,14 @@ def simulate(
         config = replace(config, nowcast_half_life_s=0.0)
     pool = _PoolTimeline(history, settings, start, end)
     step_s, total = pool.step_s, settings.pool.total_gpus
+    cluster = _Nodes(settings, placement, deletion_cost) if on_nodes else None
+    if cluster is not None:
+        jobs = [cluster.split(j) for j in jobs]
     capacity = settings.pool.lendable_gpus
     horizon_steps = int(horizon.total_seconds() // step_s)
     until_morning = (_steps_until_morning(pool.index, settings.pool.timezone, step_s)
                      if policy == "night" else None)
+    unplaced_gpu_min = 0.0
     state = {j.id: _Job(j) for j in sorted(jobs, key=lambda j: (j.submit_at, j.id))}
     pending = list(state.values())  # in submission order
     runs = _Run()
@@ -257,6 +302,8 @@ def simulate(
             elif now >= job.releasing_until:
                 job.running, job.releasing_until = False, None
                 if job.resume_gpus is not None:  # a shrink: it restarts on fewer GPUs
+                    if job.where:  # on the node it ran on
+                        job.where = {next(iter(job.where)): job.resume_gpus}
                     job.running, job.gpus, job.resume_gpus = True, job.resume_gpus, None
                     job.started_at = job.last_checkpoint_at = now
                     job.stop_by, job.progress_s = job.resume_stop_by, 0.0
@@ -270,14 +317,27 @@ def simulate(
                 if job.releasing_until is not None:
                     releasing += job.gpus - (job.resume_gpus or 0)
         service = pool.service_gpus[k]
-        # the service waits only for GPUs jobs hold: a service above the whole pool is short
-        # of more, which no policy could have given it
-        short = min(float(held), max(0.0, service + held - total))
-        if short > 0:
-            delay_gpu_min += short * step_s / 60
-            for victim in _evict(live, short - releasing):
+        if cluster is None:
+            # the service waits only for GPUs jobs hold: a service above the whole pool is
+            # short of more, which no policy could have given it
+            short = min(float(held), max(0.0, service + held - total))
+            if short > 0:
+                delay_gpu_min += short * step_s / 60
+                for victim in _evict(live, short - releasing):
+                    _stop(victim, now, grace, planned=False, runs=runs)
+                    releasing += victim.gpus  # on their way back: not short any more
+            idle = total - service - held
+        else:
+            # the replicas land where jobs are not, or evict the jobs of one node and wait
+            for victim in cluster.scale(k * step_s, pool.replicas[k], live):
                 _stop(victim, now, grace, planned=False, runs=runs)
-                releasing += victim.gpus  # on their way back: not short any more
+            waiting = float(cluster.placement.nominated.sum())
+            delay_gpu_min += waiting * step_s / 60
+            unplaced_gpu_min += cluster.placement.unplaced_gpus * step_s / 60
+            coming = sum(j.gpus - (j.resume_gpus or 0) for j in live
+                         if j.running and j.releasing_until is not None)
+            short, releasing = waiting, coming
+            idle = cluster.room(live).sum()
         if pool.observed[k]:
             last_seen = now
             signals = ServingSignals(
@@ -285,7 +345,7 @@ def simulate(
                 requests_waiting_per_replica=float(pool.waiting[k]),
                 kv_cache_usage=float(pool.kv[k]),
                 gpus_short=int(max(0.0, short - releasing)),
-                idle_gpus=int(max(0.0, total - service - held)),
+                idle_gpus=int(max(0.0, idle)),
                 service_gpus=int(round(service)),
             )
         else:  # a gap: as the daemon sees it, the signals are missing since the last reading
@@ -321,7 +381,8 @@ def simulate(
         team_usage: dict[str, float] = {}
         for _, team, hours in usage_log:
             team_usage[team] = team_usage.get(team, 0.0) + hours
-        plan = decide(now, profile, running, queue, signals, team_usage, config)
+        view = cluster.view(live, now) if cluster is not None else None
+        plan = decide(now, profile, running, queue, signals, team_usage, config, nodes=view)
         for d in plan.decisions:
             job = state[d.job_id]
             if d.action is Action.PREEMPT:
@@ -333,6 +394,8 @@ def simulate(
                 job.resume_stop_by = d.stop_by
             elif d.action is Action.ADMIT:
                 job.gpus = d.gpus
+                if cluster is not None:
+                    job.where = cluster.where(d)
                 job.running, job.started_at, job.last_checkpoint_at = True, now, now
                 job.stop_by, job.progress_s = d.stop_by, 0.0
                 job.first_start = job.first_start or now
@@ -344,7 +407,8 @@ def simulate(
         if job.running and job.releasing_until is None:
             runs.close(job, end_time, "running", 0.0)
     frame = pd.DataFrame(runs.rows, columns=["job_id", "team", "kind", "gpus", "start", "end",
-                                             "outcome", "gpu_hours", "lost_gpu_hours"])
+                                             "outcome", "gpu_hours", "lost_gpu_hours",
+                                             *(["nodes"] if cluster is not None else [])])
     useful = sum(j.spec.gpus * (j.saved_s + (j.progress_s if j.running else 0.0))
                  for j in state.values()) / 3600
     lost = sum(j.spec.gpus * j.lost_s for j in state.values()) / 3600
@@ -365,7 +429,90 @@ def simulate(
         "unobserved_hours": pool.unobserved_hours,
         "physical_limit_gpu_hours": _physical_limit(pool, jobs, config),
     }
+    if cluster is not None:
+        metrics["service_unplaced_gpu_hours"] = unplaced_gpu_min / 60
     return SimResult(policy, metrics, frame)
+
+
+class _Nodes:
+    """The simulated nodes: the services' replicas (``ServicePlacement``) and the GPUs the
+    jobs hold on each node."""
+
+    def __init__(self, settings: Settings, strategy: str, deletion_cost: bool) -> None:
+        base = NodeView.of_shapes(settings.pool.nodes)
+        self.base = base.nodes
+        self.index = {node.name: i for i, node in enumerate(self.base)}
+        self.capacity = np.array([node.gpus for node in self.base], dtype=np.int64)
+        self.placement = ServicePlacement(self.capacity, [s.gpus_per_replica
+                                                          for s in settings.services],
+                                          strategy, deletion_cost=deletion_cost)
+        self.largest = int(self.capacity.max())
+        self._last: tuple[int, ...] | None = None
+
+    def split(self, job: SimJob) -> SimJob:
+        """A unit bigger than the largest node that splits into whole nodes: one pod a node."""
+        if job.gpus > self.largest and job.gpus % self.largest == 0 and job.nodes == 1:
+            return replace(job, nodes=job.gpus // self.largest, min_gpus=None)
+        return job
+
+    def held(self, live: Sequence[_Job]) -> tuple[np.ndarray, np.ndarray]:
+        """GPUs jobs hold on each node, and of those the ones in a grace period."""
+        held = np.zeros(len(self.capacity), dtype=np.int64)
+        releasing = np.zeros(len(self.capacity), dtype=np.int64)
+        for job in live:
+            if not job.running:
+                continue
+            for node, gpus in job.where.items():
+                held[node] += gpus
+                if job.releasing_until is not None:
+                    kept = job.resume_gpus or 0 if len(job.where) == 1 else 0
+                    releasing[node] += gpus - kept
+        return held, releasing
+
+    def room(self, live: Sequence[_Job]) -> np.ndarray:
+        held, _ = self.held(live)
+        p = self.placement
+        return np.maximum(0, self.capacity - p.service_gpus - p.nominated - held)
+
+    def scale(self, now_s: float, targets: np.ndarray, live: Sequence[_Job]) -> list[_Job]:
+        """Place the services' replicas for this step; returns the jobs they evict."""
+        target = tuple(int(t) for t in targets)
+        p = self.placement
+        if target == self._last and not p.nominated.any() and not p.unplaced_gpus:
+            return []  # nothing changes (the common case)
+        self._last = target
+        held, releasing = self.held(live)
+        # victims as the kube-scheduler would take them: lowest priority, newest first
+        order = sorted((j for j in live if j.running and j.releasing_until is None),
+                       key=lambda j: (j.spec.priority, -(j.started_at.timestamp()), j.spec.id))
+        on_node: list[list[_Job]] = [[] for _ in self.capacity]
+        for job in order:
+            for node in job.where:
+                on_node[node].append(job)
+        victims = [[j.where[node] for j in jobs] for node, jobs in enumerate(on_node)]
+        evicted: dict[str, _Job] = {}
+        for eviction in p.scale(now_s, target, held, releasing, victims):
+            for job in on_node[eviction.node][:eviction.victims]:
+                evicted.setdefault(job.spec.id, job)
+        return list(evicted.values())
+
+    def view(self, live: Sequence[_Job], now: datetime) -> NodeView:
+        held, _ = self.held(live)
+        requested = self.placement.service_gpus + self.placement.nominated + held
+        return NodeView(tuple(replace(node, gpus_requested=int(requested[i]))
+                              for i, node in enumerate(self.base)), observed_at=now)
+
+    def where(self, decision) -> dict[int, int]:
+        """The GPUs an admission takes on each node (its pods split its GPUs evenly)."""
+        names = tuple(getattr(decision, "nodes", ()) or ()) or (decision.node,)
+        if None in names:
+            raise ValueError(f"decide() admitted {decision.job_id} on nodes without naming "
+                             "the node")
+        per_pod = decision.gpus // len(names)
+        out: dict[int, int] = {}
+        for name in names:
+            out[self.index[name]] = out.get(self.index[name], 0) + per_pod
+        return out
 
 
 def _stop(job: _Job, now: datetime, grace: timedelta, *, planned: bool, runs: _Run,
@@ -556,4 +703,4 @@ def trace_jobs(entries, estimate: Callable[[object], float]) -> list[SimJob]:
     return jobs
 
 
-__all__ = ["POLICIES", "SimJob", "SimResult", "forecast_profiles_for", "simulate", "trace_jobs"]
+__all__ = ["PLACEMENTS", "POLICIES", "SimJob", "SimResult", "forecast_profiles_for", "simulate", "trace_jobs"]
