@@ -6,9 +6,12 @@ e.g. ``IDLEGPU_PROMETHEUS__URL=http://prom:9090`` or ``IDLEGPU_POOL__HEADROOM_GP
 
 from __future__ import annotations
 
+import difflib
 import re
 import string
-from collections.abc import Mapping
+import types
+import typing
+from collections.abc import Mapping, Sequence
 from datetime import date
 from pathlib import Path
 from typing import Any
@@ -17,6 +20,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings.exceptions import SettingsError
 
 from forecast.calendar import HolidayCalendar
 from forecast.errors import ConfigError
@@ -714,27 +718,121 @@ def load_config(path: str | Path | None = None, *, data: Mapping[str, Any] | Non
         if not file.is_file():
             raise ConfigError(f"config file {file} not found; copy idlegpu.yaml from the repo")
         try:
-            data = yaml.safe_load(file.read_text(encoding="utf-8")) or {}
+            text = file.read_text(encoding="utf-8")
+            _check_yaml_depth(text, where)
+            data = yaml.safe_load(text) or {}
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             at = f" at line {mark.line + 1}" if mark is not None else ""
             raise ConfigError(f"{where}: invalid YAML{at}: {getattr(exc, 'problem', exc)}") from exc
         if not isinstance(data, Mapping):
             raise ConfigError(f"{where}: expected a mapping at the top level")
+    depth = _depth(data)
+    if depth > MAX_CONFIG_DEPTH:
+        raise ConfigError(f"{where}: nested {depth} levels deep; a configuration is at most "
+                          f"{MAX_CONFIG_DEPTH} (look for a runaway [ or {{)")
     try:
         return Settings(**dict(data))
     except ValidationError as exc:
-        raise ConfigError(f"{where}: {format_validation_error(exc)}") from exc
+        raise ConfigError(f"{where}: {format_validation_error(exc, env=_env_names())}") from exc
+    except SettingsError as exc:  # an IDLEGPU_* list or object override that is not JSON
+        field = re.search(r'field "([^"]+)"', str(exc))
+        name = f"{ENV_PREFIX}{field.group(1).upper()}" if field else f"an {ENV_PREFIX}* variable"
+        raise ConfigError(f"{name} (environment): its value is not JSON; a list or object "
+                          f"override is written as JSON, e.g. {ENV_PREFIX}API__TRUSTED_PROXIES="
+                          "'[\"127.0.0.1/32\"]' (or set the field in the file instead)") from None
 
 
-def format_validation_error(exc: ValidationError) -> str:
-    """All problems of a pydantic error on one line, each naming its field."""
+MAX_CONFIG_DEPTH = 32
+"""Deeper than any real configuration; a YAML of thousands of nested brackets would otherwise
+exhaust the recursion of the validators (a traceback instead of an error)."""
+
+
+def _check_yaml_depth(text: str, where: str) -> None:
+    """Refuse YAML nested deeper than ``MAX_CONFIG_DEPTH`` before composing it (PyYAML's
+    composer recurses once per level; its parser, read here event by event, does not)."""
+    level = 0
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, yaml.MappingStartEvent | yaml.SequenceStartEvent):
+            level += 1
+            if level > MAX_CONFIG_DEPTH:
+                line = event.start_mark.line + 1
+                raise ConfigError(f"{where}: nested deeper than {MAX_CONFIG_DEPTH} levels at "
+                                  f"line {line}; look for a runaway [ or {{")
+        elif isinstance(event, yaml.MappingEndEvent | yaml.SequenceEndEvent):
+            level -= 1
+
+
+def _depth(data: Any) -> int:
+    """How deeply ``data`` nests lists and mappings (iteratively: the input may be hostile)."""
+    deepest, stack = 0, [(data, 1)]
+    while stack:
+        value, level = stack.pop()
+        if isinstance(value, Mapping | list | tuple):
+            deepest = max(deepest, level)
+            if level > MAX_CONFIG_DEPTH:
+                return level
+            children = value.values() if isinstance(value, Mapping) else value
+            stack.extend((child, level + 1) for child in children)
+    return deepest
+
+
+def _env_names() -> dict[str, str]:
+    """The ``IDLEGPU_*`` variables set, by their config path in lower case (``pool.total_gpus``
+    for ``IDLEGPU_POOL__TOTAL_GPUS``): an error in a value from the environment names the
+    variable, not the file."""
+    import os
+
+    return {key[len(ENV_PREFIX):].lower().replace("__", "."): key for key in os.environ
+            if key.startswith(ENV_PREFIX)}
+
+
+def model_fields_at(root: type[BaseModel], loc: Sequence[Any]) -> list[str]:
+    """Field names of the model reached by following ``loc`` (a pydantic error location, the
+    field's own name excluded) from ``root``: what a misspelt field could have meant."""
+    current: type[BaseModel] | None = root
+    for part in loc:
+        if current is None:
+            return []
+        if isinstance(part, int) or part not in current.model_fields:
+            continue  # a list index or a dict key: the same model's items
+        current = _model_in(current.model_fields[part].annotation)
+    return list(current.model_fields) if current is not None else []
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model in an annotation such as ``list[ServiceConfig]`` or ``X | None``."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is not None:
+        for arg in typing.get_args(annotation):
+            found = _model_in(arg)
+            if found is not None:
+                return found
+    return None
+
+
+def unknown_field(root: type[BaseModel], loc: Sequence[Any]) -> str:
+    """The problem of the unknown field at ``loc``: "unknown field; did you mean 'gpus'?", or
+    the fields it may be."""
+    known = model_fields_at(root, loc[:-1])
+    close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.6)
+    fix = f"did you mean {close[0]!r}?" if close else (
+        f"remove it or use one of: {', '.join(known)}" if known else "remove it")
+    return f"unknown field; {fix}"
+
+
+def format_validation_error(exc: ValidationError, *, env: Mapping[str, str] | None = None) -> str:
+    """All problems of a pydantic error on one line, each naming its field (or, for a value
+    from the environment, its variable: ``env`` maps config paths to variable names)."""
     parts = []
     for err in exc.errors():
         loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        if env and loc.lower() in env:
+            loc = f"{env[loc.lower()]} (environment)"
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
-            msg = "unknown field (check its spelling)"
+            msg = unknown_field(Settings, err["loc"])
         elif err["type"] == "missing":
             msg = "required field is missing"
         got = err.get("input")

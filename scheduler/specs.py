@@ -55,14 +55,12 @@ rendered.
 
 from __future__ import annotations
 
-import difflib
 import fnmatch
 import itertools
 import math
 import posixpath
 import re
 import string
-import types
 import typing
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -89,7 +87,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from forecast.config import AdmissionConfig
+from forecast.config import AdmissionConfig, unknown_field
 from forecast.errors import PermanentError
 from scheduler.limits import LimitError, brief, load_yaml_text, precheck
 from scheduler.types import (
