@@ -92,7 +92,7 @@ def test_what_a_gang_takes_is_gone_for_the_rest_of_the_pass():
     assert got["second"].action is Action.DEFER  # 1 whole node left, not 2
     assert got["second"].reason.startswith("needs 2 whole 8-GPU nodes; 1 free now")
     assert got["one"].action is Action.ADMIT  # the one node left still holds a single unit
-    (left,) = set(f"n{i}" for i in range(5)) - set(got["first"].nodes)
+    (left,) = {f"n{i}" for i in range(5)} - set(got["first"].nodes)
     assert got["one"].nodes == (left,) and got["one"].node == left
 
 
