@@ -20,6 +20,7 @@ from forecast.capacity import (
     typical_night,
 )
 from forecast.config import Settings
+from forecast.nodes import MULTI_NODE, NodeIdle, node_idle
 from forecast.planning import night_mask
 from forecast.tables import write_csv
 
@@ -38,6 +39,9 @@ class PoolAnalysis:
     services: pd.DataFrame
     holidays: dict[date, str]
     min_hours: float
+    nodes: NodeIdle | None = None
+    """The idle GPUs on the nodes of ``pool.nodes`` (services placed by ``pool.placement``)
+    and what jobs of each size can use of them; None without node shapes."""
 
     @property
     def step(self) -> pd.Timedelta:
@@ -92,6 +96,8 @@ class PoolAnalysis:
             "nightly_idle.csv": self.nights,
             "idle_depth.csv": self.depth,
         }
+        if self.nodes is not None:
+            tables["idle_by_job_size.csv"] = self.nodes.by_size
         for name, table in tables.items():
             write_csv(table, out / name, index=name != "nightly_idle.csv", decimals=4)
             files.append(out / name)
@@ -115,6 +121,7 @@ def analyze_pool(history: pd.DataFrame, settings: Settings, *, min_hours: float 
         services=service_summary(usage, settings),
         holidays=holidays,
         min_hours=min_hours,
+        nodes=node_idle(usage, settings),
     )
 
 
@@ -143,3 +150,25 @@ def service_summary(usage: pd.DataFrame, settings: Settings) -> pd.DataFrame:
             }
         )
     return pd.DataFrame(rows)
+
+
+def job_size_label(size: object, node_gpus: int) -> str:
+    """``1 GPU``, ``4 GPUs``, ``multi-node (2+ whole 8-GPU nodes)`` for ``NodeIdle.by_size``."""
+    if size == MULTI_NODE:
+        return f"multi-node (2+ whole {node_gpus}-GPU nodes)"
+    return f"{size} GPU" + ("s" if size != 1 else "")
+
+
+def job_size_summary(nodes: NodeIdle) -> str:
+    """One line: where the pool view overstates what big jobs can use."""
+    by = nodes.by_size
+    sizes = [s for s in by.index if s != MULTI_NODE]
+    biggest = sizes[-1] if sizes else MULTI_NODE
+    share = by.loc[biggest, "share"]
+    count = len(nodes.node_gpus)
+    what = (f"{biggest}-GPU jobs" if biggest != MULTI_NODE else "multi-node jobs")
+    return (f"On {count} nodes with the services placed {nodes.strategy}, "
+            f"{by.loc[biggest, 'on_nodes_gpu_hours']:,.0f} of the "
+            f"{by.loc[biggest, 'pool_view_gpu_hours']:,.0f} idle GPU-hours the pool view counts "
+            f"for {what} are really usable by them ({share:.0%}); "
+            f"{nodes.whole_nodes.mean():.1f} whole nodes free on average")

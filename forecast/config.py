@@ -14,7 +14,7 @@ import typing
 from collections.abc import Mapping, Sequence
 from datetime import date
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import yaml
@@ -160,6 +160,10 @@ class PoolConfig(_Strict):
     """The pool's node shapes, e.g. ``[{gpus: 8, cpu: 96, memory: 1Ti, count: 12}]`` (their
     GPUs add up to ``total_gpus``); empty: not described (the pool as one bin, unless the
     daemon reads the live nodes)."""
+    placement: Literal["spread", "binpack"] = "spread"
+    """How the inference scheduler places the services' replicas on ``nodes``, for planning
+    (``analyze``, the report): ``spread`` (the kube-scheduler's default ``LeastAllocated``
+    scoring) or ``binpack`` (``MostAllocated``); see ``forecast.nodes``."""
 
     @model_validator(mode="before")
     @classmethod

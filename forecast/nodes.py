@@ -55,6 +55,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
+
+from forecast.capacity import FREE
+from forecast.config import Settings
 
 SPREAD = "spread"
 BINPACK = "binpack"
@@ -274,5 +278,76 @@ def whole_free_nodes(free: np.ndarray, node_gpus: Sequence[int]) -> np.ndarray:
     return (np.asarray(free) >= np.asarray(node_gpus)[None, :]).sum(axis=1)
 
 
-__all__ = ["BINPACK", "SPREAD", "STRATEGIES", "Preemption", "ServicePlacement",
-           "place_services", "usable_gpus", "whole_free_nodes"]
+JOB_SIZES = (1, 4, 8)
+MULTI_NODE = "multi-node"
+
+
+@dataclass(frozen=True)
+class NodeIdle:
+    """The idle GPUs of a history on the pool's nodes (``node_idle``)."""
+
+    strategy: str
+    deletion_cost: bool
+    node_gpus: tuple[int, ...]
+    free: pd.DataFrame
+    """Free GPUs of each node (columns ``node-<i>``) at every step; NaN where unknown."""
+    whole_nodes: pd.Series
+    """Nodes with every GPU free, per step; NaN where unknown."""
+    by_size: pd.DataFrame
+    """Per job size (index: ``1``, ``4``, ``8`` GPUs up to the largest node, and
+    ``multi-node``): ``pool_view_gpu_hours`` (idle GPU-hours jobs of that size could use if
+    the pool were one bin), ``on_nodes_gpu_hours`` (what they can use on the nodes) and
+    ``share`` (the second over the first)."""
+
+
+def node_idle(usage: pd.DataFrame, settings: Settings, strategy: str | None = None, *,
+              deletion_cost: bool = False, sizes: Sequence[int] = JOB_SIZES) -> NodeIdle | None:
+    """Where the idle GPUs of ``usage`` (``forecast.capacity.pool_usage``) are on the nodes of
+    ``pool.nodes`` with the services placed by ``strategy`` (default: ``pool.placement``), and
+    the idle GPU-hours usable by jobs of each size: a job of ``g`` GPUs takes ``g`` on one node
+    (at most what the pool's headroom leaves, in whole jobs); a ``multi-node`` job takes whole
+    free nodes, two or more. None when the pool has no node shapes."""
+    if not settings.pool.nodes:
+        return None
+    strategy = strategy or settings.pool.placement
+    node_gpus = [shape.gpus for shape in settings.pool.nodes for _ in range(shape.count)]
+    replicas = np.column_stack([usage[s.name].to_numpy(dtype=float) / s.gpus_per_replica
+                                for s in settings.services])
+    step_s = (usage.index[1] - usage.index[0]).total_seconds()
+    held = place_services(node_gpus, [s.gpus_per_replica for s in settings.services], replicas,
+                          step_s, strategy, deletion_cost=deletion_cost)
+    known = ~np.isnan(usage[FREE].to_numpy(dtype=float))
+    free = np.asarray(node_gpus)[None, :] - held
+    cap = usage[FREE].to_numpy(dtype=float)
+    hours = step_s / 3600
+    rows = {}
+    for size in (g for g in sizes if g <= max(node_gpus)):
+        pool_view = np.floor(np.nan_to_num(cap) / size) * size
+        on_nodes = usable_gpus(free, node_gpus, size, cap=np.nan_to_num(cap))
+        rows[size] = (pool_view[known].sum() * hours, on_nodes[known].sum() * hours)
+    whole = whole_free_nodes(free, node_gpus)
+    whole_gpus = ((free >= np.asarray(node_gpus)[None, :]) * np.asarray(node_gpus)).sum(axis=1)
+    largest = max(node_gpus)
+    pool_whole = np.floor(np.nan_to_num(cap) / largest)
+    rows[MULTI_NODE] = (
+        (np.where(pool_whole >= 2, pool_whole * largest, 0.0)[known]).sum() * hours,
+        (np.where(np.minimum(whole, pool_whole) >= 2, np.minimum(whole_gpus,
+                                                                 pool_whole * largest),
+                  0.0)[known]).sum() * hours,
+    )
+    by_size = pd.DataFrame.from_dict(rows, orient="index",
+                                     columns=["pool_view_gpu_hours", "on_nodes_gpu_hours"])
+    by_size.index.name = "job_gpus"
+    by_size["share"] = by_size["on_nodes_gpu_hours"] / by_size["pool_view_gpu_hours"].where(
+        by_size["pool_view_gpu_hours"] > 0)
+    names = [f"node-{i}" for i in range(len(node_gpus))]
+    frame = pd.DataFrame(np.where(known[:, None], free, np.nan), index=usage.index,
+                         columns=names)
+    return NodeIdle(strategy, deletion_cost, tuple(node_gpus), frame,
+                    pd.Series(np.where(known, whole, np.nan), index=usage.index,
+                              name="whole_free_nodes"), by_size)
+
+
+__all__ = ["BINPACK", "JOB_SIZES", "MULTI_NODE", "SPREAD", "STRATEGIES", "NodeIdle",
+           "Preemption", "ServicePlacement", "node_idle", "place_services", "usable_gpus",
+           "whole_free_nodes"]

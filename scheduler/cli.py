@@ -204,6 +204,33 @@ def _print_analysis(result) -> None:
     else:
         console.print(f"No level of GPUs stays idle {result.min_hours:g} hours on a "
                       "typical night.", style="yellow")
+    _print_job_sizes(result)
+
+
+def _print_job_sizes(result) -> None:
+    """Idle GPU-hours usable by 1-, 4-, 8-GPU and multi-node jobs on the pool's nodes."""
+    from rich.table import Table
+
+    from forecast.analysis import job_size_label, job_size_summary
+
+    nodes = result.nodes
+    if nodes is None:
+        console.print("\nNo pool.nodes in the config: idle GPUs are counted for the pool as one "
+                      "bin (describe the node shapes to see what 1-, 4-, 8-GPU and multi-node "
+                      "jobs can really use).", style="dim")
+        return
+    deletion = " with pod-deletion-cost" if nodes.deletion_cost else ""
+    table = Table(title=f"Idle GPU-hours by job size on {len(nodes.node_gpus)} nodes (services "
+                  f"placed {nodes.strategy}{deletion})", title_justify="left")
+    for col in ("job size", "pool view", "on nodes", "share"):
+        table.add_column(col, justify="left" if col == "job size" else "right")
+    for size, row in nodes.by_size.iterrows():
+        share = row["share"]
+        table.add_row(job_size_label(size, max(nodes.node_gpus)),
+                      f"{row['pool_view_gpu_hours']:,.0f}", f"{row['on_nodes_gpu_hours']:,.0f}",
+                      "-" if share != share else f"{share:.0%}")
+    console.print(table)
+    console.print(job_size_summary(nodes) + ".")
 
 
 def _config_line(settings, path: Path | None) -> None:
@@ -645,6 +672,10 @@ def simulate(
     out: Annotated[Path, typer.Option(help="Directory for the CSVs and the chart.")] = Path(
         "out/simulation"
     ),
+    placement: Annotated[str, typer.Option(
+        help="pool: GPUs counted for the pool as one bin; spread or binpack: on the nodes of "
+        "pool.nodes, the services' replicas placed as the kube-scheduler's LeastAllocated "
+        "(default) or MostAllocated scoring would, jobs only where a node has room.")] = "pool",
 ) -> None:
     """Replay the pool history and a job trace through the admission policy, for each of
     night (fixed 20:00-08:00), reactive, forecast (ours) and oracle (actual future)."""
@@ -656,7 +687,7 @@ def simulate(
     from forecast.sources import read_history
     from forecast.tables import write_csv
     from scheduler.reports import useful
-    from scheduler.simulate import POLICIES, trace_jobs
+    from scheduler.simulate import PLACEMENTS, POLICIES, trace_jobs
     from scheduler.simulate import simulate as run_policy
     from scheduler.specs import load_trace
 
@@ -667,7 +698,11 @@ def simulate(
                                  f"{', '.join(POLICIES)}", param_hint="--policies")
     _check(days is None or days >= 1, "use at least 1 day", "--days")
     _check(warmup_days >= 0, "use 0 or more days", "--warmup-days")
+    _check(placement in PLACEMENTS, f"choose from {', '.join(PLACEMENTS)}", "--placement")
     settings = _load_settings(config)
+    _check(placement == "pool" or bool(settings.pool.nodes),
+           "the config has no pool.nodes (node shapes, e.g. [{gpus: 8, count: 11}]); add them "
+           "or use --placement pool", "--placement")
     frame = _check_services(read_history(history), settings)
     entries = load_trace(jobs, settings.admission)
     sim_jobs = trace_jobs(entries, _planning_estimate(settings, runs))
@@ -690,6 +725,7 @@ def simulate(
                 on_refresh=lambda n, total: progress.update(forecasting, completed=n,
                                                             total=total),
                 on_step=lambda k, total: progress.update(task, completed=k + 1, total=total),
+                placement=placement,
             )
             progress.remove_task(forecasting)
             progress.remove_task(task)
@@ -708,8 +744,9 @@ def simulate(
         title=f"{settings.pool.name}: {len(sim_jobs)} job units, "
         f"{start:%Y-%m-%d} to {end:%Y-%m-%d}",
     )
+    where = "" if placement == "pool" else f", services placed {placement} on pool.nodes"
     view = Table(title=f"Policies over {(end - start).days} days, {len(entries)} requests "
-                 f"({len(sim_jobs)} units)", title_justify="left")
+                 f"({len(sim_jobs)} units){where}", title_justify="left")
     view.add_column("metric")
     for name in table.index:
         view.add_column(name, justify="right")

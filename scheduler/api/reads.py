@@ -31,6 +31,15 @@ WAITS_FOR_STEP = "waits for its previous pipeline step"
 MAX_HOURS = 48.0
 
 
+def paused_reason(state, tz) -> str | None:
+    """Why nothing starts while an operator has paused admission (``JobStore.admission()``),
+    as the plan, the console and the CLI say it; None while admission is open."""
+    if not state.paused:
+        return None
+    since = pd.Timestamp(state.since).tz_convert(tz).strftime("%a %d %b %H:%M %Z")
+    return f"admission is paused by {state.by} since {since}: {state.reason}"
+
+
 def _num(value: Any) -> float | int | None:
     if value is None:
         return None
@@ -93,7 +102,16 @@ class Reads:
 
     def plan_units(self, planned) -> list[dict[str, Any]]:
         units = []
+        # while an operator has paused admission the daemon starts nothing: every unit that
+        # would start waits, with who paused it, since when and why
+        paused = paused_reason(self.store.admission(), self.tz)
         for run in planned.plan.runs:
+            if paused and run.reason != "already running":
+                units.append({"id": run.job_id, "team": run.team, "kind": run.kind,
+                              "gpus": run.gpus, "state": "waiting", "start_at": None,
+                              "end_at": None, "stop_by": None, "outcome": None,
+                              "reason": paused})
+                continue
             units.append({
                 "id": run.job_id, "team": run.team, "kind": run.kind, "gpus": run.gpus,
                 "state": "running" if run.reason == "already running" else "planned",
@@ -104,11 +122,12 @@ class Reads:
         for job, reason in planned.plan.waiting:
             units.append({"id": job.id, "team": job.team, "kind": job.kind, "gpus": job.gpus,
                           "state": "waiting", "start_at": None, "end_at": None,
-                          "stop_by": None, "outcome": None, "reason": reason})
+                          "stop_by": None, "outcome": None, "reason": paused or reason})
         for row in planned.blocked:
             units.append({"id": row.id, "team": row.team, "kind": row.kind, "gpus": row.gpus,
                           "state": "blocked", "start_at": None, "end_at": None,
-                          "stop_by": None, "outcome": None, "reason": WAITS_FOR_STEP})
+                          "stop_by": None, "outcome": None,
+                          "reason": paused or WAITS_FOR_STEP})
         return units
 
     def windows_json(self, table: pd.DataFrame) -> list[dict[str, Any]]:
@@ -269,4 +288,4 @@ def add_read_routes(app: FastAPI, reads: Reads, caller: Callable[..., Identity],
         return PlainTextResponse(path.read_text(encoding="utf-8"), media_type=media)
 
 
-__all__ = ["Reads", "add_read_routes"]
+__all__ = ["Reads", "add_read_routes", "paused_reason"]
