@@ -1469,6 +1469,77 @@ def report(
     console.print(f"wrote {', '.join(p.name for p in files)} to {out}/", highlight=False)
 
 
+admission_app = typer.Typer(help="Pause or resume admission for the whole pool (operators).",
+                            no_args_is_help=True, rich_markup_mode=None)
+app.add_typer(admission_app, name="admission",
+              short_help="Pause or resume admission for the pool; its state.")
+
+
+def _admission(action: str, config: Path | None, store: str | None, server: str | None,
+               token_file: Path | None, reason: str | None = None) -> None:
+    """`idlegpu admission ACTION`: on the store of the config (or --store), or through the
+    job API (--server); both audited, both idempotent."""
+    from scheduler.cli_remote import print_admission, remote_admission
+
+    if server:
+        _check(store is None, "--server decides the store; drop --store", "--server")
+        return remote_admission(markup_console, markup_err_console, server, token_file,
+                                action, reason)
+    from scheduler.adapters.store import AuditEntry, JobStore
+    from scheduler.api.reads import paused_reason
+    from scheduler.cli_api import _cli_actor
+
+    settings = _optional_config(config)
+    tz = settings.pool.tz if settings is not None else timezone.utc
+    url = _store_url(settings, store)
+    when = _now(None)
+    actor, where = _cli_actor()
+    audit = AuditEntry(at=when, actor=actor, auth="cli", role="operator", team=None,
+                       action=f"admission.{action}", target="pool", address=where)
+    with JobStore(url) as job_store:
+        if action == "pause":
+            change = job_store.pause_admission(when, reason or "", audit)
+        elif action == "resume":
+            change = job_store.resume_admission(when, audit)
+        else:
+            change = None
+        state = change.state if change else job_store.admission()
+    message = None
+    if change is not None and not change.changed:
+        message = (f"admission was already paused by {state.by}; nothing changed"
+                   if state.paused else "admission was not paused; nothing changed")
+    print_admission(markup_console, state.paused,
+                    paused_reason(state, tz) or "admission is open", action,
+                    change.changed if change else True, message, url)
+
+
+@admission_app.command("status")
+def admission_status(config: OptionalConfig = None, store: StoreOption = None,
+                     server: ServerOption = None, token_file: TokenFileOption = None) -> None:
+    """Whether admission is paused: by whom, since when and why."""
+    _admission("status", config, store, server, token_file)
+
+
+@admission_app.command("pause")
+def admission_pause(
+    reason: Annotated[str, typer.Option(
+        "--reason", help="Why (required, one line, at most 500 characters): the queue shows "
+        "it as every waiting unit's reason.")],
+    config: OptionalConfig = None, store: StoreOption = None, server: ServerOption = None,
+    token_file: TokenFileOption = None,
+) -> None:
+    """Pause admission for the pool: the daemon admits no unit from its next reconcile pass,
+    while stops, the backstop and planned stops go on. Pausing twice keeps the first pause."""
+    _admission("pause", config, store, server, token_file, reason)
+
+
+@admission_app.command("resume")
+def admission_resume(config: OptionalConfig = None, store: StoreOption = None,
+                     server: ServerOption = None, token_file: TokenFileOption = None) -> None:
+    """Resume admission for the pool (audited; resuming what runs changes nothing)."""
+    _admission("resume", config, store, server, token_file)
+
+
 import scheduler.cli_api  # noqa: E402, F401  (serve, token: the job API)
 
 

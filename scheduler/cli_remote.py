@@ -1,4 +1,5 @@
-"""`idlegpu submit / queue / cancel --server URL`: the same commands through the job API.
+"""`idlegpu submit / queue / cancel / admission --server URL`: the same commands through the
+job API.
 
 The local commands write the store with the caller's own config; these ask `idlegpu serve`,
 which validates with the server's config and decides team, role and time itself. Output looks
@@ -166,4 +167,40 @@ def remote_plan(console: Console, err: Console, server: str, token_file: Path | 
                   f"planned;[/] {len(waits)} wait.", highlight=False)
 
 
-__all__ = ["remote_cancel", "remote_plan", "remote_queue", "remote_submit"]
+def remote_admission(console: Console, err: Console, server: str, token_file: Path | None,
+                     action: str, reason: str | None = None) -> None:
+    """`idlegpu admission status|pause|resume --server URL`: through the job API (pausing and
+    resuming are the server's operators' and audited there)."""
+    client = client_for(server, token_file)
+    try:
+        if action == "pause":
+            answer = client.pause_admission(reason or "")
+        elif action == "resume":
+            answer = client.resume_admission()
+        else:
+            answer = client.admission()
+    except ApiUnavailable as exc:
+        raise _unavailable(err, exc, "nothing was changed" if action == "status" else
+                           f"run `idlegpu admission {action}` again when the API answers "
+                           "(doing it twice changes nothing)") from None
+    print_admission(console, answer["paused"], answer["text"], action,
+                    answer.get("changed", True), answer.get("message"), client.server)
+
+
+def print_admission(console: Console, paused: bool, text: str, action: str, changed: bool,
+                    message: str | None, where: str) -> None:
+    """The admission state as `idlegpu admission` prints it, local or remote."""
+    if action != "status" and not changed:
+        console.print(f"[yellow]{escape(message or 'nothing changed')}[/]", highlight=False,
+                      soft_wrap=True)
+    style = "bold red" if paused else "bold green"
+    console.print(f"[{style}]{escape(text)}[/] ({escape(where)})", highlight=False,
+                  soft_wrap=True)
+    if paused:
+        console.print("the daemon admits no unit from its next reconcile pass; stops, the "
+                      "backstop and planned stops go on; `idlegpu admission resume` resumes",
+                      highlight=False, soft_wrap=True)
+
+
+__all__ = ["print_admission", "remote_admission", "remote_cancel", "remote_plan",
+           "remote_queue", "remote_submit"]

@@ -21,12 +21,20 @@ A standby that becomes leader has a forecast before its first pass (it refreshes
 has none or it is due, and does not act until it has one): a pass on an empty profile would
 have the backstop stop every running job. On SIGTERM the leader finishes the pass under way,
 then releases the Lease, so the other replica takes over at once.
+
+After every pass (and every tick of a standby) the replica writes its status into the store
+(``JobStore.record_daemon_status``: its identity, role, last passes, their counts, the
+forecast's and signals' ages), which ``GET /v1/daemon`` and the console's operators' page
+read: the API server shares nothing with the daemon but the store. A failed write is logged
+and never fails the pass.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -92,11 +100,13 @@ class Daemon:
         timezone: str = "UTC",
         clock: Clock | Callable[[], datetime] | None = None,
         leader=None,
+        identity: str | None = None,
     ) -> None:
         """``clock``: a ``scheduler.clock`` clock (default the real time) or a plain
         ``() -> datetime`` (taken as real-time speed). ``leader``: a leader elector
         (``is_leader()``, ``alive()``, ``start()``, ``stop(release=)``), None for a single
-        replica that always acts."""
+        replica that always acts. ``identity``: the replica in the status it writes to the
+        store (default: the leader elector's, else ``$POD_NAME`` or ``<hostname>-<pid>``)."""
         self.controller = controller
         self.reconcile_seconds = reconcile_seconds
         self.backstop_seconds = backstop_seconds
@@ -119,6 +129,10 @@ class Daemon:
         self.leading_since: datetime | None = None
         self._sched = None
         self.metrics.leader.set(1 if leader is None else 0)
+        self.identity = identity or getattr(leader, "identity", None) or (
+            os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}")
+        self.last_reconcile: datetime | None = None
+        self.last_backstop: datetime | None = None
 
     # ------------------------------------------------------------------ jobs
     def reconcile(self) -> PassReport | None:
@@ -133,6 +147,7 @@ class Daemon:
         and counted, and the pass does not count as run, so /healthz turns 503 once that has
         lasted three reconcile periods. A standby runs none (None)."""
         if not self.acting():
+            self.write_status(None, kind)
             return None
         try:
             report = run(self.clock.now())
@@ -142,7 +157,37 @@ class Daemon:
             log.error("%s pass failed: %s", kind, exc)
             return None
         self._record(report, kind)
+        self.write_status(report, kind)
         return report
+
+    def write_status(self, report: PassReport | None, kind: str) -> None:
+        """This replica's status into the store after a pass (``report``; None: a standby's
+        tick), for ``GET /v1/daemon``. One write; a failure is logged and counted, never
+        raised: the pass has been applied whatever its status says."""
+        from scheduler.adapters.store import DaemonStatus
+
+        if report is not None:
+            if kind == "reconcile":
+                self.last_reconcile = report.now
+            else:
+                self.last_backstop = report.now
+        age = (report.signals.missing_for_s(report.now)
+               if report is not None and report.signals else None)
+        status = DaemonStatus(
+            identity=self.identity, host=socket.gethostname(), pid=os.getpid(),
+            role=self.role(), updated_at=report.now if report else self.clock.now(),
+            reconcile_seconds=int(self.reconcile_seconds),
+            last_reconcile_at=self.last_reconcile, last_backstop_at=self.last_backstop,
+            last_pass=kind if report is not None else None,
+            admitted=len(report.created) if report else 0,
+            stopped=len(report.stopped) if report else 0,
+            errors=len(report.errors) if report else 0,
+            forecast_made_at=self.forecast_made, signals_age_s=age)
+        try:
+            self.controller.store.record_daemon_status(status)
+        except Exception as exc:  # noqa: BLE001 - the status is for people; the pass stands
+            self.metrics.errors.inc()
+            log.warning("could not write this replica's status to the store: %s", exc)
 
     def refresh(self) -> bool:
         """Refresh the forecast now; False (logged, counted) when it failed."""

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from api_server import T0, ApiServer, Client, MovableClock, api_settings, job
 
-from scheduler.adapters.store import AuditEntry, JobStore
+from scheduler.adapters.store import SCHEMA_VERSION, AuditEntry, JobStore
 from scheduler.api import create_app
 from scheduler.api.auth import new_token, token_sha256
 
@@ -161,7 +161,7 @@ def test_no_token_is_401_with_a_bearer_challenge(api):
         assert response.headers["WWW-Authenticate"].startswith("Bearer")
     assert not api.store.find_units()
     # the probes' endpoint needs no token and says nothing but that the store answers
-    assert anonymous.get("/healthz").json() == {"status": "ok", "schema_version": 4}
+    assert anonymous.get("/healthz").json() == {"status": "ok", "schema_version": SCHEMA_VERSION}
 
 
 def test_expired_and_revoked_tokens_are_401(api, cli):

@@ -50,8 +50,9 @@ def test_a_v3_store_migrates_to_v4_with_its_data_and_tables_untouched(url, monke
               for t in sa.inspect(engine).get_table_names()}
     engine.dispose()
     monkeypatch.undo()
+    monkeypatch.setattr(store_mod, "MIGRATIONS", store_mod.MIGRATIONS[:4])
     with JobStore(url) as new:
-        assert new.schema_version() == store_mod.SCHEMA_VERSION == 4
+        assert new.schema_version() == 4  # (v5: tests/test_admission_pause.py)
         assert [u.state for u in new.request_units(rid)] == [JobState.QUEUED] * 4
         assert new.submitted_by(rid) is None  # not submitted through the API
         assert new.api_tokens() == [] and new.audit_log() == []

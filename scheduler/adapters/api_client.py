@@ -171,6 +171,21 @@ class ApiClient:
     def reports(self) -> dict[str, Any]:
         return self._call("GET", "reports")
 
+    def admission(self) -> dict[str, Any]:
+        """Whether admission is paused (``GET /v1/admission``)."""
+        return self._call("GET", "admission")
+
+    def pause_admission(self, reason: str) -> dict[str, Any]:
+        """Pause admission (operators); retried like a cancel: pausing twice changes nothing."""
+        return self._call("POST", "admission/pause", json={"reason": reason})
+
+    def resume_admission(self) -> dict[str, Any]:
+        return self._call("POST", "admission/resume", json={})
+
+    def daemon(self) -> dict[str, Any]:
+        """The daemon replicas' status and the store (``GET /v1/daemon``)."""
+        return self._call("GET", "daemon")
+
     # ------------------------------------------------------------------------------ plumbing
 
     def _call(self, method: str, route: str, *, with_status: bool = False, **kwargs: Any):

@@ -28,7 +28,12 @@ queries: nothing below the schema-migration lock is dialect-specific SQL.
   their SHA-256 with team, role, expiry and revocation; which caller (``principal``) submitted
   each request through the API, with the caller's idempotency key and the body's hash; every
   change made through the API or ``idlegpu token`` (who, role, team, action, target, when,
-  from which address).
+  from which address);
+- ``admission_control``, ``daemon_status``, ``ended_sessions`` (version 5, the operators'
+  controls): one row saying whether admission is paused for the pool (since when, by whom,
+  why); per daemon replica what its last passes did and when (written after every pass);
+  console sessions logged out before their expiry (so a logout ends the session on every
+  ``idlegpu serve`` replica).
 
 **Transitions** are one transaction each and compare-and-set: the unit row is read, the
 expected state checked, then ``UPDATE units ... WHERE id = ? AND state = ? AND version = ?``;
@@ -312,6 +317,56 @@ class ApiSubmission:
     body_sha256: str
 
 
+@dataclass(frozen=True)
+class AdmissionState:
+    """Pool-wide admission control (schema version 5): while ``paused`` the daemon admits
+    nothing (stops, the backstop, reconciling and planned stops go on). ``since``, ``by`` and
+    ``reason`` describe the pause in force; ``changed_at`` and ``changed_by`` the last change,
+    a resume included."""
+
+    paused: bool
+    since: datetime | None = None
+    by: str | None = None
+    reason: str | None = None
+    changed_at: datetime | None = None
+    changed_by: str | None = None
+
+
+@dataclass(frozen=True)
+class AdmissionChange:
+    """What ``pause_admission`` / ``resume_admission`` did: the state now, and whether this
+    call changed it (False: it already was so; a second pause keeps the first's since, by
+    and reason)."""
+
+    state: AdmissionState
+    changed: bool
+
+
+@dataclass(frozen=True)
+class DaemonStatus:
+    """One daemon replica as it reported itself after its last pass (schema version 5).
+
+    ``identity``: the replica (its leader-election identity, else ``<host>-<pid>``); ``role``:
+    ``single`` (no leader election), ``leader`` or ``standby``; the times are the daemon's
+    clock; ``admitted``, ``stopped``, ``errors``: the counts of its last pass;
+    ``signals_age_s``: the live signals' age at that pass (None: never read)."""
+
+    identity: str
+    host: str
+    pid: int
+    role: str
+    updated_at: datetime
+    reconcile_seconds: int = 60
+    last_reconcile_at: datetime | None = None
+    last_backstop_at: datetime | None = None
+    last_pass: str | None = None
+    admitted: int = 0
+    stopped: int = 0
+    errors: int = 0
+    forecast_made_at: datetime | None = None
+    signals_age_s: float | None = None
+
+
 AUDIT_LOGGER = "idlegpu.audit"
 
 
@@ -514,6 +569,55 @@ def _v4_api(conn: Connection) -> None:
     _API_MD.create_all(conn)
 
 
+_V5_MD = sa.MetaData()
+ADMISSION_CONTROL = sa.Table(
+    "admission_control", _V5_MD,
+    sa.Column("pool", sa.String(16), primary_key=True),  # one row, "pool"
+    sa.Column("paused", sa.Boolean, nullable=False),
+    sa.Column("since", UTCDateTime),
+    sa.Column("paused_by", sa.Text),
+    sa.Column("reason", sa.Text),
+    sa.Column("changed_at", UTCDateTime),
+    sa.Column("changed_by", sa.Text),
+)
+DAEMON_STATUS = sa.Table(
+    "daemon_status", _V5_MD,
+    sa.Column("identity", sa.String(253), primary_key=True),
+    sa.Column("host", sa.Text, nullable=False),
+    sa.Column("pid", sa.Integer, nullable=False),
+    sa.Column("role", sa.String(16), nullable=False),
+    sa.Column("reconcile_seconds", sa.Integer, nullable=False),
+    sa.Column("last_reconcile_at", UTCDateTime),
+    sa.Column("last_backstop_at", UTCDateTime),
+    sa.Column("last_pass", sa.String(16)),
+    sa.Column("admitted", sa.Integer, nullable=False),
+    sa.Column("stopped", sa.Integer, nullable=False),
+    sa.Column("errors", sa.Integer, nullable=False),
+    sa.Column("forecast_made_at", UTCDateTime),
+    sa.Column("signals_age_s", sa.Float),
+    sa.Column("updated_at", UTCDateTime, nullable=False),
+)
+ENDED_SESSIONS = sa.Table(
+    "ended_sessions", _V5_MD,
+    sa.Column("session_id", sa.String(64), primary_key=True),
+    sa.Column("expires_at", UTCDateTime, nullable=False),
+    sa.Column("ended_at", UTCDateTime, nullable=False),
+    sa.Index("ix_ended_sessions_expires_at", "expires_at"),
+)
+_POOL = "pool"
+MAX_PAUSE_REASON = 500
+"""The longest reason a pause may give (characters, after joining it into one line)."""
+DAEMON_STATUS_KEEP = timedelta(days=1)
+"""A replica that has not reported for this long is forgotten (a restart is a new pid)."""
+
+
+def _v5_operators(conn: Connection) -> None:
+    # new tables only (pausing admission, the daemon replicas' status, ended console
+    # sessions); the tables of versions 1-4 are untouched
+    _V5_MD.create_all(conn)
+    conn.execute(sa.insert(ADMISSION_CONTROL).values(pool=_POOL, paused=False))
+
+
 Migration = tuple[str, Callable[[Connection], None]]
 MIGRATIONS: list[Migration] = [
     ("initial schema: requests, units, unit_deps, attempts, events", _v1_initial),
@@ -522,6 +626,8 @@ MIGRATIONS: list[Migration] = [
      _v3_shrink_to),
     ("api_tokens, api_submissions, audit_log: the job API's identities and audit trail",
      _v4_api),
+    ("admission_control, daemon_status, ended_sessions: the operators' controls",
+     _v5_operators),
 ]
 """Applied in order at open, all pending ones in one transaction; version N = MIGRATIONS[N-1].
 Append only."""
@@ -811,6 +917,11 @@ class JobStore:
             return conn.execute(
                 sa.select(STORE_META.c.value).where(STORE_META.c.key == "store_id")
             ).scalar_one()
+
+    @property
+    def location(self) -> str:
+        """Where the store is (its URL, without a password)."""
+        return self._where
 
     def schema_version(self) -> int:
         with self._tx(write=False) as conn:
@@ -1623,9 +1734,10 @@ class JobStore:
         self._log_audit(entry)
 
     def audit_log(self, since: datetime | None = None, *, limit: int = 1000,
-                  team: str | None = None, action: str | None = None) -> list[AuditEntry]:
+                  team: str | None = None, action: str | None = None,
+                  actor: str | None = None, offset: int = 0) -> list[AuditEntry]:
         """The audit log, oldest first (``at >= since``), at most ``limit`` entries (the
-        newest ones)."""
+        newest ones, after skipping the ``offset`` newest: pages from the newest back)."""
         where = []
         if since is not None:
             where.append(AUDIT_LOG.c.at >= _aware(since, "since"))
@@ -1633,9 +1745,12 @@ class JobStore:
             where.append(AUDIT_LOG.c.team == team)
         if action is not None:
             where.append(AUDIT_LOG.c.action == action)
+        if actor is not None:
+            where.append(AUDIT_LOG.c.actor == actor)
         with self._tx(write=False) as conn:
             rows = conn.execute(sa.select(AUDIT_LOG).where(*where)
-                                .order_by(AUDIT_LOG.c.id.desc()).limit(limit)).all()
+                                .order_by(AUDIT_LOG.c.id.desc()).offset(max(0, offset))
+                                .limit(limit)).all()
         return [AuditEntry(at=r.at, actor=r.actor, auth=r.auth, role=r.role, team=r.team,
                            action=r.action, target=r.target, address=r.address,
                            detail=dict(r.detail or {}), id=r.id) for r in reversed(rows)]
@@ -1798,3 +1913,106 @@ class JobStore:
             self._insert_audit(conn, entry)
         self._log_audit(entry)
         return result
+
+    # -- the operators' controls (schema version 5): pausing admission, the daemon's status,
+    # -- ended console sessions
+
+    @staticmethod
+    def _admission_row(conn: Connection) -> AdmissionState:
+        r = conn.execute(sa.select(ADMISSION_CONTROL)
+                         .where(ADMISSION_CONTROL.c.pool == _POOL)).one_or_none()
+        if r is None:
+            return AdmissionState(paused=False)
+        return AdmissionState(paused=bool(r.paused), since=r.since, by=r.paused_by,
+                              reason=r.reason, changed_at=r.changed_at,
+                              changed_by=r.changed_by)
+
+    def admission(self) -> AdmissionState:
+        """Whether admission is paused for the pool (one primary-key read: the daemon reads
+        it every reconcile pass)."""
+        with self._tx(write=False) as conn:
+            return self._admission_row(conn)
+
+    def _set_admission(self, pause: bool, now: datetime, reason: str | None,
+                       audit: AuditEntry) -> AdmissionChange:
+        _aware(now)
+        with self._tx(write=True) as conn:
+            before = self._admission_row(conn)
+            changed = before.paused != pause
+            if changed:
+                values = ({"paused": True, "since": now, "paused_by": audit.actor,
+                           "reason": reason} if pause else
+                          {"paused": False, "since": None, "paused_by": None, "reason": None})
+                values.update(changed_at=now, changed_by=audit.actor)
+                done = conn.execute(sa.update(ADMISSION_CONTROL)
+                                    .where(ADMISSION_CONTROL.c.pool == _POOL).values(**values))
+                if done.rowcount == 0:
+                    conn.execute(sa.insert(ADMISSION_CONTROL).values(pool=_POOL, **values))
+            state = self._admission_row(conn)
+            entry = dataclasses.replace(audit, detail={
+                **dict(audit.detail), "changed": changed,
+                **({"reason": reason} if pause else {}),
+                **({} if changed or not before.paused else {
+                    "paused_since": _iso(before.since), "paused_by": before.by})})
+            self._insert_audit(conn, entry)
+        self._log_audit(entry)
+        return AdmissionChange(state, changed)
+
+    def pause_admission(self, now: datetime, reason: str, audit: AuditEntry) -> AdmissionChange:
+        """Pause admission for the pool, with ``audit`` in the same transaction. Pausing what
+        is paused changes nothing (the first pause's since, by and reason stand) but is
+        audited too."""
+        reason = " ".join((reason or "").split())  # one line: logs and pages show it
+        if not reason:
+            raise InvalidRequestError("reason: a pause needs a reason (who reads the queue "
+                                      "sees it), e.g. 'node upgrade'")
+        if len(reason) > MAX_PAUSE_REASON:
+            raise InvalidRequestError(f"reason: {len(reason)} characters, over the limit of "
+                                      f"{MAX_PAUSE_REASON}; shorten it")
+        return self._set_admission(True, now, reason, audit)
+
+    def resume_admission(self, now: datetime, audit: AuditEntry) -> AdmissionChange:
+        """Resume admission, with ``audit`` in the same transaction (idempotent like
+        ``pause_admission``)."""
+        return self._set_admission(False, now, None, audit)
+
+    def record_daemon_status(self, status: DaemonStatus) -> None:
+        """Write one replica's status (an update, else an insert: only that replica writes
+        its row) and forget replicas silent for ``DAEMON_STATUS_KEEP``."""
+        _aware(status.updated_at, "updated_at")
+        values = {f.name: getattr(status, f.name) for f in fields(status)}
+        with self._tx(write=True) as conn:
+            done = conn.execute(sa.update(DAEMON_STATUS)
+                                .where(DAEMON_STATUS.c.identity == status.identity)
+                                .values(**values))
+            if done.rowcount == 0:
+                conn.execute(sa.insert(DAEMON_STATUS).values(**values))
+            conn.execute(sa.delete(DAEMON_STATUS).where(
+                DAEMON_STATUS.c.updated_at < status.updated_at - DAEMON_STATUS_KEEP))
+
+    def daemon_statuses(self) -> list[DaemonStatus]:
+        """Every replica's last report, the most recent first."""
+        with self._tx(write=False) as conn:
+            rows = conn.execute(sa.select(DAEMON_STATUS)
+                                .order_by(DAEMON_STATUS.c.updated_at.desc(),
+                                          DAEMON_STATUS.c.identity)).all()
+        return [DaemonStatus(**{f.name: getattr(r, f.name) for f in fields(DaemonStatus)})
+                for r in rows]
+
+    def end_session(self, session_id: str, expires_at: datetime, now: datetime) -> None:
+        """Remember a console session as logged out until it would have expired (every
+        ``idlegpu serve`` on this store refuses it from now on); forgets expired ones."""
+        _aware(expires_at, "expires_at")
+        _aware(now)
+        with self._tx(write=True) as conn:
+            conn.execute(sa.delete(ENDED_SESSIONS).where(ENDED_SESSIONS.c.expires_at <= now))
+            if conn.execute(sa.select(ENDED_SESSIONS.c.session_id).where(
+                    ENDED_SESSIONS.c.session_id == session_id)).scalar() is None:
+                conn.execute(sa.insert(ENDED_SESSIONS).values(
+                    session_id=session_id, expires_at=expires_at, ended_at=now))
+
+    def session_ended(self, session_id: str) -> bool:
+        """True when the console session ``session_id`` was logged out (one primary-key read)."""
+        with self._tx(write=False) as conn:
+            return conn.execute(sa.select(ENDED_SESSIONS.c.session_id).where(
+                ENDED_SESSIONS.c.session_id == session_id)).scalar() is not None

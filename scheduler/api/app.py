@@ -11,6 +11,7 @@ import hashlib
 import json
 import logging
 import re
+import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Annotated, Any
@@ -23,6 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from forecast.config import Settings
 from scheduler.adapters.store import (
+    MAX_PAUSE_REASON,
     AuditEntry,
     InvalidRequestError,
     JobStore,
@@ -33,9 +35,9 @@ from scheduler.adapters.store import (
     UnknownJobError,
     spec_to_json,
 )
-from scheduler.api.auth import OPERATOR, ApiError, Authenticator, Identity, Reviewer
+from scheduler.api.auth import MEMBER, OPERATOR, ApiError, Authenticator, Identity, Reviewer
 from scheduler.api.forecasts import RETRY_AFTER_S, Forecasts, ForecastUnavailable
-from scheduler.api.reads import Reads, add_read_routes
+from scheduler.api.reads import Reads, add_read_routes, paused_reason
 from scheduler.clock import Clock, as_clock
 from scheduler.specs import SpecError, load_request_text, validate_request
 from scheduler.types import EventKind, JobState
@@ -442,18 +444,127 @@ def create_app(settings: Settings, store: JobStore, *,
         since: datetime | None = None,
         team: str | None = None,
         action: str | None = None,
+        actor: str | None = None,
         limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+        offset: Annotated[int, Query(ge=0, description="skip this many of the newest")] = 0,
     ) -> dict[str, Any]:
         if who.role != OPERATOR:
             raise ApiError(403, f"role {who.role} may not read the audit log: operators only")
         if since is not None and since.tzinfo is None:
             raise ApiError(422, "since: the time has no time zone; add its offset",
                            field="since")
-        entries = store.audit_log(since, limit=limit, team=team, action=action)
+        entries = store.audit_log(since, limit=limit, team=team, action=action, actor=actor,
+                                  offset=offset)
         return {"entries": [{
             "id": e.id, "at": _iso(e.at), "actor": e.actor, "auth": e.auth, "role": e.role,
             "team": e.team, "action": e.action, "target": e.target, "address": e.address,
             "detail": dict(e.detail)} for e in entries]}
+
+    # -- the operators' controls: pausing admission, the daemon's status -------------------
+
+    def admission_json(state: Any) -> dict[str, Any]:
+        return {"paused": state.paused, "since": reads.iso(state.since), "by": state.by,
+                "reason": state.reason, "changed_at": reads.iso(state.changed_at),
+                "changed_by": state.changed_by,
+                "text": paused_reason(state, settings.pool.tz) or "admission is open"}
+
+    def require_operator(who: Identity, what: str) -> None:
+        if who.role != OPERATOR:
+            raise ApiError(403, f"role {who.role} may not {what}: operators only")
+
+    async def pause_reason(request: Request) -> str:
+        body = await request.body()
+        if len(body) > 10_000:
+            raise ApiError(413, "the pause body is over 10000 bytes")
+        try:
+            data = json.loads(body) if body.strip() else {}
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+            raise ApiError(400, "the pause body must be JSON, e.g. {\"reason\": \"node "
+                                "upgrade\"}") from None
+        reason = data.get("reason") if isinstance(data, dict) else None
+        if reason is not None and not isinstance(reason, str):
+            raise ApiError(422, "reason: use a string", field="reason")
+        reason = " ".join((reason or "").split())  # one line: it is shown in logs and pages
+        if not reason:
+            raise ApiError(422, "reason: a pause needs a reason (who reads the queue sees it)"
+                                ", e.g. {\"reason\": \"node upgrade\"}", field="reason")
+        if len(reason) > MAX_PAUSE_REASON:
+            raise ApiError(422, f"reason: {len(reason)} characters, over the limit of "
+                                f"{MAX_PAUSE_REASON}; shorten it", field="reason")
+        return reason
+
+    @app.get(f"/{API_VERSION}/admission", summary="Whether admission is paused for the pool")
+    def get_admission(who: Caller) -> dict[str, Any]:
+        return admission_json(store.admission())
+
+    @app.post(f"/{API_VERSION}/admission/pause",
+              summary="Pause admission for the pool (operators): the daemon admits nothing "
+                      "until resumed; stops and the backstop go on")
+    async def pause_admission(request: Request, who: Caller) -> dict[str, Any]:
+        require_operator(who, "pause admission")
+        reason = await pause_reason(request)
+        when = now.now()
+        change = await run_in_threadpool(
+            store.pause_admission, when, reason,
+            audit(who, "admission.pause", "pool", when))
+        state = change.state
+        message = ("admission paused" if change.changed else
+                   f"admission was already paused by {state.by} since "
+                   f"{reads.iso(state.since)}; nothing changed (resume first to pause again "
+                   "with another reason)")
+        return {**admission_json(state), "changed": change.changed, "message": message}
+
+    @app.post(f"/{API_VERSION}/admission/resume",
+              summary="Resume admission for the pool (operators)")
+    def resume_admission(who: Caller) -> dict[str, Any]:
+        require_operator(who, "resume admission")
+        when = now.now()
+        change = store.resume_admission(when, audit(who, "admission.resume", "pool", when))
+        message = ("admission resumed" if change.changed else
+                   "admission was not paused; nothing changed")
+        return {**admission_json(change.state), "changed": change.changed,
+                "message": message}
+
+    @app.get(f"/{API_VERSION}/daemon",
+             summary="The daemon replicas' status (operators, members): last passes and their "
+                     "age, which one leads, the store")
+    def get_daemon(who: Caller) -> dict[str, Any]:
+        if who.role not in (OPERATOR, MEMBER):
+            raise ApiError(403, f"role {who.role} may not read the daemon's status: "
+                                "operators and members only")
+        started = time.perf_counter()
+        version = store.schema_version()
+        answered_ms = (time.perf_counter() - started) * 1000
+        at = now.now()
+
+        def age(when: datetime | None) -> float | None:
+            return None if when is None else round((at - when).total_seconds(), 1)
+
+        replicas = []
+        for r in store.daemon_statuses():
+            limit = 3 * r.reconcile_seconds  # what the daemon's /healthz allows
+            passed = max((t for t in (r.last_reconcile_at, r.last_backstop_at) if t),
+                         default=None)
+            newest = r.updated_at if r.role == "standby" else passed
+            replicas.append({
+                "identity": r.identity, "host": r.host, "pid": r.pid, "role": r.role,
+                "updated_at": reads.iso(r.updated_at), "updated_age_s": age(r.updated_at),
+                "reconcile_seconds": r.reconcile_seconds, "stale_after_s": limit,
+                "last_reconcile_at": reads.iso(r.last_reconcile_at),
+                "last_reconcile_age_s": age(r.last_reconcile_at),
+                "last_backstop_at": reads.iso(r.last_backstop_at),
+                "last_backstop_age_s": age(r.last_backstop_at),
+                "last_pass": r.last_pass, "admitted": r.admitted, "stopped": r.stopped,
+                "errors": r.errors, "forecast_made_at": reads.iso(r.forecast_made_at),
+                "forecast_age_s": age(r.forecast_made_at), "signals_age_s": r.signals_age_s,
+                "healthy": newest is not None and (at - newest).total_seconds() <= limit})
+        leader = next((r for r in replicas if r["role"] in ("leader", "single")), None)
+        return {"now": reads.iso(at), "replicas": replicas,
+                "leader": leader["identity"] if leader else None,
+                "healthy": bool(leader and leader["healthy"]),
+                "store": {"location": store.location, "schema_version": version,
+                          "answers": True, "answered_ms": round(answered_ms, 1)},
+                "admission": admission_json(store.admission())}
 
     add_read_routes(app, reads, caller, f"/{API_VERSION}")
     from scheduler.console import add_console
