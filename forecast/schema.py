@@ -135,10 +135,13 @@ def _refuse_negative(frame: pd.DataFrame, source: str) -> None:
     """Every metric of a service is a count, a rate or a share: a negative sample is a broken
     export (a counter reset read as a rate, a sign flip), and counted as replicas it would make
     the pool look emptier than it is."""
-    if frame.empty:
+    below = frame[Y].to_numpy() < 0
+    if not below.any():  # the usual case: no per-row string work on millions of samples
         return
-    metric = frame[UNIQUE_ID].str.rpartition("/")[2]
-    negative = (frame[Y] < 0) & metric.isin(SERVICE_METRICS)
+    negative = below.copy()
+    negative[below] = (
+        frame.loc[below, UNIQUE_ID].str.rpartition("/")[2].isin(SERVICE_METRICS).to_numpy()
+    )
     if negative.any():
         row = frame[negative].iloc[0]
         raise HistoryError(

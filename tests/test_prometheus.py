@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import prometheus_api_client
 import pytest
+import requests
 import yaml
 from prom_server import free_port
 
@@ -126,13 +126,14 @@ def test_fetch_cli_round_trips_long_history_in_chunks(
     """Backfill 45 days at 5 min (12,960 points per series, above Prometheus's 11,000 limit),
     pull it back with `idlegpu fetch`: same timestamps, same values, several chunks per series."""
     calls: list[tuple[str, int, int]] = []
-    original = prometheus_api_client.PrometheusConnect.custom_query_range
+    original = requests.Session.get
 
-    def counting(self, query, start_time, end_time, step, *args, **kwargs):
-        calls.append((query, round(start_time.timestamp()), round(end_time.timestamp())))
-        return original(self, query, start_time, end_time, step, *args, **kwargs)
+    def counting(self, url, params=None, **kwargs):
+        if url.endswith("/api/v1/query_range"):
+            calls.append((params["query"], int(params["start"]), int(params["end"])))
+        return original(self, url, params=params, **kwargs)
 
-    monkeypatch.setattr(prometheus_api_client.PrometheusConnect, "custom_query_range", counting)
+    monkeypatch.setattr(requests.Session, "get", counting)
     max_points = 5000
     config = _write_config(
         tmp_path, _config(tmp_path, prom.url, max_points_per_query=max_points, workers=4)
