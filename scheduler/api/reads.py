@@ -241,15 +241,40 @@ class Reads:
         return {"reports": found}
 
     def report_file(self, month: str, kind: str) -> tuple[Path, str]:
-        if not MONTH.match(month):
-            raise ApiError(422, f"month: {month[:20]!r} is not a month; use YYYY-MM, e.g. "
-                                "2026-01", field="month")
+        check_month(month)
         name, media = REPORT_TYPES[kind]
         root = self.reports_dir.resolve()
         path = (root / month / name.format(m=month)).resolve()
         if not path.is_relative_to(root) or not path.is_file():
             raise ApiError(404, f"no {kind} report for {month}; GET /v1/reports lists them")
         return path, media
+
+    def report_files(self, month: str) -> list[str]:
+        """The names of the files of ``month``'s report directory (``reports_dir/YYYY-MM``:
+        the report, its CSVs and charts), sorted; none when it has no directory."""
+        check_month(month)
+        folder = self.reports_dir / month
+        if not folder.is_dir():
+            return []
+        return sorted(entry.name for entry in folder.iterdir() if entry.is_file())
+
+    def report_path(self, month: str, name: str) -> Path:
+        """One file of ``month``'s report directory, by a name ``report_files`` lists (so no
+        other path: not ``../``, not a link out of the directory), or a 404."""
+        root = self.reports_dir.resolve()
+        path = (root / month / name).resolve() if name in self.report_files(month) else None
+        if path is None or path.parent != root / month or not path.is_file():
+            raise ApiError(404, f"no file {name[:80]!r} in the report of {month}; "
+                                f"GET /v1/reports lists the reports")
+        return path
+
+
+def check_month(month: str) -> str:
+    """``month`` if it is ``YYYY-MM``, else a 422 naming the field."""
+    if not MONTH.match(month):
+        raise ApiError(422, f"month: {month[:20]!r} is not a month; use YYYY-MM, e.g. "
+                            "2026-01", field="month")
+    return month
 
 
 def add_read_routes(app: FastAPI, reads: Reads, caller: Callable[..., Identity],
