@@ -68,10 +68,14 @@ def _root(
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks of errors.")] = False,
 ) -> None:
     _state["debug"] = debug
+    _state["timezone"] = None  # the pool's, once a command has read its config
+    _state["said"] = set()
 
 
 def parse_time(value: str, *, name: str) -> datetime:
-    """ISO 8601 date or time; naive values are UTC."""
+    """ISO 8601 date or time. One without an offset is read in the pool's time zone (of the
+    config the command read; UTC without one), and the reading is said on stderr: a time typed
+    in Seoul means Seoul, and nobody has to guess what was understood."""
     try:
         parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
@@ -80,7 +84,16 @@ def parse_time(value: str, *, name: str) -> datetime:
             param_hint=name,
         ) from None
     if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=timezone.utc)
+        from zoneinfo import ZoneInfo
+
+        zone = _state.get("timezone")
+        parsed = parsed.replace(tzinfo=ZoneInfo(zone) if zone else timezone.utc)
+        whose = f"{zone}, the pool's zone" if zone else "UTC: no config names a zone"
+        said = _state.setdefault("said", set())
+        if (name, value) not in said:  # a command may read its --now twice
+            said.add((name, value))
+            err_console.print(f"{name} {value} has no offset: read as {parsed.isoformat()} "
+                              f"({whose})", highlight=False, soft_wrap=True)
     return parsed
 
 
@@ -265,6 +278,7 @@ def _load_settings(config: Path):
 
     settings = load_config(config)
     _config_line(settings, config)
+    _state["timezone"] = settings.pool.timezone
     return settings
 
 
@@ -374,14 +388,15 @@ def _history_until(history: Path, now: str | None, metrics: list[str] | None,
         newest = frame["ds"].max()
         step = infer_step(frame)
         if cut >= newest + step:
+            shown = newest.tz_convert(_state.get("timezone") or "UTC")
             if not from_last_sample:
                 raise HistoryError(
                     f"--now {now} is past the end of {history}: its newest sample is "
-                    f"{newest:%Y-%m-%d %H:%M} UTC; pass an earlier --now, or --from-last-sample "
+                    f"{shown.isoformat()}; pass an earlier --now, or --from-last-sample "
                     "to forecast from right after that sample")
             err_console.print(
-                f"--now {now} is past the newest sample ({newest:%Y-%m-%d %H:%M} UTC): "
-                f"forecasting from right after it, {newest + step:%Y-%m-%d %H:%M} UTC "
+                f"--now {now} is past the newest sample ({shown.isoformat()}): "
+                f"forecasting from right after it, {(shown + step).isoformat()} "
                 "(--from-last-sample)", highlight=False, soft_wrap=True)
     return frame
 

@@ -270,7 +270,9 @@ def test_now_past_the_history_is_one_line_naming_the_newest_sample(command, tmp_
     assert code == 2
     (line,) = error_lines(err)
     assert "--now 2025-11-20T00:00:00Z is past the end of" in line
-    assert "its newest sample is 2025-11-10 14:00 UTC" in line and "--from-last-sample" in line
+    # the pool's zone (Asia/Seoul, the default) with its offset, as every time on the screen
+    assert "its newest sample is 2025-11-10T23:00:00+09:00" in line
+    assert "--from-last-sample" in line
     assert "Traceback" not in err
 
 
@@ -282,7 +284,7 @@ def test_from_last_sample_forecasts_from_right_after_it(tmp_path, cli):
                         "--now", "2025-11-20T00:00:00Z", "--from-last-sample", "--horizon", "3h",
                         "--model", "seasonal_naive", "--out", str(out)])
     assert code == 0, err
-    assert "forecasting from right after it, 2025-11-10 15:00 UTC (--from-last-sample)" in \
+    assert "forecasting from right after it, 2025-11-11T00:00:00+09:00 (--from-last-sample)" in \
         " ".join(err.split())
     assert pd.read_csv(out, parse_dates=["ds"])["ds"].min() == pd.Timestamp("2025-11-10 15:00Z")
     code, stdout, err = cli(["plan", "--history", str(history), "--config", str(config),
@@ -342,3 +344,29 @@ def test_bad_option_values_are_one_line_exit_2(args, needle, tmp_path, cli, monk
     (line,) = error_lines(err)
     assert needle in line
     assert "Traceback" not in err and "Usage:" not in err
+
+
+# ------------------------------------------------------------------ a time without an offset
+def test_a_now_without_an_offset_is_read_in_the_pools_zone_and_said(tmp_path, cli):
+    """Before: read as UTC, so 18:00 typed in Seoul planned from 03:00 the next day."""
+    code, out, err = cli(["plan", "--history", str(REPO / "data/sample/history.parquet"),
+                          "--config", str(REPO / "idlegpu.yaml"), "--now", "2026-01-28T18:00",
+                          "--store", f"sqlite:///{tmp_path / 's.db'}", "--out",
+                          str(tmp_path / "p")])
+    assert code == 0, err
+    said = " ".join(err.split())
+    assert ("--now 2026-01-28T18:00 has no offset: read as 2026-01-28T18:00:00+09:00 "
+            "(Asia/Seoul, the pool's zone)") in said
+    assert said.count("has no offset") == 1
+    assert "Plan from Wed 2026-01-28 18:00 (Asia/Seoul)" in " ".join(out.split())
+
+
+def test_without_a_config_a_time_without_an_offset_is_utc_and_said(tmp_path, cli, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    history = write_history(tmp_path, "chat/replicas", days=8)
+    code, _, err = cli(["forecast", "--history", str(history), "--now", "2025-11-10T12:00",
+                        "--model", "seasonal_naive", "--horizon", "1h", "--out",
+                        str(tmp_path / "f.csv")])
+    assert code == 0, err
+    assert ("--now 2025-11-10T12:00 has no offset: read as 2025-11-10T12:00:00+00:00 (UTC: no "
+            "config names a zone)") in " ".join(err.split())
