@@ -293,20 +293,45 @@ class NodeIdle:
     """Free GPUs of each node (columns ``node-<i>``) at every step; NaN where unknown."""
     whole_nodes: pd.Series
     """Nodes with every GPU free, per step; NaN where unknown."""
-    by_size: pd.DataFrame
-    """Per job size (index: ``1``, ``4``, ``8`` GPUs up to the largest node, and
-    ``multi-node``): ``pool_view_gpu_hours`` (idle GPU-hours jobs of that size could use if
-    the pool were one bin), ``on_nodes_gpu_hours`` (what they can use on the nodes) and
-    ``share`` (the second over the first)."""
+    pool_view: pd.DataFrame
+    """Per step and job size (columns ``1``, ``4``, ``8`` up to the largest node, and
+    ``multi-node``): the idle GPUs jobs of that size could use if the pool were one bin."""
+    on_nodes: pd.DataFrame
+    """The same, on the nodes: what they can really use."""
+
+    @property
+    def by_size(self) -> pd.DataFrame:
+        """Per job size: ``pool_view_gpu_hours``, ``on_nodes_gpu_hours`` and ``share``."""
+        return self.between()
+
+    def between(self, start: pd.Timestamp | None = None,
+                end: pd.Timestamp | None = None) -> pd.DataFrame:
+        """``by_size`` over ``[start, end)`` only."""
+        index = self.on_nodes.index
+        keep = np.ones(len(index), dtype=bool)
+        if start is not None:
+            keep &= index >= start
+        if end is not None:
+            keep &= index < end
+        hours = (index[1] - index[0]).total_seconds() / 3600 if len(index) > 1 else 0.0
+        out = pd.DataFrame({
+            "pool_view_gpu_hours": self.pool_view[keep].sum() * hours,
+            "on_nodes_gpu_hours": self.on_nodes[keep].sum() * hours,
+        })
+        out.index.name = "job_gpus"
+        out["share"] = out["on_nodes_gpu_hours"] / out["pool_view_gpu_hours"].where(
+            out["pool_view_gpu_hours"] > 0)
+        return out
 
 
 def node_idle(usage: pd.DataFrame, settings: Settings, strategy: str | None = None, *,
               deletion_cost: bool = False, sizes: Sequence[int] = JOB_SIZES) -> NodeIdle | None:
     """Where the idle GPUs of ``usage`` (``forecast.capacity.pool_usage``) are on the nodes of
     ``pool.nodes`` with the services placed by ``strategy`` (default: ``pool.placement``), and
-    the idle GPU-hours usable by jobs of each size: a job of ``g`` GPUs takes ``g`` on one node
-    (at most what the pool's headroom leaves, in whole jobs); a ``multi-node`` job takes whole
-    free nodes, two or more. None when the pool has no node shapes."""
+    the idle GPUs usable by jobs of each size: a job of ``g`` GPUs takes ``g`` on one node (at
+    most what the pool's headroom leaves, in whole jobs); a ``multi-node`` job takes whole free
+    nodes, two or more. Unknown steps (a gap) count nothing. None when the pool has no node
+    shapes."""
     if not settings.pool.nodes:
         return None
     strategy = strategy or settings.pool.placement
@@ -316,36 +341,34 @@ def node_idle(usage: pd.DataFrame, settings: Settings, strategy: str | None = No
     step_s = (usage.index[1] - usage.index[0]).total_seconds()
     held = place_services(node_gpus, [s.gpus_per_replica for s in settings.services], replicas,
                           step_s, strategy, deletion_cost=deletion_cost)
-    known = ~np.isnan(usage[FREE].to_numpy(dtype=float))
-    free = np.asarray(node_gpus)[None, :] - held
     cap = usage[FREE].to_numpy(dtype=float)
-    hours = step_s / 3600
-    rows = {}
+    known = ~np.isnan(cap)
+    cap = np.nan_to_num(cap)
+    free = np.asarray(node_gpus)[None, :] - held
+    pool_view, on_nodes = {}, {}
     for size in (g for g in sizes if g <= max(node_gpus)):
-        pool_view = np.floor(np.nan_to_num(cap) / size) * size
-        on_nodes = usable_gpus(free, node_gpus, size, cap=np.nan_to_num(cap))
-        rows[size] = (pool_view[known].sum() * hours, on_nodes[known].sum() * hours)
+        pool_view[size] = np.floor(cap / size) * size
+        on_nodes[size] = usable_gpus(free, node_gpus, size, cap=cap)
     whole = whole_free_nodes(free, node_gpus)
     whole_gpus = ((free >= np.asarray(node_gpus)[None, :]) * np.asarray(node_gpus)).sum(axis=1)
     largest = max(node_gpus)
-    pool_whole = np.floor(np.nan_to_num(cap) / largest)
-    rows[MULTI_NODE] = (
-        (np.where(pool_whole >= 2, pool_whole * largest, 0.0)[known]).sum() * hours,
-        (np.where(np.minimum(whole, pool_whole) >= 2, np.minimum(whole_gpus,
-                                                                 pool_whole * largest),
-                  0.0)[known]).sum() * hours,
-    )
-    by_size = pd.DataFrame.from_dict(rows, orient="index",
-                                     columns=["pool_view_gpu_hours", "on_nodes_gpu_hours"])
-    by_size.index.name = "job_gpus"
-    by_size["share"] = by_size["on_nodes_gpu_hours"] / by_size["pool_view_gpu_hours"].where(
-        by_size["pool_view_gpu_hours"] > 0)
+    pool_whole = np.floor(cap / largest)
+    pool_view[MULTI_NODE] = np.where(pool_whole >= 2, pool_whole * largest, 0.0)
+    on_nodes[MULTI_NODE] = np.where(np.minimum(whole, pool_whole) >= 2,
+                                    np.minimum(whole_gpus, pool_whole * largest), 0.0)
+
+    def frame(columns: dict) -> pd.DataFrame:
+        out = pd.DataFrame(columns, index=usage.index, dtype=float)
+        out[~known] = np.nan
+        return out
+
     names = [f"node-{i}" for i in range(len(node_gpus))]
-    frame = pd.DataFrame(np.where(known[:, None], free, np.nan), index=usage.index,
-                         columns=names)
-    return NodeIdle(strategy, deletion_cost, tuple(node_gpus), frame,
-                    pd.Series(np.where(known, whole, np.nan), index=usage.index,
-                              name="whole_free_nodes"), by_size)
+    return NodeIdle(
+        strategy, deletion_cost, tuple(node_gpus),
+        frame(dict(zip(names, free.T))),
+        pd.Series(np.where(known, whole, np.nan), index=usage.index, name="whole_free_nodes"),
+        frame(pool_view), frame(on_nodes),
+    )
 
 
 __all__ = ["BINPACK", "JOB_SIZES", "MULTI_NODE", "SPREAD", "STRATEGIES", "NodeIdle",

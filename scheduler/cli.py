@@ -1417,6 +1417,7 @@ def report(
     from scheduler.reports import (
         build_report,
         idle_by_day,
+        job_size_idle,
         read_runs,
         runs_from_store,
         write_report,
@@ -1434,7 +1435,7 @@ def report(
 
         with JobStore(_store_url(settings, store)) as job_store:
             table = runs_from_store(job_store, datetime.now(timezone.utc))
-    idle = check = None
+    idle = check = sizes = None
     if history is not None:
         if settings is None:
             raise typer.BadParameter("--history needs the pool configuration (--config)",
@@ -1443,6 +1444,7 @@ def report(
 
         frame = read_history(history)
         idle = idle_by_day(frame, settings)
+        sizes = job_size_idle(frame, settings, month)
         from rich.progress import Progress
 
         from scheduler.reports import Month, forecast_check
@@ -1460,7 +1462,7 @@ def report(
         price=defaults.price_per_gpu_hour if price is None else price,
         currency=(defaults.currency if currency is None else currency),
         idle_daily=idle, pool=settings.pool.name if settings is not None else "GPU pool",
-        forecast=check,
+        forecast=check, job_sizes=sizes,
     )
     files = write_report(result, out)
     from scheduler.reports import format_gpus, format_hours, format_money, format_share

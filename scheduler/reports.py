@@ -468,6 +468,40 @@ def idle_by_day(history: pd.DataFrame, settings: Any) -> pd.Series:
     return daily["idle_gpu_hours"]
 
 
+@dataclass(frozen=True)
+class JobSizeIdle:
+    """Idle capacity of the report month by job size on the pool's nodes (``job_size_idle``)."""
+
+    by_size: pd.DataFrame | None
+    """``forecast.nodes.NodeIdle.between`` of the month; None: the pool has no node shapes."""
+    note: str
+    """How it was counted (or why it was not)."""
+
+
+def job_size_idle(history: pd.DataFrame, settings: Any, month: str | Month) -> JobSizeIdle:
+    """The idle GPU-hours of ``month`` usable by 1-, 4-, 8-GPU and multi-node jobs on
+    ``pool.nodes`` with the services placed by ``pool.placement`` (the placement replayed over
+    the whole history, so the month starts where the replicas really sat)."""
+    from forecast.capacity import pool_usage
+    from forecast.nodes import node_idle
+
+    month = Month.parse(month) if isinstance(month, str) else month
+    nodes = node_idle(pool_usage(history, settings), settings)
+    if nodes is None:
+        return JobSizeIdle(None, "The pool has no node shapes (pool.nodes): idle GPUs are "
+                                 "counted for the pool as one bin, whatever the jobs' sizes.")
+    tz = settings.pool.timezone
+    count, largest = len(nodes.node_gpus), max(nodes.node_gpus)
+    return JobSizeIdle(
+        nodes.between(month.start(tz), month.end(tz)),
+        f"On the {count} nodes of pool.nodes with the services' replicas placed "
+        f"{nodes.strategy} (pool.placement; the kube-scheduler's "
+        f"{'LeastAllocated' if nodes.strategy == 'spread' else 'MostAllocated'} scoring): a "
+        f"job's GPUs must be free on one node, a multi-node job takes 2 or more whole "
+        f"{largest}-GPU nodes; the pool view counts every free GPU as one bin.",
+    )
+
+
 def idle_by_month(idle_daily: pd.Series) -> pd.Series:
     """Idle GPU-hours per month label (``YYYY-MM``) from ``idle_by_day``."""
     if idle_daily.empty:
@@ -733,6 +767,8 @@ class Report:
     """Forecast accuracy of the report month (see ``forecast_accuracy``), when computed."""
     forecast: ForecastCheck | None = None
     """Per service: coverage, verdict and widened evenings of the month (``forecast_check``)."""
+    job_sizes: JobSizeIdle | None = None
+    """Idle capacity of the month by job size on the nodes (``job_size_idle``), when known."""
 
     @property
     def row(self) -> pd.Series:
@@ -752,6 +788,7 @@ def build_report(
     commands: Sequence[str] = (),
     accuracy: dict[str, float] | None = None,
     forecast: ForecastCheck | None = None,
+    job_sizes: JobSizeIdle | None = None,
 ) -> Report:
     """Compute everything a report shows for the ``months`` months ending with ``month``
     (``forecast``: the forecast check of the month, ``forecast_check``; its pooled figures
@@ -789,7 +826,7 @@ def build_report(
         daily=daily_usage(runs, span, tz),
         idle_daily=idle_daily, commands=list(commands),
         accuracy=accuracy if accuracy is not None or forecast is None else forecast.accuracy,
-        forecast=forecast,
+        forecast=forecast, job_sizes=job_sizes,
     )
 
 
@@ -898,6 +935,8 @@ def _sections(report: Report, charts: dict[str, Path]):
                                         price=format_money(report.price, report.currency)))
     if report.accuracy is not None:
         yield from _forecast_sections(report, charts)
+    if report.job_sizes is not None:
+        yield from _job_size_section(report)
     yield ("h2", f"By team, {label}")
     yield ("table", _breakdown_rows(report.teams, "team", report.currency))
     yield ("h2", f"By kind of job, {label}")
@@ -909,6 +948,24 @@ def _sections(report: Report, charts: dict[str, Path]):
 
 
 COVERAGE_CHART = "Realised coverage per service"
+
+
+def _job_size_section(report: Report):
+    """Idle GPU-hours usable by jobs of each size on the nodes, next to the pool view."""
+    from forecast.nodes import MULTI_NODE
+
+    sizes = report.job_sizes
+    yield ("h2", f"Idle capacity by job size, {report.month.label}")
+    if sizes.by_size is not None:
+        rows = []
+        for size, row in sizes.by_size.iterrows():
+            name = ("multi-node (whole nodes)" if size == MULTI_NODE
+                    else f"{size} GPU" + ("s" if size != 1 else ""))
+            rows.append([name, format_hours(row["pool_view_gpu_hours"]),
+                         format_hours(row["on_nodes_gpu_hours"]), format_share(row["share"])])
+        yield ("table", (["job size", "idle GPU-hours (pool view)", "usable on the nodes",
+                          "share"], rows))
+    yield ("text", sizes.note)
 
 
 def _forecast_sections(report: Report, charts: dict[str, Path]):

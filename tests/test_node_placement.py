@@ -248,3 +248,69 @@ def test_placement_on_nodes_needs_the_node_shapes():
     with pytest.raises(ValueError, match="placement"):
         simulate(history, settings, [], "oracle", start=at(7, 0), end=at(8, 0),
                  placement="random")
+
+
+# --- analyze and the report: idle capacity by job size -------------------------------------
+
+def write_pool(tmp_path, nodes=True):
+    """The 5-node pool of ``nodes_pool`` as a config file and a history file."""
+    import yaml
+
+    settings, history = nodes_pool()
+    data = {"pool": {"total_gpus": 40, "headroom_gpus": 0, "timezone": TZ},
+            "query_templates": {"replicas": "r"},
+            "services": [{"name": "svc", "gpus_per_replica": 4, "min_replicas": 2,
+                          "max_replicas": 10}]}
+    if nodes:
+        data["pool"]["nodes"] = [{"gpus": 8, "count": 5}]
+    config = tmp_path / "pool.yaml"
+    config.write_text(yaml.safe_dump(data))
+    path = tmp_path / "history.csv"
+    history.to_csv(path, index=False)
+    return config, path, history
+
+
+def test_analyze_shows_what_each_job_size_can_use_on_the_nodes(tmp_path, cli):
+    config, history, _ = write_pool(tmp_path)
+    code, out, err = cli(["analyze", "--config", str(config), "--history", str(history),
+                          "--out", str(tmp_path / "out")])
+    assert code == 0, err
+    assert "Idle GPU-hours by job size on 5 nodes (services placed spread)" in out
+    table = pd.read_csv(tmp_path / "out" / "idle_by_job_size.csv", index_col=0)
+    # 1-GPU jobs use every idle GPU; at night 32 GPUs are free but only 3 whole nodes (24 GPUs)
+    # carry 8-GPU jobs, and by day no 8 are free anywhere: 24 / 32 of the pool view
+    assert table.loc["1", "share"] == pytest.approx(1.0)
+    assert table.loc["8", "share"] == pytest.approx(24 / 32)
+    assert table.loc["multi-node", "on_nodes_gpu_hours"] == pytest.approx(
+        table.loc["8", "on_nodes_gpu_hours"])  # every 8 here is a whole node, 3 at a time
+    assert "really usable by them (75%)" in " ".join(out.split())
+
+
+def test_analyze_without_node_shapes_says_so_and_keeps_its_output(tmp_path, cli):
+    config, history, _ = write_pool(tmp_path, nodes=False)
+    code, out, err = cli(["analyze", "--config", str(config), "--history", str(history),
+                          "--out", str(tmp_path / "out")])
+    assert code == 0, err
+    assert "No pool.nodes in the config" in " ".join(out.split())
+    assert "Idle GPU-hours by job size" not in out
+    assert not (tmp_path / "out" / "idle_by_job_size.csv").exists()
+    assert (tmp_path / "out" / "idle_depth.csv").exists()
+
+
+def test_the_report_has_the_idle_capacity_by_job_size(tmp_path, pool):
+    from scheduler.reports import build_report, job_size_idle, render_markdown
+
+    settings, history = pool
+    runs = run(pool, "oracle", [job(f"e{i}", 8, 6) for i in range(4)], SPREAD).runs
+    sizes = job_size_idle(history, settings, "2026-01")
+    report = build_report(runs, "2026-01", tz=TZ, job_sizes=sizes)
+    text = render_markdown(report, {})
+    assert "## Idle capacity by job size, 2026-01" in text
+    row = next(line for line in text.splitlines() if line.startswith("| 8 GPUs"))
+    assert row.endswith("| 75.0% |")
+    assert "placed spread (pool.placement" in text
+    flat = settings.model_copy(update={"pool": settings.pool.model_copy(update={"nodes": []})})
+    text = render_markdown(build_report(runs, "2026-01", tz=TZ,
+                                        job_sizes=job_size_idle(history, flat, "2026-01")), {})
+    assert "The pool has no node shapes (pool.nodes)" in text
+    assert "| 8 GPUs" not in text
