@@ -7,6 +7,7 @@ missing rows: a gap stays a gap, nothing is filled in.
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 from pandas.errors import OutOfBoundsDatetime
 
@@ -90,6 +91,8 @@ def validate_history(frame: pd.DataFrame, *, source: str = "history") -> pd.Data
     out[Y] = y.astype("float64")
     out = out[out[Y].notna()]
     _refuse_negative(out, source)
+    if _in_order(out):  # what a fetch or a written history holds: nothing to sort or repeat
+        return out.reset_index(drop=True)
 
     dup = out.duplicated([UNIQUE_ID, DS], keep=False)
     if dup.any():
@@ -100,6 +103,20 @@ def validate_history(frame: pd.DataFrame, *, source: str = "history") -> pd.Data
             "timestamp (de-duplicate or aggregate before loading)"
         )
     return out.sort_values([UNIQUE_ID, DS], kind="stable").reset_index(drop=True)
+
+
+def _in_order(frame: pd.DataFrame) -> bool:
+    """Rows sorted by series and time with no (unique_id, ds) pair twice: then sorting changes
+    nothing and there is no duplicate (one comparison of neighbours, ~15x cheaper than both)."""
+    if len(frame) < 2:
+        return True
+    ids = frame[UNIQUE_ID].array
+    ascending = np.asarray(ids[1:] >= ids[:-1], dtype=bool)
+    if not ascending.all():
+        return False
+    same_series = np.asarray(ids[1:] == ids[:-1], dtype=bool)
+    ns = frame[DS].array.asi8
+    return bool((~same_series | (ns[1:] > ns[:-1])).all())
 
 
 def _parse_timestamps(ds: pd.Series, source: str) -> pd.Series:
