@@ -314,12 +314,12 @@ def test_the_wait_reason_speaks_for_the_whole_horizon():
     assert {r.job_id for r in plan.runs} == {"a", "b"}
     # not the last moment's "0 free now": the whole night
     assert reasons["big"] == ("needs 32 GPUs; 0 free now and at most 16 in the next 24 h (at "
-                              "Wed 20:00): no 32-GPU window opens")
-    assert reasons["c"] == ("needs 16 GPUs for 4.0 h + grace without a stop; the longest "
-                            "16-GPU window left in the next 24 h is 4.0 h (from Thu 04:00)")
+                              "Wed 20:00 KST): no 32-GPU window opens")
+    assert reasons["c"] == ("needs 16 GPUs for 4.0 h + grace without a stop; the jobs running "
+                            "or planned ahead of it take the 16-GPU window of Wed 20:00 KST – "
+                            "Thu 08:00 KST, leaving at most 4.0 h (from Thu 04:00 KST)")
     assert reasons["more"].startswith("needs 16 GPUs for 8.0 h + grace without a stop")
-    assert reasons["late"] == ("needs 8 GPUs; the first 8-GPU window left opens at Thu 04:00, "
-                               "but then: its deadline has passed")
+    assert reasons["late"] == "its deadline has passed (Wed 17:59 KST)"
     # a job already running holds the window all night
     held = RunningJob("r", "t", 16, 0, t0 - timedelta(hours=1), False, 30 * 3600, None, None,
                       "training")
@@ -327,5 +327,5 @@ def test_the_wait_reason_speaks_for_the_whole_horizon():
     plan = plan_ahead(t0, profile, [unit("x", 16, 1)], PolicySettings(grace_s=600),
                       running=[held], horizon=timedelta(hours=24), tz=ZoneInfo("Asia/Seoul"))
     (_, reason), = plan.waiting
-    assert reason == ("needs 16 GPUs; the pool has 16 free from Wed 18:00, but the jobs planned "
-                      "ahead of it hold them: at most 0 left in the next 24 h")
+    assert reason == ("needs 16 GPUs; the pool has 16 free from Wed 18:00 KST, but the jobs "
+                      "running or planned ahead of it hold them: at most 0 left in the next 24 h")
