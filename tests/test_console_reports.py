@@ -8,8 +8,6 @@ evenings, not forty), into ``reports/2026-01/`` of the console's reports dir. Th
 asked for the last 3 evenings (``?days=3``; the default is 28) and compared with
 ``forecast_check_days`` called directly on the same history."""
 
-# ruff: noqa: F811 - the fixtures imported from console_browser are the tests' parameters
-
 from __future__ import annotations
 
 import random

@@ -393,7 +393,7 @@ def daily_chart(daily: pd.DataFrame, services: list[str], dates: list[str],
     """Each evening's coverage per service as SVG coordinates (a polyline per service, the
     target line, the axes), drawn by the template: no script."""
     width, height = 900, 260
-    left, right, top, bottom = 44, 12, 12, 34
+    left, right, top, bottom = 44, 28, 12, 34
     scored = daily[daily["points"] > 0]["coverage"]
     low = min(0.5, math.floor((float(scored.min()) if len(scored) else 0.5) * 10) / 10)
     n = max(1, len(dates) - 1)
@@ -409,8 +409,9 @@ def daily_chart(daily: pd.DataFrame, services: list[str], dates: list[str],
                                "title": f"{service} {d}: {float(rows.loc[d, 'coverage']):.1%}"})
         lines.append({"service": service, "cls": f"s{k % 5}", "points": points,
                       "path": " ".join(f"{p['x']},{p['y']}" for p in points)})
-    ticks = [{"y": round(y(v), 1), "text": f"{v:.0%}"}
-             for v in [low + (1 - low) * j / 4 for j in range(5)]]
+    step = 0.1 if 1 - low <= 0.5 + 1e-9 else 0.2
+    ticks = [{"y": round(y(1 - step * j), 1), "text": f"{1 - step * j:.0%}"}
+             for j in range(round((1 - low) / step) + 1)]
     every = max(1, math.ceil(len(dates) / 10))
     labels = [{"x": round(x(i), 1), "text": pd.Timestamp(d).strftime("%d %b")}
               for i, d in enumerate(dates) if i % every == 0]
