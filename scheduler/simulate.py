@@ -448,6 +448,8 @@ class _Nodes:
                                           strategy, deletion_cost=deletion_cost)
         self.largest = int(self.capacity.max())
         self._last: tuple[int, ...] | None = None
+        self._requested: tuple[int, ...] | None = None
+        self._view_nodes = self.base
 
     def split(self, job: SimJob) -> SimJob:
         """A unit bigger than the largest node that splits into whole nodes: one pod a node."""
@@ -498,9 +500,13 @@ class _Nodes:
 
     def view(self, live: Sequence[_Job], now: datetime) -> NodeView:
         held, _ = self.held(live)
-        requested = self.placement.service_gpus + self.placement.nominated + held
-        return NodeView(tuple(replace(node, gpus_requested=int(requested[i]))
-                              for i, node in enumerate(self.base)), observed_at=now)
+        requested = tuple(int(g) for g in
+                          self.placement.service_gpus + self.placement.nominated + held)
+        if requested != self._requested:  # most steps change nothing on the nodes
+            self._requested = requested
+            self._view_nodes = tuple(replace(node, gpus_requested=requested[i])
+                                     for i, node in enumerate(self.base))
+        return NodeView(self._view_nodes, observed_at=now)
 
     def where(self, decision) -> dict[int, int]:
         """The GPUs an admission takes on each node (its pods split its GPUs evenly)."""
