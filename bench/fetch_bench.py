@@ -12,17 +12,22 @@ series at 90 days), then times
   (c) prometheus-api-client's own ``get_metric_range_data(..., chunk_size=...)`` (instant queries
       over range selectors, one after the other), converted to the same tidy frame,
 
-checks that (a), (b) and (c) return the same history, and prints a markdown table.
+checks that (a), (b) and (c) return the same history, and prints a markdown table, then where
+the CPU goes per series (``--breakdown``, on by default): the same queries one at a time, with
+Prometheus's CPU, the client's HTTP (requests, reading the body), decoding the answers
+(``decode_matrix``; the standard library's ``json`` on the same bodies, the decoding before, for
+comparison) and the rest of ``fetch_history`` (joining the chunks, rates, the frame,
+``validate_history``).
 
 ``--latency-ms`` (repeatable or comma-separated, default ``0,20``) repeats (a) and (b) with an
 added network round-trip time: for a latency above 0 the client talks to Prometheus through
 ``bench/latency_proxy.py``, a loopback TCP proxy run as its own process that delays the bytes of
 each direction by half the round trip (no bandwidth limit, no loss, no jitter; new connections pay
 no handshake delay). A latency of 0 is the direct loopback connection, as before; (c) and the gzip
-variants are only timed there. On loopback the client is CPU-bound and Prometheus answers in
-milliseconds, so parallel workers cannot help; across a network (another node, an ingress, a
-Thanos or Mimir query frontend) every sequential query also waits one round trip, which parallel
-chunks overlap.
+variants are only timed there. On loopback nothing waits: the client and Prometheus take turns
+on the CPU, so parallel workers can at best spread that work over the cores (at most 2x on 2
+cores); across a network (another node, an ingress, a Thanos or Mimir query frontend) every
+sequential query also waits one round trip, which parallel chunks overlap.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import os
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import argparse
+import json
 import statistics
 import subprocess
 import sys
@@ -204,6 +210,64 @@ def small_request_rtt(url: str, n: int = 9) -> float:
         conn.close()
 
 
+def cpu_breakdown(settings, start, end, server_pid: int, repeat: int) -> dict[str, float]:
+    """CPU seconds per run of each stage of a sequential fetch (median of ``repeat``): the
+    HTTP exchanges alone (client, Prometheus), decoding the bodies (decode_matrix; json.loads,
+    the decoding before, and what it took to arrays), and the rest of fetch_history."""
+    grid = prom_module.align_range(start, end, STEP)
+    reqs = []
+    for name in settings.service_names:
+        for query in settings.queries_for(name).values():
+            first = grid[0] - STEP if query.counter else grid[0]
+            for chunk in prom_module.plan_chunks(first, grid[1], STEP,
+                                                 settings.prometheus.max_points_per_query):
+                reqs.append((query.query, chunk))
+    clients = prom_module._Clients(settings)
+    session = clients.get()
+
+    def bodies():
+        return [
+            session.get(clients.query_range_url, params={
+                "query": q, "start": c.start, "end": c.end, "step": c.step}, timeout=60).content
+            for q, c in reqs
+        ]
+
+    def decode_fast(texts):
+        for body in texts:
+            prom_module.decode_matrix(body)
+
+    def decode_json(texts):  # what prometheus-api-client's response.json() and _to_arrays did
+        for body in texts:
+            values = json.loads(body)["data"]["result"][0]["values"]
+            flat = [x for pair in values for x in pair]
+            np.array(flat[0::2], dtype=np.float64)
+            prom_module.pa.array(flat[1::2], type=prom_module.pa.string()).cast(
+                prom_module.pa.float64()).to_numpy()
+
+    def cpu_of(fn, *args):
+        runs = []
+        for _ in range(repeat):
+            c0, s0 = time.process_time(), _cpu(server_pid)
+            out = fn(*args)
+            runs.append((time.process_time() - c0, _cpu(server_pid) - s0, out))
+        runs.sort(key=lambda r: r[0])
+        return runs[len(runs) // 2]
+
+    try:
+        http_client, http_server, texts = cpu_of(bodies)
+        fast, _, _ = cpu_of(decode_fast, texts)
+        old, _, _ = cpu_of(decode_json, texts)
+        whole, whole_server, _ = cpu_of(lambda: fetch_history(settings, start, end, workers=1))
+    finally:
+        clients.close()
+    return {
+        "queries": len(reqs), "bytes": sum(len(b) for b in texts),
+        "http_client": http_client, "prometheus": http_server, "decode": fast,
+        "decode_json": old, "rest": max(0.0, whole - http_client - fast), "whole": whole,
+        "whole_prometheus": whole_server,
+    }
+
+
 def parse_latencies(values: list[str] | None) -> list[float]:
     out: list[float] = []
     for value in values or ["0,20"]:
@@ -223,6 +287,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="runs per variant (median shown)")
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--skip-naive", action="store_true")
+    parser.add_argument("--breakdown", action=argparse.BooleanOptionalAction, default=True,
+                        help="also measure where the CPU of a sequential fetch goes, per series")
     parser.add_argument("--gzip", action=argparse.BooleanOptionalAction, default=True,
                         help="also time (a) and (b) with gzip-compressed answers (latency 0 only)")
     parser.add_argument("--latency-ms", action="append", metavar="MS[,MS...]",
@@ -240,6 +306,7 @@ def main() -> None:
     same_all = True
     same_c = None
     gz = None
+    breakdown = None
     t_validate = None
     t_total = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="fetch-bench-") as tmp:
@@ -325,6 +392,8 @@ def main() -> None:
                                           f"(chunk_size={max_points:,} min)"),
                                      t_naive, runs_naive, cpu_naive))
                         same_c = _same(got_naive, reference)
+                    if args.breakdown:
+                        breakdown = cpu_breakdown(par, start, end, pid, args.repeat)
         finally:
             server.stop()
     t_total = time.perf_counter() - t_total
@@ -362,12 +431,40 @@ def main() -> None:
     cores = os.cpu_count() or 1
     ref_ms = latencies[0]
     client, srv, _ = cpu_seq[ref_ms]
-    bound = max(client, (client + srv) / cores)
-    print(f"CPU per run at workers=1, +{ref_ms:g} ms: client {client:.2f} s (one interpreter, "
-          f"GIL: ~serial), Prometheus {srv:.2f} s; on {cores} cores a run cannot take less than "
-          f"max(client, total/{cores}) = {bound:.2f} s, i.e. at most {seq[ref_ms] / bound:.2f}x "
-          f"over (b) at that latency. validate_history of the result alone takes "
-          f"{t_validate:.2f} s of each run.")
+    bound = (client + srv) / cores
+    print(f"CPU per run at workers=1, +{ref_ms:g} ms: client {client:.2f} s, Prometheus "
+          f"{srv:.2f} s; (b) took {seq[ref_ms]:.2f} s, so it spent "
+          f"{max(0.0, seq[ref_ms] - client - srv):.2f} s waiting on neither; on {cores} cores a "
+          f"run cannot take less than total/{cores} = {bound:.2f} s, i.e. at most "
+          f"{seq[ref_ms] / bound:.2f}x over (b) at that latency. validate_history of the result "
+          f"alone takes {t_validate:.2f} s of each run.")
+    if breakdown is not None:
+        b = breakdown
+        per = 1 / n_series
+        print()
+        print(f"Where the CPU goes (workers=1, loopback, median of {args.repeat}), per series of "
+              f"{per_series:,} points ({b['queries'] / n_series:.0f} queries, "
+              f"{b['bytes'] / n_series / 1e6:.1f} MB of JSON) and per run of {n_series}:")
+        print()
+        print("| stage | CPU ms per series | CPU s per run |")
+        print("|---|---|---|")
+        for label, key in (
+            ("Prometheus: evaluate and write the JSON", "prometheus"),
+            ("client: HTTP (requests: prepare, send, read the body)", "http_client"),
+            ("client: decode_matrix (orjson + Arrow CSV, GIL released)", "decode"),
+            ("client: the rest of fetch_history (join, rates, frame, validate)", "rest"),
+            ("(for comparison) json.loads + lists to arrays, the decoding before",
+             "decode_json"),
+        ):
+            print(f"| {label} | {b[key] * per * 1000:.1f} | {b[key]:.2f} |")
+        total = b["prometheus"] + b["http_client"] + b["decode"] + b["rest"]
+        print(f"| total (without the comparison row) | {total * per * 1000:.1f} | {total:.2f} |")
+        print()
+        print(f"decode_matrix is {b['decode_json'] / max(b['decode'], 1e-9):.1f}x faster than "
+              f"json.loads on the same {b['bytes'] / 1e6:.0f} MB; a sequential fetch_history "
+              f"used {b['whole']:.2f} s of client CPU and {b['whole_prometheus']:.2f} s of "
+              f"Prometheus's: with nothing to wait for, {cores} cores run it at most "
+              f"{cores}x faster, whatever the workers")
     print(f"all (a)/(b) results identical across latencies and variants: {same_all}; "
           f"(a) == generated source (gauges exact, rates rtol 1e-9): {same_src}"
           + ("" if same_c is None else f"; (c) == (a): {same_c}"))

@@ -293,6 +293,11 @@ def fetch_history(
             y_parts.append(ys)
     if not uids:
         return empty_history()
+    # in the order validate_history sorts into (series id, then time): it then has none to do
+    order = sorted(range(len(uids)), key=uids.__getitem__)
+    uids = [uids[i] for i in order]
+    ds_parts = [ds_parts[i] for i in order]
+    y_parts = [y_parts[i] for i in order]
 
     lengths = [len(p) for p in ds_parts]
     seconds = np.concatenate(ds_parts)
