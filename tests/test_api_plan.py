@@ -329,3 +329,46 @@ def test_the_wait_reason_speaks_for_the_whole_horizon():
     (_, reason), = plan.waiting
     assert reason == ("needs 16 GPUs; the pool has 16 free from Wed 18:00 KST, but the jobs "
                       "running or planned ahead of it hold them: at most 0 left in the next 24 h")
+
+
+def test_validate_previews_each_units_estimate_and_start_as_if_submitted_now(env):
+    """POST /v1/requests/validate: per unit the planner's runtime estimate with its source,
+    and from tonight's plan with the request's units queued now its estimated start or the
+    reason it would wait; nothing is stored."""
+    before = len(env.store.find_units())
+    plan_before = env.alice.get("/v1/plan").json()
+    fits = request("preview-fits", "alignment", 8, 1.0)
+    answer = env.alice.post("/v1/requests/validate", json=fits)
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert body["plan_made_at"] == NOW.isoformat() and body["forecast_age_s"] == 0
+    (unit,) = body["units"]
+    assert unit["runtime"]["source"] == "user"  # no past runs: the user's 1 h times 1.3
+    assert unit["runtime"]["seconds"] == pytest.approx(3600 * 1.3)
+    assert unit["plan"]["state"] == "planned" and unit["plan"]["reason"]
+    start = datetime.fromisoformat(unit["plan"]["start_at"])
+    end = datetime.fromisoformat(unit["plan"]["end_at"])
+    assert NOW <= start < NOW + pd.Timedelta(hours=24) and start.utcoffset().seconds == 9 * 3600
+    assert (end - start).total_seconds() == pytest.approx(3600 * 1.3)
+    # it starts where the pool has its 8 GPUs free beside the units planned to run then
+    free = {datetime.fromisoformat(s["at"]): s["free_gpus"] for s in plan_before["profile"]}
+    beside = sum(u["gpus"] for u in plan_before["units"] if u["start_at"]
+                 and datetime.fromisoformat(u["start_at"]) <= start
+                 < datetime.fromisoformat(u["end_at"]))
+    assert free[start] >= beside + 8
+    huge = env.alice.post("/v1/requests/validate",
+                          json=request("preview-huge", "alignment", 64)).json()
+    (unit,) = huge["units"]
+    assert unit["plan"]["state"] == "waiting" and unit["plan"]["start_at"] is None
+    assert "no 64-GPU window opens" in unit["plan"]["reason"]
+    steps = dict(request("preview-steps", "alignment", 8, 1.0), steps=[
+        {"name": "train"}, {"name": "eval", "gpus": 4}])
+    (train, evaluate) = env.alice.post("/v1/requests/validate", json=steps).json()["units"]
+    assert train["plan"]["state"] == "planned"
+    assert evaluate["plan"]["state"] == "blocked" and evaluate["plan"]["start_at"] is None
+    ends = datetime.fromisoformat(train["plan"]["end_at"]).strftime("%a %H:%M")
+    assert evaluate["plan"]["reason"] == (f"waits for its previous pipeline step (planned to "
+                                          f"end by {ends} KST)")
+    assert len(env.store.find_units()) == before  # a dry run
+    after = env.alice.get("/v1/plan").json()
+    assert [u["id"] for u in after["units"]] == [u["id"] for u in plan_before["units"]]

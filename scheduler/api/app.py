@@ -312,8 +312,10 @@ def create_app(settings: Settings, store: JobStore, *,
         return JSONResponse(payload, status_code=status)
 
     @app.post(f"/{API_VERSION}/requests/validate",
-              summary="Validate a request without storing it: the units it expands to, or "
-                      "the error with its field (the same checks as submitting)")
+              summary="Validate a request without storing it: the units it expands to, each "
+                      "with its runtime estimate and, from tonight's plan with them queued "
+                      "now, its estimated start or the reason it would wait; or the error "
+                      "with its field (the same checks as submitting)")
     async def validate(request: Request, who: Caller) -> dict[str, Any]:
         require_change(who, "submit requests")
         kind, body = await read_body(request)
@@ -327,11 +329,15 @@ def create_app(settings: Settings, store: JobStore, *,
                                     f"request for team {job.team!r} is refused", field="team")
             units = expand_units(job)
             check_priority(job, units, who.team)
-            return {"name": job.name, "team": job.team, "kind": job.kind, "units": [{
-                "step": u.step, "step_index": u.step_index, "member": u.member,
-                "gpus": u.gpus, "image": u.image, "priority": u.priority,
-                "runtime_estimate_s": u.runtime_estimate_s,
-                "checkpointable": u.checkpointable} for u in units]}
+            planned = reads.preview(units, who.team)  # a dry run: nothing is stored
+            return {"name": job.name, "team": job.team, "kind": job.kind,
+                    "plan_made_at": planned["made_at"],
+                    "forecast_age_s": planned["forecast_age_s"], "units": [{
+                        "step": u.step, "step_index": u.step_index, "member": u.member,
+                        "gpus": u.gpus, "image": u.image, "priority": u.priority,
+                        "runtime_estimate_s": u.runtime_estimate_s,
+                        "checkpointable": u.checkpointable, **p}
+                        for u, p in zip(units, planned["units"], strict=True)]}
 
         return await run_in_threadpool(work)
 

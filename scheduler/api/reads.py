@@ -10,7 +10,9 @@ the forecast carries ``made_at`` (when the forecast was made, the server's clock
 
 import math
 import re
-from collections.abc import Callable
+import threading
+import time
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Any
@@ -28,6 +30,9 @@ REPORT_TYPES = {"md": ("report-{m}.md", "text/markdown; charset=utf-8"),
                 "html": ("report-{m}.html", "text/html; charset=utf-8"),
                 "csv": ("summary.csv", "text/csv; charset=utf-8")}
 WAITS_FOR_STEP = "waits for its previous pipeline step"
+PREVIEW_REUSE_S = 15.0
+"""A request's previews (``POST /v1/requests/validate``, as it is typed) share the store's
+queue read this long; the plan itself is made for each."""
 MAX_HOURS = 48.0
 
 
@@ -59,9 +64,13 @@ class Reads:
         self.now = now
         self._forecasts = forecasts
         self.tz = settings.pool.tz
-        from scheduler.plan import planning_estimate
+        from scheduler.runtime import RuntimeEstimator
 
-        self.estimate = planning_estimate(settings)
+        # the planner's estimates (scheduler.plan.planning_estimate), with their source
+        self.estimator = RuntimeEstimator.from_config(None, settings.admission)
+        self.estimate = lambda unit: self.estimator.estimate(unit).seconds
+        self._queue_lock = threading.Lock()
+        self._kept_queue: tuple[float, Any] | None = None
 
     @property
     def forecasts(self) -> Forecasts:
@@ -85,20 +94,82 @@ class Reads:
                 "timezone": self.settings.pool.timezone,
                 "widened": made.refresh.widened, "warnings": made.refresh.warnings()}
 
-    def tonight(self, hours: float):
-        from scheduler.plan import store_queue, tonight
-        from scheduler.types import JobState
+    def tonight(self, hours: float, extra: Sequence[Any] = (), *, reuse_s: float = 0.0):
+        """``(now, forecast, plan)``: tonight's plan from the store's queue, and ``extra``
+        units (``WaitingJob``) queued with it as if submitted now (a dry run: nothing is
+        stored). ``reuse_s``: the store's queue read for an earlier call may serve for this
+        long (the previews of a request typed on the console)."""
+        from scheduler.plan import tonight
 
         now = self.now().replace(microsecond=0)  # a plan to the second
         made = self.forecast(now)
-        queue, running, usage = store_queue(self.store, self.settings, self.estimate, now)
-        ready = {job.id for job in queue}
-        blocked = [row for row in self.store.find_units(states=(JobState.QUEUED,))
-                   if row.id not in ready and row.submitted_at <= now]
-        planned = tonight(self.settings, made.refresh, queue, running=running,
+        queue, running, usage, blocked = self._queue(now, reuse_s)
+        planned = tonight(self.settings, made.refresh, [*queue, *extra], running=running,
                           team_usage=usage, horizon=timedelta(hours=hours), start=now,
                           profile=made.profile, blocked=blocked)
         return now, made, planned
+
+    def _queue(self, now: datetime, reuse_s: float):
+        from scheduler.plan import store_queue
+        from scheduler.types import JobState
+
+        with self._queue_lock:
+            kept = self._kept_queue
+            if kept is not None and reuse_s > 0 and time.monotonic() - kept[0] < reuse_s:
+                return kept[1]
+            queue, running, usage = store_queue(self.store, self.settings, self.estimate, now)
+            ready = {job.id for job in queue}
+            blocked = [row for row in self.store.find_units(states=(JobState.QUEUED,))
+                       if row.id not in ready and row.submitted_at <= now]
+            self._kept_queue = (time.monotonic(), (queue, running, usage, blocked))
+            return queue, running, usage, blocked
+
+    def preview(self, units: Sequence[Any], team: str) -> dict[str, Any]:
+        """What the plan says of a request's ``units`` (``UnitSpec``) were it submitted now,
+        from the store's queue and tonight's plan (24 h) with them added (nothing is
+        stored): per unit its runtime estimate (the planner's, with its source), its
+        estimated start and stop, or the reason it would wait. Without a forecast, the
+        estimates and why there is no plan."""
+        from scheduler.types import WaitingJob
+
+        now = self.now().replace(microsecond=0)
+        estimates = [self.estimator.estimate(u) for u in units]
+        ids = [f"(new) {u.step}#{u.member}" for u in units]
+        extra = [WaitingJob(id=ids[k], team=team, gpus=u.gpus, runtime_s=estimates[k].seconds,
+                            checkpointable=u.checkpointable, priority=u.priority,
+                            submitted_at=now, deadline=u.deadline,
+                            max_preemptions=u.max_preemptions, kind=u.kind,
+                            min_gpus=u.min_gpus, nodes=u.nodes)
+                 for k, u in enumerate(units) if u.step_index == 0]
+        out: list[dict[str, Any]] = [
+            {"id": ids[k], "runtime": {"seconds": round(e.seconds, 1), "source": e.source,
+                                       "runs": e.n_runs, "note": e.note},
+             "plan": {"state": "not planned", "start_at": None, "end_at": None,
+                      "stop_by": None, "reason": None}}
+            for k, e in enumerate(estimates)]
+        try:
+            _, made, planned = self.tonight(24.0, extra, reuse_s=PREVIEW_REUSE_S)
+        except ForecastUnavailable as exc:
+            for unit in out:
+                unit["plan"]["reason"] = f"no plan now: {exc}"
+            return {"units": out, "made_at": None, "forecast_age_s": None}
+        found = {u["id"]: u for u in self.plan_units(planned)}
+        ends: dict[int, list[str | None]] = {}
+        for k, unit in enumerate(units):
+            if unit.step_index > 0:
+                before = ends.get(unit.step_index - 1, [None])
+                last = None if None in before else max(before)
+                out[k]["plan"].update(state="blocked", reason=WAITS_FOR_STEP + (
+                    f" (planned to end by {pd.Timestamp(last).tz_convert(self.tz).strftime('%a %H:%M %Z')})"
+                    if last else ""))
+                ends.setdefault(unit.step_index, []).append(None)
+                continue
+            got = found[ids[k]]
+            out[k]["plan"] = {key: got[key] for key in ("state", "start_at", "end_at",
+                                                        "stop_by", "reason")}
+            ends.setdefault(0, []).append(got["end_at"])
+        return {"units": out, "made_at": self.iso(made.made_at),
+                "forecast_age_s": round(made.age_s(now), 1)}
 
     def plan_units(self, planned) -> list[dict[str, Any]]:
         units = []
