@@ -18,7 +18,15 @@ from typing import Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 from pydantic_settings.exceptions import SettingsError
 
@@ -606,6 +614,11 @@ class ApiConfig(_Strict):
     ``max_priority``."""
     max_body_bytes: int = Field(default=1_000_000, gt=0)
     """Request bodies larger than this are refused (413) before they are parsed."""
+    session_secret: SecretStr | None = None
+    """The key the web console signs its session cookies with; every ``idlegpu serve``
+    replica behind one address must share it (best from a Secret, as
+    ``IDLEGPU_API__SESSION_SECRET``). None: ``IDLEGPU_SESSION_SECRET``, else random at start
+    (sessions then end when the server restarts)."""
 
     @field_validator("trusted_proxies")
     @classmethod

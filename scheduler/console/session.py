@@ -8,8 +8,9 @@ login established (user, auth, team, role), a random session id, the session's C
 its expiry (``SESSION_HOURS``, wall clock). The bearer token itself is never in the cookie: a
 token session keeps the token's SHA-256 and every request looks it up again, so a revoked or
 expired token ends its sessions at once. Logout clears the cookie and remembers the session id
-as ended until it would have expired (this process; a copy of the cookie taken before logout
-stops working here, and everywhere at its expiry).
+as ended until it would have expired, in this process and in the job store
+(``ended_sessions``, schema version 5): a copy of the cookie taken before logout stops working
+on every ``idlegpu serve`` replica sharing the store and the secret.
 
 The cookie is ``HttpOnly``, ``SameSite=Strict``, ``Path=/`` and ``Secure`` when the request
 came over https (or ``X-Forwarded-Proto: https`` from a trusted proxy). **CSRF**: every form
@@ -30,6 +31,7 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 COOKIE = "idlegpu_session"
@@ -61,8 +63,13 @@ class Session:
 class Sessions:
     """Issues and checks signed session cookies (see the module)."""
 
-    def __init__(self, secret: str | bytes | None = None, *,
-                 hours: float = SESSION_HOURS) -> None:
+    def __init__(self, secret: Any = None, *, hours: float = SESSION_HOURS,
+                 store: Any = None) -> None:
+        """``secret``: str, bytes or a pydantic ``SecretStr`` (``api.session_secret``);
+        ``store``: the job store that remembers logouts for every replica (None: this
+        process only)."""
+        if hasattr(secret, "get_secret_value"):
+            secret = secret.get_secret_value() or None
         if secret is None:
             secret = os.environ.get("IDLEGPU_SESSION_SECRET") or None
         if secret is None:
@@ -71,6 +78,7 @@ class Sessions:
         self.hours = hours
         self._ended: dict[str, float] = {}
         self._lock = threading.Lock()
+        self.store = store
 
     def _sign(self, body: str) -> str:
         return _b64(hmac.new(self.key, body.encode("ascii"), hashlib.sha256).digest())
@@ -108,6 +116,8 @@ class Sessions:
         with self._lock:
             if session.id in self._ended:
                 return None
+        if self.store is not None and self.store.session_ended(session.id):
+            return None  # logged out on another replica
         return session
 
     def end(self, session: Session) -> None:
@@ -115,6 +125,9 @@ class Sessions:
         with self._lock:
             self._ended = {k: v for k, v in self._ended.items() if v > now}
             self._ended[session.id] = session.expires
+        if self.store is not None:
+            self.store.end_session(session.id, datetime.fromtimestamp(session.expires, UTC),
+                                   datetime.fromtimestamp(now, UTC))
 
     @staticmethod
     def csrf_ok(session: Session, presented: str | None) -> bool:
