@@ -867,8 +867,14 @@ def plan(
         from scheduler.adapters.store import JobStore
 
         # what already runs holds its GPUs, and fair share counts what teams used lately
+        later: list = []
         with JobStore(_store_url(settings, store)) as job_store:
             queue, running, usage = store_queue(job_store, settings, estimate, start)
+            if not queue and not running:  # say why the plan is empty
+                from scheduler.types import JobState
+
+                later = [u for u in job_store.find_units(states=(JobState.QUEUED,))
+                         if u.submitted_at > start]
         blocked = []
         source = _store_url(settings, store)
     planned = tonight(settings, refreshed, queue, running=running, team_usage=usage,
@@ -878,7 +884,15 @@ def plan(
     out.mkdir(parents=True, exist_ok=True)
     from forecast.tables import write_csv
     write_csv(table, out / "windows.csv", tz=tz, decimals=3)
-    rows = pd.DataFrame([r.__dict__ for r in result.runs])
+    rows = pd.DataFrame(
+        [r.__dict__ for r in result.runs]
+        + [{"job_id": job.id, "team": job.team, "kind": job.kind, "gpus": job.gpus,
+            "start": None, "end": None, "outcome": "waits", "reason": reason}
+           for job, reason in result.waiting]
+        + [{"job_id": unit.id, "team": unit.team, "kind": unit.kind, "gpus": unit.gpus,
+            "start": None, "end": None, "outcome": "waits",
+            "reason": "waits for its previous pipeline step"} for unit in blocked],
+        columns=["job_id", "team", "kind", "gpus", "start", "end", "outcome", "reason"])
     write_csv(rows, out / "plan.csv", tz=tz)
     local = pd.Timestamp(start).tz_convert(tz)
     console.print(Text.assemble((f"Plan from {local:%a %Y-%m-%d %H:%M} ({tz})", "bold"),
@@ -906,6 +920,19 @@ def plan(
         for unit in blocked:
             waits.add_row(plain(unit.id), str(unit.gpus), "waits for its previous pipeline step")
         console.print(waits)
+    if jobs is None and not queue and not running:
+        if later:
+            from forecast.tables import iso_time
+
+            first = min(u.submitted_at for u in later)
+            console.print(f"The queue was empty at {iso_time(local)}: the store's "
+                          f"{len(later):,} queued unit(s) were all submitted later (the first "
+                          f"at {iso_time(first, tz)}); pass a later --now to plan with them",
+                          highlight=False)
+        else:
+            console.print(f"The queue at {plain(source)} is empty: queue requests with "
+                          "`idlegpu submit`, or pass --jobs to plan a job trace",
+                          highlight=False)
     harvest = sum(r.gpus * (r.end - r.start).total_seconds() / 3600 for r in result.runs)
     console.print(Text.assemble(
         (f"{len(result.runs)} job(s) start, {harvest:,.0f} GPU-hours planned;", "bold green"),

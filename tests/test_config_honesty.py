@@ -370,3 +370,22 @@ def test_without_a_config_a_time_without_an_offset_is_utc_and_said(tmp_path, cli
     assert code == 0, err
     assert ("--now 2025-11-10T12:00 has no offset: read as 2025-11-10T12:00:00+00:00 (UTC: no "
             "config names a zone)") in " ".join(err.split())
+
+
+def test_a_replay_before_the_stores_units_were_submitted_says_so(tmp_path, cli):
+    store = f"sqlite:///{tmp_path / 's.db'}"
+    code, _, err = cli(["submit", str(REPO / "examples/jobs/datagen.yaml"), "--config",
+                        str(REPO / "idlegpu.yaml"), "--store", store, "--now",
+                        "2026-01-29T09:00:00+09:00"])
+    assert code == 0, err
+    base = ["plan", "--history", str(REPO / "data/sample/history.parquet"), "--config",
+            str(REPO / "idlegpu.yaml"), "--store", store, "--out", str(tmp_path / "p")]
+    code, out, err = cli([*base, "--now", "2026-01-28T18:00:00+09:00"])
+    assert code == 0, err
+    said = " ".join(out.split())
+    assert ("The queue was empty at 2026-01-28T18:00:00+09:00: the store's 4 queued unit(s) "
+            "were all submitted later (the first at 2026-01-29T09:00:00+09:00)") in said
+    empty = f"sqlite:///{tmp_path / 'empty.db'}"
+    code, out, _ = cli([*base[:-4], "--store", empty, "--out", str(tmp_path / "q"), "--now",
+                        "2026-01-28T18:00:00+09:00"])
+    assert code == 0 and "is empty: queue requests with `idlegpu submit`" in " ".join(out.split())
