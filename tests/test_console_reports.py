@@ -153,7 +153,8 @@ def test_a_viewer_sees_the_months_figures_as_the_report_wrote_them(site):
     written = md_row(markdown, MONTH)
     assert written[2] == figures["useful_gpu_hours"] and written[10] == figures["savings"]
     tables = driver.find_elements(By.CSS_SELECTOR, "table.report")
-    captions = [t.find_element(By.TAG_NAME, "caption").text for t in tables]
+    captions = [t.find_element(By.TAG_NAME, "caption").get_attribute("textContent")
+                for t in tables]  # a caption right under its heading is for screen readers
     assert captions[0] == "Summary" and f"By team, {MONTH}" in captions
     shown = [c.text for c in tables[0].find_elements(By.XPATH, f".//tr[th='{MONTH}']/*")]
     assert shown == written

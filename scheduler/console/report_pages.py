@@ -104,8 +104,8 @@ IMAGE = re.compile(r"^!\[(.*)\]\(([^()\s]+)\)$")
 def report_blocks(text: str) -> list[dict[str, Any]]:
     """The blocks of a report's Markdown (``scheduler.reports.render_markdown``) in order:
     ``heading`` (level, text), ``list`` (lines of ``bold_parts``), ``table`` (caption: the
-    heading above it, head, rows), ``text``, ``code`` and ``chart`` (title, file: a
-    ``### title`` and its image)."""
+    heading above it, shown unless the table is right under it; head, rows), ``text``,
+    ``code`` and ``chart`` (title, file: a ``### title`` and its image)."""
     blocks: list[dict[str, Any]] = []
     lines = text.splitlines()
     caption = ""
@@ -137,7 +137,9 @@ def report_blocks(text: str) -> list[dict[str, Any]]:
                 rows.append(table_cells(lines[i]))
                 i += 1
             body = [r for r in rows[1:] if not all(set(c) <= set("-:") for c in r)]
-            blocks.append({"kind": "table", "caption": caption, "head": rows[0], "rows": body})
+            under = bool(blocks) and blocks[-1]["kind"] == "heading"  # the heading says it
+            blocks.append({"kind": "table", "caption": caption, "head": rows[0], "rows": body,
+                           "caption_shown": not under})
         elif IMAGE.match(line):
             title, name = IMAGE.match(line).groups()
             title = unescape(title)
