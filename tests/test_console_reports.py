@@ -301,9 +301,35 @@ def test_a_history_too_short_for_the_window_says_so():
     while not state.ready and time.monotonic() < deadline:
         time.sleep(0.05)
     assert state.check is None and "does not cover 2026-01-25 to 2026-01-27" in state.error
+    assert checks.get(DAYS) is state  # kept for the day: it cannot be made
     env = Environment(loader=PackageLoader("scheduler.console", "templates"),
                       autoescape=select_autoescape(["html"]))
     view = accuracy_view(state, settings, lambda when, seconds=False: str(when))
     view.update(ahead=0, finished_at=None, query="")
     page = env.get_template("reports_accuracy_part.html").render(accuracy=view, full=True)
     assert 'id="accuracy-error"' in page and "a week before a refresh" in page
+
+
+def test_an_accuracy_that_failed_for_a_passing_reason_is_tried_again():
+    from forecast.errors import SourceUnavailableError
+    from scheduler.console.report_pages import AccuracyChecks
+
+    calls = []
+
+    def down(start, end):
+        calls.append((start, end))
+        raise SourceUnavailableError("Prometheus at http://prometheus:9090 did not answer")
+
+    checks = AccuracyChecks(settings_for(Path(tempfile.gettempdir())), down, lambda: NOW)
+    state = checks.get(DAYS)
+    deadline = time.monotonic() + 30
+    while not state.ready and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert "did not answer" in state.error and state.retry_at is not None
+    assert checks.get(DAYS) is state  # not at once: every reload would ask Prometheus again
+    # five weeks of history before the first evening (as the daemon reads), up to now
+    first = datetime(2026, 1, 25, 17, tzinfo=ZoneInfo("Asia/Seoul"))
+    assert calls == [(first - timedelta(days=35), NOW)]
+    state.retry_at = time.monotonic()  # the retry delay is over
+    again = checks.get(DAYS)
+    assert again is not state and not again.ready

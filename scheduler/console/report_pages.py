@@ -48,6 +48,9 @@ ACCURACY_DAYS = 28
 """The evenings the accuracy is computed over by default (the last four weeks)."""
 RELOAD_S = 5
 """While the accuracy is being computed its pages reload themselves this often."""
+RETRY_S = 60.0
+"""An accuracy that failed for a passing reason (Prometheus down) is tried again after this;
+one that cannot be made (a history too short) is kept for the day like a result."""
 MEDIA = {".png": "image/png", ".md": "text/markdown; charset=utf-8",
          ".html": "text/html; charset=utf-8", ".csv": "text/csv; charset=utf-8"}
 INLINE = frozenset({".png"})
@@ -220,6 +223,8 @@ class Accuracy:
     queued_at: float = field(default_factory=time.monotonic)
     seconds: float | None = None
     finished_at: datetime | None = None
+    retry_at: float | None = None
+    """When a passing failure may be tried again (``time.monotonic``)."""
 
     @property
     def ready(self) -> bool:
@@ -259,7 +264,8 @@ class AccuracyChecks:
             for old in [k for k in self.results if k[0] != last]:  # an evening later: anew
                 del self.results[old]
             state = self.results.get(key)
-            if state is None:
+            if state is None or (state.retry_at is not None
+                                 and time.monotonic() >= state.retry_at):
                 state = self.results[key] = Accuracy(first, last, days)
                 self.waiting.append(key)
             if self.worker is None and self.waiting:
@@ -294,7 +300,7 @@ class AccuracyChecks:
                     self.waiting.popleft()
 
     def _compute(self, state: Accuracy) -> None:
-        from forecast.errors import IdlegpuError
+        from forecast.errors import IdlegpuError, TemporaryError
         from scheduler.reports import forecast_check_days
 
         started = time.monotonic()
@@ -315,9 +321,12 @@ class AccuracyChecks:
                                               on_step=step)
         except IdlegpuError as exc:
             state.error = str(exc)
+            if isinstance(exc, TemporaryError):
+                state.retry_at = time.monotonic() + RETRY_S
         except Exception as exc:  # the page says why, the log has the trace
             log.exception("console: the forecast's accuracy could not be computed")
             state.error = f"the forecast's accuracy could not be computed: {exc}"
+            state.retry_at = time.monotonic() + RETRY_S
         state.seconds = time.monotonic() - started
         state.finished_at = now
 
