@@ -18,7 +18,6 @@ While admission is paused the pool page shows who paused it, since when and why:
 from __future__ import annotations
 
 import json
-from typing import Any
 from urllib.parse import quote, urlencode
 
 from fastapi import Request
