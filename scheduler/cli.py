@@ -1007,6 +1007,7 @@ def run(
                             pending_timeout_s=settings.cluster.pending_timeout_seconds,
                             stop_timeout_s=_stop_timeout(settings),
                             max_unscheduled_attempts=settings.cluster.max_unscheduled_attempts,
+                            gang_timeout_s=settings.cluster.gang_timeout_seconds,
                             recheck=_admission_recheck(settings),
                             dry_run=dry_run,
                             runtime_quantile=settings.admission.runtime_quantile)

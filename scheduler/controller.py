@@ -30,6 +30,17 @@ holds it. An admission's pod is not bound to its node at once: until the view sh
 the next pass does not count on the same GPUs. A view that cannot be read admits nothing that
 pass (never blind); one the service account may not read at all (403: an older RBAC without
 the ClusterRole) is given up with a warning, and the pool counts as one bin as before.
+
+**Gangs** (multi-node units, ``spec.nodes`` > 1): the admission's nodes (one per pod) are
+claimed node by node until each pod is bound there, and the Job's pods are pinned to them.
+All pods are placed together or the attempt is rolled back: a gang whose pods are not all
+running ``gang_timeout_s`` after its Job was created (a node taken meanwhile, a pod no node
+holds) is stopped (kind ``unscheduled``: its bound pods are deleted at once, so no GPU is held
+by pods waiting for their siblings), and once its pods are gone the unit goes back to the
+queue as an attempt that never ran (no preemption, no work lost) and the Job and its Service
+are deleted. A planned stop suspends the whole Indexed Job (every pod gets SIGTERM and
+checkpoints); the next attempt is a new gang with the resume arguments. A pod failing after
+the gang ran fails the Job (any rank), which is a failed attempt as for any unit.
 """
 
 from __future__ import annotations
@@ -98,16 +109,23 @@ def _rate(row) -> float:
     return row.gpus / row.spec.gpus if 0 < row.gpus < row.spec.gpus else 1.0
 
 
+def _pods(spec) -> int:
+    """Pods of a unit: one, or a multi-node unit's nodes."""
+    return max(1, int(getattr(spec, "nodes", 1) or 1))
+
+
 def _pod_requests(spec) -> tuple[float | None, int | None]:
-    """CPU cores and memory bytes a unit's pod requests (None: not readable)."""
+    """CPU cores and memory bytes one pod of a unit requests (None: not readable; a
+    multi-node unit shares its totals evenly over its pods)."""
     from scheduler.specs import quantity_bytes
 
+    pods = _pods(spec)
     try:
-        memory = int(quantity_bytes(spec.memory))
+        memory = int(quantity_bytes(spec.memory)) // pods
     except (ValueError, TypeError, AttributeError):
         memory = None
     cpu = getattr(spec, "cpu", None)
-    return (float(cpu) if cpu is not None else None), memory
+    return (float(cpu) / pods if cpu is not None else None), memory
 
 
 class Controller:
@@ -124,6 +142,7 @@ class Controller:
         pending_timeout_s: float | None = 900.0,
         stop_timeout_s: float | None = 1200.0,
         max_unscheduled_attempts: int | None = 4,
+        gang_timeout_s: float | None = 120.0,
         recheck: Callable[[object], None] | None = None,
         dry_run: bool = False,
         runtime_quantile: float = 0.9,
@@ -139,7 +158,9 @@ class Controller:
         ``IdlegpuError``: the unit fails with the reason). ``dry_run``: decide and show what
         would be applied, but change nothing: the store is only read and the cluster (itself
         in dry-run) only records manifests. ``runtime_quantile``: the quantile of finished
-        units' overruns a unit past its estimate is planned to run on for (``Overruns``)."""
+        units' overruns a unit past its estimate is planned to run on for (``Overruns``).
+        ``gang_timeout_s``: a multi-node unit whose pods are not all running this long after
+        its Job was created is rolled back and requeued (None: only the pending timeout)."""
         self.store = store
         self.cluster = cluster
         self.signals = signals
@@ -150,6 +171,7 @@ class Controller:
         self.pending_timeout_s = pending_timeout_s
         self.stop_timeout_s = stop_timeout_s
         self.max_unscheduled_attempts = max_unscheduled_attempts
+        self.gang_timeout_s = gang_timeout_s
         self.recheck = recheck
         self.dry_run = dry_run
         self.runtime_quantile = runtime_quantile
@@ -166,10 +188,13 @@ class Controller:
         self._pass_lock = threading.Lock()
         # the node view: read while the cluster offers it and the account may read it
         self._nodes_readable = callable(getattr(cluster, "nodes", None))
-        # admissions whose pods are not bound yet: unit -> (Job name, node, gpus, cpu, memory)
-        self._claims: dict[str, tuple[str, str, int, float, int]] = {}
+        # admissions whose pods are not all bound yet: unit -> (Job name, the nodes a pod each,
+        # gpus, cpu, memory of one pod)
+        self._claims: dict[str, tuple[str, tuple[str, ...], int, float, int]] = {}
         # what each stored unit's pod requests (cpu cores, memory bytes), from the rows read
         self._requests: dict[str, tuple[float | None, int | None]] = {}
+        # stored units of more than one pod (multi-node): unit -> its pods
+        self._gangs: dict[str, int] = {}
 
     def reconcile_once(self, now: datetime) -> PassReport:
         with self._pass_lock:
@@ -220,7 +245,10 @@ class Controller:
 
     def _with_requests(self, job):
         cpu, memory = self._requests.get(job.id, (None, None))
-        return job if cpu is None and memory is None else replace(job, cpu=cpu, memory=memory)
+        pods = self._gangs.get(job.id, 1)
+        if cpu is None and memory is None and pods == 1:
+            return job
+        return replace(job, cpu=cpu, memory=memory, nodes=pods)
 
     def _read_nodes(self, now: datetime, report: PassReport) -> NodeView | None | bool:
         """The node view with the claims of admissions not bound yet; None: the account may
@@ -241,13 +269,23 @@ class Controller:
             return None
         current = {self.cluster.job_name(row.id, row.attempts)
                    for row in self.store.holding()} if self._claims else set()
-        for unit, (name, *_rest) in list(self._claims.items()):
-            if name in view.bound_jobs or name not in current:
+        for unit, (name, nodes, *rest) in list(self._claims.items()):
+            if name not in current:
                 del self._claims[unit]
+                continue
+            # a gang's pods bind one by one: each node is claimed until its own pod is there
+            # (a view without per-pod bindings: the first pod bound ends every claim)
+            left = () if name in view.bound_jobs and not view.bound_at else tuple(
+                node for node in nodes if (name, node) not in view.bound_at)
+            if not left or (len(nodes) == 1 and name in view.bound_jobs):
+                del self._claims[unit]
+            elif left != nodes:
+                self._claims[unit] = (name, left, *rest)
         claims: dict[str, tuple[int, float, int]] = {}
-        for _name, node, gpus, cpu, memory in self._claims.values():
-            g, c, m = claims.get(node, (0, 0.0, 0))
-            claims[node] = (g + gpus, c + cpu, m + memory)
+        for _name, nodes, gpus, cpu, memory in self._claims.values():
+            for node in nodes:
+                g, c, m = claims.get(node, (0, 0.0, 0))
+                claims[node] = (g + gpus, c + cpu, m + memory)
         view = view.claiming(claims)
         report.nodes = view
         return view
@@ -274,6 +312,8 @@ class Controller:
 
     def _estimate_row(self, row) -> float:
         self._requests[row.id] = _pod_requests(row.spec)
+        if _pods(row.spec) > 1:
+            self._gangs[row.id] = _pods(row.spec)
         return float(self.estimate(row.spec))
 
     def _overrun_model(self) -> Overruns:
@@ -321,7 +361,8 @@ class Controller:
             try:
                 self._recheck(row)
                 self.cluster.apply(row.id, row.attempts, row.attempt_spec, team=row.team,
-                                   stop_by=row.stop_by, now=now)
+                                   stop_by=row.stop_by, now=now,
+                                   **self._pinned(row, name))
             except JobRejectedError as exc:
                 self._reject(row.id, now, exc, report)
                 return
@@ -329,6 +370,23 @@ class Controller:
         else:  # RUNNING but the Job vanished (deleted by hand, namespace wiped)
             self.store.preempted(row.id, now, reason="its Job disappeared from the cluster")
             report.released.append(row.id)
+
+    def _pinned(self, row, name: str) -> dict[str, tuple[str, ...]]:
+        """``apply``'s ``nodes`` for a gang's Job ``name``: the nodes its admission counted on
+        (still claimed by this process); none for one pod or when not known (after a restart:
+        its pods are still kept apart, and the gang timeout rolls back what does not fit)."""
+        claim = self._claims.get(row.id)
+        if getattr(row.attempt_spec, "nodes", 1) > 1 and claim is not None and claim[0] == name:
+            return {"nodes": claim[1]}
+        return {}
+
+    def _gang_overdue(self, row, job: ClusterJob, now: datetime) -> bool:
+        """A gang admitted but not all of its pods running ``gang_timeout_s`` after its Job
+        was created."""
+        if job.pods <= 1 or self.gang_timeout_s is None or row.state is not JobState.ADMITTED:
+            return False
+        since = job.created_at or row.admitted_at
+        return since is not None and (now - since).total_seconds() > self.gang_timeout_s
 
     def _follow(self, row, job: ClusterJob, now: datetime, report: PassReport) -> None:
         if job.phase.is_over():
@@ -354,6 +412,16 @@ class Controller:
             if self._stop(job.name, "its pod was evicted or lost; back to the queue",
                           StopKind.REQUEUE, now, report):
                 self._stopping[row.id] = 0  # it holds no GPUs any more
+        elif (job.phase is JobPhase.PENDING and job.stop_kind is None
+              and self._gang_overdue(row, job, now)):
+            # all or none: pods placed without their siblings would hold GPUs for nothing
+            waited = self.gang_timeout_s or 0
+            if self._stop(job.name, (
+                    f"gang not placed whole: {job.pods_bound} of {job.pods} pods on a node "
+                    f"within {waited:.0f} s of its Job; rolled back, its GPUs returned, back "
+                    "to the queue"), StopKind.UNSCHEDULED, now, report):
+                self._stopping[row.id] = 0
+                self._claims.pop(row.id, None)
         elif (job.phase is JobPhase.PENDING and row.state is JobState.ADMITTED
               and self._pending_too_long(row, now) and job.stop_kind is None):
             # the pool had the GPUs but no node could place the pod (GPUs spread over nodes, a
@@ -433,8 +501,9 @@ class Controller:
         """Create the Job of ``row``'s (ADMITTED) attempt; the unit fails if it is refused."""
         try:
             self._recheck(row)
-            name = self.cluster.apply(row.id, attempt, row.attempt_spec, team=row.team,
-                                      stop_by=stop_by, now=now)
+            name = self.cluster.apply(
+                row.id, attempt, row.attempt_spec, team=row.team, stop_by=stop_by, now=now,
+                **self._pinned(row, self.cluster.job_name(row.id, attempt)))
             report.created.append(name)
         except JobRejectedError as exc:
             self._reject(row.id, now, exc, report)
@@ -559,8 +628,10 @@ class Controller:
             row = replace(row, spec=resize_unit(row.spec, decision.gpus))
         if decision.node:
             cpu, memory = _pod_requests(row.attempt_spec)
-            self._claims[row.id] = (self.cluster.job_name(row.id, attempt), decision.node,
-                                    decision.gpus, cpu or 0.0, memory or 0)
+            nodes = decision.nodes or (decision.node,)
+            self._claims[row.id] = (self.cluster.job_name(row.id, attempt), tuple(nodes),
+                                    decision.gpus // _pods(row.attempt_spec), cpu or 0.0,
+                                    memory or 0)
         self._create(row, attempt, decision.stop_by, now, report)
 
     def _reject(self, unit_id: str, now: datetime, exc: Exception, report: PassReport) -> None:

@@ -66,6 +66,10 @@ class ClusterJob:
     """Set once we stopped it (the first stop's kind stands)."""
     stopped_at: datetime | None = None
     """When we told it to stop (daemon clock)."""
+    pods: int = 1
+    """Pods the Job runs at once (a multi-node gang: its nodes)."""
+    pods_bound: int = 0
+    """Of its pods not ended, those bound to a node (a gang waits for all of them)."""
 
 
 class Cluster(Protocol):
@@ -73,8 +77,11 @@ class Cluster(Protocol):
         """The deterministic name of a unit's attempt (same inputs, same name)."""
 
     def apply(self, unit_id: str, attempt: int, spec: UnitSpec, *, team: str,
-              stop_by: datetime | None, now: datetime) -> str:
+              stop_by: datetime | None, now: datetime, nodes: tuple[str, ...] | None = None
+              ) -> str:
         """Create the attempt's Job, or adopt it when it already exists; returns its name.
+        ``nodes``: for a multi-node unit, the nodes its pods are pinned to (one each; passed
+        only for such units).
         Raises ``JobRejectedError`` when the Job itself is refused, another ``IdlegpuError``
         when the cluster cannot take it now."""
 

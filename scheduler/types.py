@@ -485,6 +485,9 @@ class NodeView:
     observed_at: datetime | None = None
     bound_jobs: frozenset[str] = frozenset()
     """Names of the Jobs whose pods are bound to these nodes (their requests are counted)."""
+    bound_at: frozenset[tuple[str, str]] = frozenset()
+    """``(Job name, node)`` of every pod bound to these nodes (a gang's pods bind one by
+    one)."""
 
     @property
     def free_gpus(self) -> int:

@@ -40,7 +40,13 @@ Job's pod template):
 ``kill_node(name)``: that node stops heartbeating (the node-lifecycle controller marks it
 ``Unknown`` after its grace period) and its pods are no longer handled: deleted ones stay stuck
 Terminating. ``pods()`` / ``pod()`` / ``running_pods()`` give ``SimPod`` snapshots with each
-container's env and the pod's volumes as they reached the "kubelet".
+container's env and the pod's volumes as they reached the "kubelet", and ``values``: the
+environment as the container would see it, downward-API ``fieldRef``s resolved as the kubelet
+resolves them (``metadata.name``, ``namespace``, ``uid``, ``labels['k']``,
+``annotations['k']``, ``spec.nodeName``, ``spec.serviceAccountName``, ``status.hostIP``) and
+``$(VAR)`` references expanded; e.g. the ``JOB_COMPLETION_INDEX`` the Job controller gives every
+pod of an Indexed Job (several pods of one Job are just several pods here: each is bound by
+the real kube-scheduler and played on its own).
 """
 
 from __future__ import annotations
@@ -187,6 +193,9 @@ class SimPod:
     # container -> variable -> its value (str), or {"valueFrom": ...} for a reference
     env: dict[str, dict[str, Any]]
     env_from: dict[str, list[dict[str, Any]]]
+    # container -> variable -> the value the container sees (fieldRefs resolved, $(VAR)
+    # expanded); references to Secrets and ConfigMaps are left out
+    values: dict[str, dict[str, str]]
     volumes: list[dict[str, Any]]  # spec.volumes as the server returned them
     volume_mounts: dict[str, list[dict[str, Any]]]  # container -> its volumeMounts
     annotations: dict[str, str]
@@ -219,6 +228,44 @@ class SimPod:
     @property
     def key(self) -> tuple[str, str]:
         return self.namespace, self.name
+
+
+def _field(pod: dict[str, Any], path: str) -> str | None:
+    """A downward-API ``fieldPath`` of ``pod`` as the kubelet resolves it (None: not one of
+    those the simulator knows)."""
+    meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+    for key in ("labels", "annotations"):
+        prefix = f"metadata.{key}['"
+        if path.startswith(prefix) and path.endswith("']"):
+            return str((meta.get(key) or {}).get(path[len(prefix):-2], ""))
+    simple = {"metadata.name": meta.get("name"), "metadata.namespace": meta.get("namespace"),
+              "metadata.uid": meta.get("uid"), "spec.nodeName": spec.get("nodeName"),
+              "spec.serviceAccountName": spec.get("serviceAccountName")}
+    return None if simple.get(path) is None else str(simple[path])
+
+
+def _values_of(container: dict[str, Any], pod: dict[str, Any], host_ip: str) -> dict[str, str]:
+    """The container's environment as it would see it (the kubelet's rules: in order, each
+    ``$(VAR)`` expanded from those before it, ``$$`` an escaped ``$``)."""
+    import re
+
+    seen: dict[str, str] = {}
+
+    def expand(text: str) -> str:
+        return re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)",
+                      lambda m: "$" if m.group(0) == "$$" else seen.get(m.group(1), m.group(0)),
+                      text)
+
+    for var in container.get("env") or []:
+        ref = (var.get("valueFrom") or {}).get("fieldRef")
+        if "valueFrom" not in var:
+            seen[var["name"]] = expand(var.get("value", ""))
+        elif ref is not None:
+            path = ref.get("fieldPath", "")
+            value = host_ip if path == "status.hostIP" else _field(pod, path)
+            if value is not None:
+                seen[var["name"]] = value
+    return seen
 
 
 def _env_of(container: dict[str, Any]) -> dict[str, Any]:
@@ -674,6 +721,8 @@ class NodeSimulator:
             containers=[c["name"] for c in containers],
             env={c["name"]: _env_of(c) for c in containers},
             env_from={c["name"]: list(c.get("envFrom") or []) for c in containers},
+            values={c["name"]: _values_of(c, pod, self._node_ip(spec["nodeName"]))
+                    for c in containers},
             volumes=copy.deepcopy(spec.get("volumes") or []),
             volume_mounts={c["name"]: list(c.get("volumeMounts") or []) for c in containers},
             annotations=dict(annotations),

@@ -23,6 +23,23 @@ is ``STOPPING``: they hold their GPUs. A suspended Job is not finished, so
 pods) once the store has recorded the attempt's end. Finished Jobs are left to
 ``ttlSecondsAfterFinished`` (the ``ttl_seconds_after_finished`` option) or the cluster's policy.
 
+A multi-node (gang) unit (``spec.nodes`` = N > 1) is one *Indexed* Job (``completionMode:
+Indexed``, ``parallelism = completions = N``, ``backoffLimitPerIndex``, the same
+``podFailurePolicy``: any rank failing fails the whole Job) and a headless Service of the Job's
+name (``clusterIP: None``, ``publishNotReadyAddresses``, owned by the Job so the garbage
+collector removes it with the Job; ``delete`` removes it too). Each pod has ``subdomain`` set
+to the Service, so pod 0 is ``<job>-0.<job>.<namespace>.svc``, and the rendezvous environment
+launchers read: ``MASTER_ADDR`` (pod 0), ``MASTER_PORT``, ``NNODES``, ``NODE_RANK`` (the
+completion index, from the pod's ``batch.kubernetes.io/job-completion-index`` annotation;
+Kubernetes also sets ``JOB_COMPLETION_INDEX``), ``WORLD_SIZE`` (all processes: N x GPUs per
+node), ``IDLEGPU_GPUS`` per node, and torchrun's ``PET_*`` twins. With the nodes the admission
+counted on (``apply(..., nodes=)``) the pods are pinned to exactly that set (node affinity on
+``metadata.name``) and kept apart (pod anti-affinity on the Job's name per hostname), so each
+lands on its own chosen node or waits. The Job is RUNNING only once all N pods are ready;
+before that it is PENDING with how many pods are bound (``ClusterJob.pods_bound``), which the
+controller's gang timeout reads. JobSet (``jobset.x-k8s.io``) is detected through discovery
+and logged, but not used: gangs are always Indexed Jobs.
+
 Errors: HTTP 5xx, 429, timeouts and connection failures are retried with exponential backoff,
 then raise ``ClusterUnavailableError`` (a ``TemporaryError``); 403 raises
 ``ClusterPermissionError`` naming the verb and resource the service account lacks; 422 and other
@@ -79,6 +96,10 @@ ATTEMPT_ENV = "IDLEGPU_ATTEMPT"
 UNIT_ENV = "IDLEGPU_UNIT"
 OUTPUT_ENV = "IDLEGPU_OUTPUT"
 CONTAINER_NAME = "job"
+INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"  # set on an Indexed Job's pods
+JOB_NAME_LABEL = JOB_NAME_LABELS[0]
+RENDEZVOUS_PORT = 29500  # torch.distributed's default
+JOBSET_GROUP = "jobset.x-k8s.io"
 
 _MAX_NAME = 63
 _MAX_LABEL = 63
@@ -236,6 +257,57 @@ def _env_ref(ref: EnvKeyRef) -> dict[str, Any]:
     if ref.optional:
         selector["optional"] = True
     return {"name": ref.name, "valueFrom": {ref_key: selector}}
+
+
+# --- multi-node units ---------------------------------------------------------------------
+
+
+def _rendezvous_env(name: str, namespace: str, spec: UnitSpec) -> list[dict[str, Any]]:
+    """The environment torchrun and other launchers read for a gang of ``spec.nodes`` pods:
+    pod 0's address through the headless Service, the port, the node count, this pod's rank
+    (its completion index) and the world size (one process per GPU)."""
+    master = f"{name}-0.{name}.{namespace}.svc"
+    rank = {"valueFrom": {"fieldRef": {
+        "fieldPath": f"metadata.annotations['{INDEX_ANNOTATION}']"}}}
+    plain = {
+        "MASTER_ADDR": master, "MASTER_PORT": str(RENDEZVOUS_PORT), "NNODES": str(spec.nodes),
+        "WORLD_SIZE": str(spec.gpus), "IDLEGPU_NODES": str(spec.nodes),
+        "PET_MASTER_ADDR": master, "PET_MASTER_PORT": str(RENDEZVOUS_PORT),
+        "PET_NNODES": str(spec.nodes), "PET_NPROC_PER_NODE": str(spec.gpus_per_node),
+    }
+    env = [{"name": k, "value": v} for k, v in plain.items()]
+    env += [{"name": "NODE_RANK", **copy.deepcopy(rank)},
+            {"name": "PET_NODE_RANK", **copy.deepcopy(rank)}]
+    return env
+
+
+def _gang_affinity(affinity: dict[str, Any] | None, name: str,
+                   nodes: tuple[str, ...] | list[str] | None) -> dict[str, Any]:
+    """``affinity`` (the cluster's, or none) with a gang's own rules: no two pods of the Job on
+    one node, and, with ``nodes``, only those nodes (a ``metadata.name`` field added to every
+    node-selector term, so it narrows the cluster's rule rather than offering an
+    alternative: one term per node, a node field selector holding one value)."""
+    out = copy.deepcopy(affinity) if affinity else {}
+    anti = out.setdefault("podAntiAffinity", {})
+    anti.setdefault("requiredDuringSchedulingIgnoredDuringExecution", []).append({
+        "labelSelector": {"matchExpressions": [
+            {"key": JOB_NAME_LABEL, "operator": "In", "values": [name]}]},
+        "topologyKey": "kubernetes.io/hostname"})
+    if nodes:
+        # a node field selector takes one value: one term per node (terms are ORed), each
+        # also holding what the cluster's own term asks
+        required = out.setdefault("nodeAffinity", {}).setdefault(
+            "requiredDuringSchedulingIgnoredDuringExecution", {})
+        terms = required.get("nodeSelectorTerms") or [{}]
+        pinned = []
+        for term in terms:
+            for node in sorted(set(nodes)):
+                one = copy.deepcopy(term)
+                one.setdefault("matchFields", []).append(
+                    {"key": "metadata.name", "operator": "In", "values": [node]})
+                pinned.append(one)
+        required["nodeSelectorTerms"] = pinned
+    return out
 
 
 # --- pod security ------------------------------------------------------------------------
@@ -400,6 +472,10 @@ class KubernetesCluster:
         """Manifests ``apply`` built, newest last (the last 1000)."""
         self.dry_run_stops: list[tuple[str, str]] = []
         """``(name, reason)`` of every ``stop`` skipped in dry-run mode."""
+        self.last_services: list[dict[str, Any]] = []
+        """Headless Services of gangs ``apply`` built, newest last (the last 1000)."""
+        self._gangs: set[str] = set()  # names of our Indexed Jobs seen (their Service to delete)
+        self._jobset: bool | None = None  # the JobSet API is served (None: not asked yet)
 
     @classmethod
     def from_config(
@@ -421,9 +497,16 @@ class KubernetesCluster:
         return job_name(unit_id, attempt)
 
     def manifest(self, unit_id: str, attempt: int, spec: UnitSpec, team: str,
-                 stop_by: datetime | None, now: datetime) -> dict[str, Any]:
-        """The attempt's ``batch/v1`` Job (pure: same inputs, same dict), security-checked."""
+                 stop_by: datetime | None, now: datetime,
+                 nodes: tuple[str, ...] | list[str] | None = None) -> dict[str, Any]:
+        """The attempt's ``batch/v1`` Job (pure: same inputs, same dict), security-checked; a
+        multi-node unit's is an Indexed Job, its pods pinned to ``nodes`` when given."""
         name = self.job_name(unit_id, attempt)
+        gang = spec.nodes > 1
+        if gang and len(f"{name}-{spec.nodes - 1}") > _MAX_NAME:
+            raise JobRejectedError(
+                f"Job {name}: its pods' host names {name}-<index> would be longer than "
+                f"{_MAX_NAME} characters; use a shorter job or step name")
         labels = {
             MANAGED_BY: MANAGER,
             LABEL_UNIT: label_value(unit_id),
@@ -450,10 +533,19 @@ class KubernetesCluster:
             ours[RESUME_ENV] = " ".join(spec.resume_args)
         taken = {e["name"] for e in env}
         env += [{"name": k, "value": v} for k, v in ours.items() if k not in taken]
+        if gang:
+            env += [var for var in _rendezvous_env(name, self.namespace, spec)
+                    if var["name"] not in taken]
 
-        resources: dict[str, str] = {"cpu": _quantity_cpu(spec.cpu), "memory": str(spec.memory)}
+        if gang:
+            from scheduler.specs import memory_per_node
+
+            resources = {"cpu": _quantity_cpu(spec.cpu_per_node),
+                         "memory": memory_per_node(spec)}
+        else:
+            resources = {"cpu": _quantity_cpu(spec.cpu), "memory": str(spec.memory)}
         if spec.gpus > 0:
-            resources[GPU_RESOURCE] = str(int(spec.gpus))
+            resources[GPU_RESOURCE] = str(int(spec.gpus_per_node))
         limits, requests = dict(resources), dict(resources)
         if spec.ephemeral_storage_limit is not None:
             limits["ephemeral-storage"] = str(spec.ephemeral_storage_limit)
@@ -501,14 +593,17 @@ class KubernetesCluster:
             pod_spec["tolerations"] = copy.deepcopy(self.tolerations)
         if self.affinity:
             pod_spec["affinity"] = copy.deepcopy(self.affinity)
+        if gang:
+            pod_spec["subdomain"] = name
+            pod_spec["affinity"] = _gang_affinity(pod_spec.get("affinity"), name, nodes)
         if self.service_account:
             pod_spec["serviceAccountName"] = self.service_account
         if self.run_as_user is not None:  # for images whose USER is root or unset
             pod_spec["securityContext"]["runAsUser"] = int(self.run_as_user)
         job_spec: dict[str, Any] = {
             "backoffLimit": self.backoff_limit,
-            "completions": 1,
-            "parallelism": 1,
+            "completions": spec.nodes if gang else 1,
+            "parallelism": spec.nodes if gang else 1,
             "podFailurePolicy": {"rules": [
                 # the kube-scheduler's preemption, the Eviction API and taint eviction are not
                 # failures of the job (our own stops get no DisruptionTarget: they are read
@@ -525,6 +620,13 @@ class KubernetesCluster:
                 "spec": pod_spec,
             },
         }
+        if gang:
+            # a retry of one rank alone would only wait for the others: the attempt fails
+            # whole (the FailJob rule), and the admitter's next attempt restarts the gang
+            job_spec["completionMode"] = "Indexed"
+            job_spec["backoffLimitPerIndex"] = self.backoff_limit
+            job_spec["maxFailedIndexes"] = 0
+            del job_spec["backoffLimit"]
         deadline = self.deadline_seconds(spec, stop_by, now)
         if deadline is not None:
             job_spec["activeDeadlineSeconds"] = deadline
@@ -557,24 +659,106 @@ class KubernetesCluster:
             deadline = planned if deadline is None else min(int(deadline), planned)
         return None if deadline is None else int(deadline)
 
+    def service_manifest(self, job: dict[str, Any], uid: str | None = None) -> dict[str, Any]:
+        """The headless Service of a gang's Indexed Job ``job`` (its name, labels and pods),
+        owned by the Job (``uid``: the Job's, when created) so it goes with it."""
+        meta = job["metadata"]
+        service: dict[str, Any] = {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": meta["name"], "namespace": self.namespace,
+                         "labels": dict(meta["labels"]),
+                         "annotations": {ANN_UNIT_ID: meta["annotations"][ANN_UNIT_ID]}},
+            "spec": {
+                "clusterIP": "None",
+                "selector": {JOB_NAME_LABEL: meta["name"]},
+                # the ranks must find each other before any of them is ready
+                "publishNotReadyAddresses": True,
+                "ports": [{"name": "rendezvous", "port": RENDEZVOUS_PORT,
+                           "targetPort": RENDEZVOUS_PORT, "protocol": "TCP"}],
+            },
+        }
+        if uid:
+            service["metadata"]["ownerReferences"] = [{
+                "apiVersion": "batch/v1", "kind": "Job", "name": meta["name"], "uid": uid,
+                "blockOwnerDeletion": False}]
+        return service
+
     def apply(self, unit_id: str, attempt: int, spec: UnitSpec, *, team: str,
-              stop_by: datetime | None, now: datetime) -> str:
-        manifest = self.manifest(unit_id, attempt, spec, team, stop_by, now)
+              stop_by: datetime | None, now: datetime,
+              nodes: tuple[str, ...] | list[str] | None = None) -> str:
+        """Create the attempt's Job (see ``Cluster.apply``); a gang's with its headless
+        Service, its pods pinned to ``nodes`` (the admission's, one per pod) when given."""
+        manifest = self.manifest(unit_id, attempt, spec, team, stop_by, now, nodes)
         name = manifest["metadata"]["name"]
         self.last_manifests.append(manifest)
         del self.last_manifests[:-1000]
+        gang = spec.nodes > 1
+        if gang:
+            self._say_which_gang_api()
         if self.dry_run:
             log.info("dry run: would create Job %s/%s: %s", self.namespace, name,
                      json.dumps(manifest, sort_keys=True))
+            if gang:
+                service = self.service_manifest(manifest)
+                self.last_services.append(service)
+                del self.last_services[:-1000]
+                log.info("dry run: would create Service %s/%s: %s", self.namespace, name,
+                         json.dumps(service, sort_keys=True))
             return name
+        uid = None
         try:
-            self._call("create", lambda **kw: self.batch.create_namespaced_job(
+            body = self._call("create", lambda **kw: self.batch.create_namespaced_job(
                 self.namespace, manifest, _content_type="application/json", **kw))
+            uid = (body.get("metadata") or {}).get("uid")
             log.info("created Job %s/%s for unit %s attempt %d", self.namespace, name, unit_id,
                      attempt)
         except _Conflict:
-            self._adopt(name, unit_id, attempt)
+            uid = self._adopt(name, unit_id, attempt)
+        if gang:
+            self._gangs.add(name)
+            self._create_service(self.service_manifest(manifest, uid))
         return name
+
+    def _create_service(self, service: dict[str, Any]) -> None:
+        """Create a gang's Service (one already there, e.g. from a create retried after a lost
+        response, is fine: same name, same Job)."""
+        self.last_services.append(service)
+        del self.last_services[:-1000]
+        try:
+            self._call("create", lambda **kw: self.core.create_namespaced_service(
+                self.namespace, service, _content_type="application/json", **kw),
+                resource="services")
+            log.info("created headless Service %s/%s", self.namespace,
+                     service["metadata"]["name"])
+        except _Conflict:
+            pass
+
+    def jobset_available(self) -> bool:
+        """Whether the API server serves the JobSet API (``jobset.x-k8s.io``), by discovery."""
+        if self.api_client is None:
+            return False
+        try:
+            body = self._call("get", lambda **kw: kubernetes.client.ApisApi(
+                self.api_client).get_api_versions(**kw), resource="apis (discovery)")
+        except (_NotFound, ClusterPermissionError, ClusterRejectedError):
+            return False
+        return any(group.get("name") == JOBSET_GROUP for group in body.get("groups") or ())
+
+    def _say_which_gang_api(self) -> None:
+        if self._jobset is not None:
+            return
+        try:
+            self._jobset = self.jobset_available()
+        except ClusterUnavailableError:
+            return  # asked again with the next gang
+        if self._jobset:
+            log.info("the JobSet API (%s) is installed, but multi-node units run as Indexed "
+                     "Jobs with a headless Service (idlegpu does not create JobSets)",
+                     JOBSET_GROUP)
+        else:
+            log.info("multi-node units run as Indexed Jobs with a headless Service (no JobSet "
+                     "API, %s, on this cluster)", JOBSET_GROUP)
 
     def stop(self, name: str, *, reason: str, kind: StopKind, now: datetime) -> None:
         """Suspend the Job, writing why (``kind``, ``reason``) and when (``now``, the daemon's
@@ -627,6 +811,15 @@ class KubernetesCluster:
             log.info("deleted stopped Job %s/%s", self.namespace, name)
         except _NotFound:
             pass
+        if name in self._gangs:
+            # the garbage collector removes it with the Job too; a cluster without one must not
+            # keep a Service for every rolled-back attempt
+            try:
+                self._call("delete", lambda **kw: self.core.delete_namespaced_service(
+                    name, self.namespace, **kw), resource="services")
+            except _NotFound:
+                pass
+            self._gangs.discard(name)
 
     def observe(self) -> list[ClusterJob]:
         """This instance's Jobs with their phase, and with their pods' real start (container
@@ -648,6 +841,8 @@ class KubernetesCluster:
                                   pods.get(item["metadata"].get("name"), []))
             if job is not None:
                 jobs.append(job)
+                if job.pods > 1:
+                    self._gangs.add(job.name)
         return sorted(jobs, key=lambda j: j.name)
 
     def _pods_by_job(self) -> dict[str, list[dict[str, Any]]] | None:
@@ -705,6 +900,7 @@ class KubernetesCluster:
             **kw), "pods")
         used: dict[str, list[float]] = {name: [0.0, 0.0, 0.0] for name in wanted}
         bound: set[str] = set()
+        bound_at: set[tuple[str, str]] = set()
         for pod in pods:
             spec = pod.get("spec") or {}
             on = spec.get("nodeName")
@@ -718,6 +914,7 @@ class KubernetesCluster:
             owner = next((labels[k] for k in JOB_NAME_LABELS if labels.get(k)), None)
             if owner:
                 bound.add(owner)
+                bound_at.add((owner, on))
         states = []
         for name, item in sorted(wanted.items()):
             status = item.get("status") or {}
@@ -736,7 +933,8 @@ class KubernetesCluster:
                 and all(_tolerated(taint, self.tolerations)
                         for taint in (item.get("spec") or {}).get("taints") or []),
                 ready=ready))
-        return NodeView(tuple(states), observed_at=now, bound_jobs=frozenset(bound))
+        return NodeView(tuple(states), observed_at=now, bound_jobs=frozenset(bound),
+                        bound_at=frozenset(bound_at))
 
     def _list_all(self, fn: Callable[..., Any], resource: str) -> list[dict[str, Any]]:
         """Every item of a (cluster-wide) list, 500 a page."""
@@ -760,7 +958,7 @@ class KubernetesCluster:
         except _NotFound:
             return None
 
-    def _adopt(self, name: str, unit_id: str, attempt: int) -> None:
+    def _adopt(self, name: str, unit_id: str, attempt: int) -> str | None:
         job = self._get(name)
         if job is None:  # deleted between our create and get: create it next cycle
             raise ClusterUnavailableError(
@@ -778,6 +976,7 @@ class KubernetesCluster:
                 f"{attempt} of this idlegpu instance ({self.instance or 'any'}; labels {labels}); "
                 f"delete or rename it")
         log.info("adopted existing Job %s/%s for unit %s", self.namespace, name, unit_id)
+        return meta.get("uid")
 
     def _call(self, verb: str, fn: Callable[..., Any], resource: str = "jobs.batch") -> Any:
         """Run one API call with retries; return its JSON body as a dict."""
@@ -963,7 +1162,8 @@ def _phase(job: dict[str, Any], pods: list[dict[str, Any]] | None) -> tuple[JobP
     conds = _conditions(job)
     annotations = (job.get("metadata") or {}).get("annotations") or {}
     stopped = annotations.get(ANN_STOP_KIND)
-    if (status.get("succeeded") or 0) > 0 or "Complete" in conds:
+    completions = int(spec.get("completions") or 1)
+    if (status.get("succeeded") or 0) >= completions or "Complete" in conds:
         return JobPhase.SUCCEEDED, (conds.get("Complete") or {}).get("message", "")
     if "Failed" in conds:
         cond = conds["Failed"]
@@ -994,6 +1194,14 @@ def _phase(job: dict[str, Any], pods: list[dict[str, Any]] | None) -> tuple[JobP
             conds.get("Suspended") or {}).get("message", "")
     ready = status.get("ready")
     active = status.get("active") or 0
+    if completions > 1:  # a gang runs once every pod runs; until then it waits, whole
+        live = [pod for pod in pods or () if _pod_holds_gpus(pod)]
+        running = max(ready or 0, sum(1 for pod in live if _pod_ready(pod)))
+        if running + (status.get("succeeded") or 0) >= completions:  # ranks may end early
+            return JobPhase.RUNNING, ""
+        bound = sum(1 for pod in live if (pod.get("spec") or {}).get("nodeName"))
+        return JobPhase.PENDING, (f"{running} of {completions} pods running, {bound} placed"
+                                  if active or live else "")
     if (ready or 0) > 0 or any(_pod_ready(pod) for pod in pods or ()):
         return JobPhase.RUNNING, ""
     if active > 0 and ready is None:  # a server older than status.ready (1.24)
@@ -1012,7 +1220,7 @@ def _gpus(job: dict[str, Any]) -> int:
             total += int(str(limits.get(GPU_RESOURCE, 0)))
         except ValueError:
             pass
-    return total
+    return total * int((job.get("spec") or {}).get("parallelism") or 1)
 
 
 def _clock_offset(meta: dict[str, Any]) -> timedelta:
@@ -1066,4 +1274,7 @@ def _to_cluster_job(job: dict[str, Any],
         message=" ".join(str(message).split()),
         stop_kind=kind,
         stopped_at=_parse_time(annotations.get(ANN_STOPPED_AT)),
+        pods=int((job.get("spec") or {}).get("parallelism") or 1),
+        pods_bound=sum(1 for p in pods or () if _pod_holds_gpus(p)
+                       and (p.get("spec") or {}).get("nodeName")),
     )
