@@ -129,6 +129,65 @@ def test_logged_out_the_reports_pages_redirect_to_the_login(site):
     assert urlparse(driver.current_url).path == "/login"
 
 
+def test_the_accuracy_page_computes_off_the_request_and_shows_each_services_coverage(site):
+    """The first test to ask for the accuracy (of 3 evenings): it is not computed yet."""
+    from scheduler.reports import forecast_check_days
+
+    console, _, driver, _ = site
+    login(driver, console.url, console.tokens["olga"], f"/reports/accuracy?days={DAYS}")
+    browser_session = session(driver)
+    first = driver.find_element(By.ID, "accuracy")
+    assert first.get_attribute("data-state") == "computing"
+    progress = driver.find_element(By.ID, "accuracy-progress").text
+    assert f"of {DAYS} evenings scored" in progress
+    assert driver.find_element(By.CSS_SELECTOR, "meta[http-equiv=refresh]")
+    # meanwhile the other pages answer (the refits run on their own thread)
+    assert browser_session.get(f"{console.url}/reports/{MONTH}", timeout=30).status_code == 200
+    assert browser_session.get(f"{console.url}/queue", timeout=30).status_code == 200
+    # the same machinery called directly, on the same history up to the server's clock
+    settings = settings_for(Path(tempfile.gettempdir()))
+    history = read_history(HISTORY)
+    history = history[history["ds"] <= pd.Timestamp(NOW)]
+    last = date(2026, 1, 27)  # the last evening (17:00) whose next 24 h are over at 17:00
+    direct = forecast_check_days(history, settings, last - timedelta(days=DAYS - 1), last)
+    wait(driver, 180).until(
+        lambda d: d.find_element(By.ID, "accuracy").get_attribute("data-state") == "ready")
+    assert not driver.find_elements(By.CSS_SELECTOR, "meta[http-equiv=refresh]")
+    assert driver.find_element(By.ID, "accuracy-first").text == "Sun 25 Jan 17:00 KST"
+    assert driver.find_element(By.ID, "accuracy-last").text == "Tue 27 Jan 17:00 KST"
+    rows = {r.get_attribute("data-service"): r for r in driver.find_elements(
+        By.CSS_SELECTOR, "#accuracy-services tbody tr")}
+    assert set(rows) == set(direct.services["service"]) == {"chat", "code", "summarize",
+                                                           "embed"}
+    for r in direct.services.itertuples():
+        assert rows[r.service].find_element(By.CSS_SELECTOR, "td.coverage").text == \
+            format_share(r.coverage)
+        assert rows[r.service].find_element(By.CSS_SELECTOR, "td.strict").text == \
+            format_share(r.strict_coverage)
+        assert rows[r.service].find_element(By.CSS_SELECTOR, "td.verdict").text == r.verdict
+    pooled = {c.get_attribute("data-field"): c.text for c in driver.find_elements(
+        By.CSS_SELECTOR, "#accuracy-pooled td[data-field]")}
+    a = direct.accuracy
+    assert pooled == {"coverage": format_share(a["coverage"]),
+                      "strict": format_share(a["strict_coverage"]),
+                      "precision": format_share(a["precision"]),
+                      "recall": format_share(a["recall"])}
+    lines = driver.find_elements(By.CSS_SELECTOR, "#daily-chart g.service")
+    assert [int(g.get_attribute("data-points")) for g in lines] == [DAYS] * 4
+    assert driver.find_element(By.CSS_SELECTOR, "#daily-chart line.target")
+    assert driver.execute_script("return document.documentElement.scrollWidth") <= 1366
+    driver.save_screenshot(str(Path(tempfile.gettempdir()) / "console-accuracy.png"))
+    # /reports sums it up (the same figures), cached: no second computation
+    driver.get(f"{console.url}/reports?days={DAYS}")
+    summary = {r.get_attribute("data-service"): r.find_element(By.CSS_SELECTOR,
+                                                               "td.coverage").text
+               for r in driver.find_elements(By.CSS_SELECTOR, "#accuracy-services tbody tr")}
+    assert summary == {r.service: format_share(r.coverage) for r in direct.services.itertuples()}
+    assert driver.find_element(By.ID, "accuracy").get_attribute("data-state") == "ready"
+    bad = browser_session.get(f"{console.url}/reports/accuracy?days=29", timeout=30)
+    assert bad.status_code == 422 and "days: &#39;29&#39;" in bad.text and "1 to 28" in bad.text
+
+
 def test_a_viewer_sees_the_months_figures_as_the_report_wrote_them(site):
     console, _, driver, folder = site
     login(driver, console.url, console.tokens["victor"], f"/reports?days={DAYS}")
@@ -226,64 +285,6 @@ def test_the_files_route_serves_only_the_months_own_files(site):
     assert missing.status_code == 404 and "idlegpu report --month 2026-02" in missing.text
     bad = browser_session.get(f"{console.url}/reports/2026-13", timeout=30)
     assert bad.status_code == 422 and "month: &#39;2026-13&#39; is not a month" in bad.text
-
-
-def test_the_accuracy_page_computes_off_the_request_and_shows_each_services_coverage(site):
-    from scheduler.reports import forecast_check_days
-
-    console, _, driver, _ = site
-    login(driver, console.url, console.tokens["olga"], f"/reports/accuracy?days={DAYS}")
-    browser_session = session(driver)
-    first = driver.find_element(By.ID, "accuracy")
-    assert first.get_attribute("data-state") == "computing"
-    progress = driver.find_element(By.ID, "accuracy-progress").text
-    assert f"of {DAYS} evenings scored" in progress
-    assert driver.find_element(By.CSS_SELECTOR, "meta[http-equiv=refresh]")
-    # meanwhile the other pages answer (the refits run on their own thread)
-    assert browser_session.get(f"{console.url}/reports/{MONTH}", timeout=30).status_code == 200
-    assert browser_session.get(f"{console.url}/queue", timeout=30).status_code == 200
-    # the same machinery called directly, on the same history up to the server's clock
-    settings = settings_for(Path(tempfile.gettempdir()))
-    history = read_history(HISTORY)
-    history = history[history["ds"] <= pd.Timestamp(NOW)]
-    last = date(2026, 1, 27)  # the last evening (17:00) whose next 24 h are over at 17:00
-    direct = forecast_check_days(history, settings, last - timedelta(days=DAYS - 1), last)
-    wait(driver, 180).until(
-        lambda d: d.find_element(By.ID, "accuracy").get_attribute("data-state") == "ready")
-    assert not driver.find_elements(By.CSS_SELECTOR, "meta[http-equiv=refresh]")
-    assert driver.find_element(By.ID, "accuracy-first").text == "Sun 25 Jan 17:00 KST"
-    assert driver.find_element(By.ID, "accuracy-last").text == "Tue 27 Jan 17:00 KST"
-    rows = {r.get_attribute("data-service"): r for r in driver.find_elements(
-        By.CSS_SELECTOR, "#accuracy-services tbody tr")}
-    assert set(rows) == set(direct.services["service"]) == {"chat", "code", "summarize",
-                                                           "embed"}
-    for r in direct.services.itertuples():
-        assert rows[r.service].find_element(By.CSS_SELECTOR, "td.coverage").text == \
-            format_share(r.coverage)
-        assert rows[r.service].find_element(By.CSS_SELECTOR, "td.strict").text == \
-            format_share(r.strict_coverage)
-        assert rows[r.service].find_element(By.CSS_SELECTOR, "td.verdict").text == r.verdict
-    pooled = {c.get_attribute("data-field"): c.text for c in driver.find_elements(
-        By.CSS_SELECTOR, "#accuracy-pooled td[data-field]")}
-    a = direct.accuracy
-    assert pooled == {"coverage": format_share(a["coverage"]),
-                      "strict": format_share(a["strict_coverage"]),
-                      "precision": format_share(a["precision"]),
-                      "recall": format_share(a["recall"])}
-    lines = driver.find_elements(By.CSS_SELECTOR, "#daily-chart g.service")
-    assert [int(g.get_attribute("data-points")) for g in lines] == [DAYS] * 4
-    assert driver.find_element(By.CSS_SELECTOR, "#daily-chart line.target")
-    assert driver.execute_script("return document.documentElement.scrollWidth") <= 1366
-    driver.save_screenshot(str(Path(tempfile.gettempdir()) / "console-accuracy.png"))
-    # /reports sums it up (the same figures), cached: no second computation
-    driver.get(f"{console.url}/reports?days={DAYS}")
-    summary = {r.get_attribute("data-service"): r.find_element(By.CSS_SELECTOR,
-                                                               "td.coverage").text
-               for r in driver.find_elements(By.CSS_SELECTOR, "#accuracy-services tbody tr")}
-    assert summary == {r.service: format_share(r.coverage) for r in direct.services.itertuples()}
-    assert driver.find_element(By.ID, "accuracy").get_attribute("data-state") == "ready"
-    bad = browser_session.get(f"{console.url}/reports/accuracy?days=29", timeout=30)
-    assert bad.status_code == 422 and "days: &#39;29&#39;" in bad.text and "1 to 28" in bad.text
 
 
 def test_a_history_too_short_for_the_window_says_so():
