@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import tempfile
+from datetime import datetime
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -151,7 +152,20 @@ def test_submit_shows_the_error_at_the_field_then_submits_and_cancels(console_se
                            "arguments[0].dispatchEvent(new Event('input'));", area, fixed)
     wait(browser).until(lambda d: d.find_element(By.ID, "validity").text.startswith("valid"))
     assert not error.is_displayed()
-    assert len(browser.find_elements(By.CSS_SELECTOR, "#preview tbody tr")) == 1
+    (row,) = browser.find_elements(By.CSS_SELECTOR, "#preview tbody tr")
+    cells = [c.text for c in row.find_elements(By.TAG_NAME, "td")]
+    # the planner's estimate (the user's 1 h times 1.3) and tonight's start as if submitted
+    # now, in the pool's zone, as the API's dry run planned it
+    assert cells[3] == "1.3 h (user)", cells
+    planned = requests.post(f"{console_server.url}/v1/requests/validate", data=fixed,
+                            timeout=60, headers={"Content-Type": "application/yaml",
+                                                 "Authorization": "Bearer "
+                                                 + console_server.tokens["alice"]}).json()
+    start = planned["units"][0]["plan"]["start_at"]
+    assert start and row.find_element(By.CSS_SELECTOR, "td.start time").get_attribute(
+        "datetime") == start
+    shown = datetime.fromisoformat(start).strftime("%a %d %b %H:%M") + " KST"
+    assert cells[4] == shown and cells[5] == planned["units"][0]["plan"]["reason"]
     browser.find_element(By.ID, "submit").click()
     wait(browser).until(lambda d: urlparse(d.current_url).path.startswith("/requests/"))
     assert find(browser, "#notice").text == "submitted"
@@ -171,6 +185,35 @@ def test_submit_shows_the_error_at_the_field_then_submits_and_cancels(console_se
     assert not browser.find_elements(By.ID, "cancel")  # nothing left to cancel
     state = console_server.store.unit(unit).state.value
     assert state == "cancelled"
+
+
+def test_a_request_file_is_loaded_and_validated_a_binary_or_too_big_one_refused(
+        console_server, browser, tmp_path):
+    login(browser, console_server.url, console_server.tokens["alice"], "/submit")
+    upload = browser.find_element(By.ID, "upload")
+    status = browser.find_element(By.ID, "upload-status")
+    label = browser.find_element(By.CSS_SELECTOR, "label[for=upload]").text
+    assert "request file" in label
+    good = tmp_path / "mine.yaml"
+    good.write_text(bad_request().replace("docker.io/someone/trainer:1.0", IMAGE), "utf-8")
+    upload.send_keys(str(good))
+    wait(browser).until(lambda d: d.find_element(By.ID, "validity").text.startswith("valid"))
+    assert browser.find_element(By.ID, "request").get_attribute("value") == good.read_text()
+    assert status.text == f"loaded mine.yaml ({good.stat().st_size} bytes)"
+    binary = tmp_path / "model.bin"
+    binary.write_bytes(bytes(range(256)) * 4)
+    upload.send_keys(str(binary))
+    wait(browser).until(lambda d: "not a text file" in status.text)
+    assert status.get_attribute("class") == "error"
+    limit = int(browser.find_element(By.ID, "submit-form").get_attribute("data-max-bytes"))
+    big = tmp_path / "big.yaml"
+    big.write_text("# " + "x" * limit + "\n", "utf-8")
+    upload.send_keys(str(big))
+    wait(browser).until(lambda d: "over the server's limit" in status.text)
+    assert f"big.yaml is {big.stat().st_size} bytes" in status.text
+    assert "(api.max_body_bytes)" in status.text
+    # neither replaced what was loaded
+    assert browser.find_element(By.ID, "request").get_attribute("value") == good.read_text()
 
 
 def test_a_member_of_another_team_sees_it_but_cannot_cancel_an_operator_can(console_server, browser):

@@ -43,12 +43,29 @@ QUEUE_LIMIT = 20_000
 PAGE_ROWS = 500
 """Units per queue page (a browser takes seconds to lay out 10,000 rows)."""
 EXAMPLES = HERE.parents[1] / "examples" / "jobs"
+"""The example requests in a checkout; an install has them as data files (pyproject.toml)."""
+INSTALLED_EXAMPLES = "share/idlegpu/examples/jobs/"
 
 
 def _examples() -> dict[str, str]:
-    if not EXAMPLES.is_dir():
+    """The example requests by file name: the checkout's ``examples/jobs``, else those the
+    installed distribution holds (``<prefix>/share/idlegpu/examples/jobs``)."""
+    if EXAMPLES.is_dir():
+        return {p.name: p.read_text(encoding="utf-8") for p in sorted(EXAMPLES.glob("*.yaml"))}
+    from importlib import metadata
+
+    try:
+        files = metadata.distribution("idlegpu").files or []
+    except metadata.PackageNotFoundError:
         return {}
-    return {p.name: p.read_text(encoding="utf-8") for p in sorted(EXAMPLES.glob("*.yaml"))}
+    found = {}
+    for file in files:
+        path = file.as_posix()
+        if INSTALLED_EXAMPLES in path and path.endswith(".yaml"):
+            located = Path(file.locate())
+            if located.is_file():
+                found[located.name] = located.read_text(encoding="utf-8")
+    return dict(sorted(found.items()))
 
 
 class _Stash:
@@ -661,7 +678,7 @@ def add_console(app: FastAPI, settings, store, authenticator: Authenticator, rea
                         message=f"role {who.role} may not submit requests: viewers read only")
         text = examples.get(example, "")
         return render("submit.html", request, who, session, examples=sorted(examples),
-                    example=example, text=text, error=None, preview=None)
+                    example=example, text=text, error=None, preview=None, **submit_page_data())
 
     @app.get("/console/examples/{name}", include_in_schema=False)
     async def example_text(name: str, request: Request) -> Response:
@@ -688,7 +705,20 @@ def add_console(app: FastAPI, settings, store, authenticator: Authenticator, rea
         error = (answer or {}).get("error") if status >= 400 else None
         return render("submit.html", request, who, session, status=200 if error is None else 422,
                     examples=sorted(examples), example="", text=text, error=error,
-                    preview=None if error else answer)
+                    preview=None if error else answer, **submit_page_data())
+
+    def submit_page_data() -> dict[str, Any]:
+        """What submit.js needs: the upload's bound (the API's body limit) and the zone's
+        abbreviation per UTC offset over the next two days (to show a time as the server's
+        ``local`` does, ``Thu 29 Jan 02:10 KST``)."""
+        at = pd.Timestamp(now()).tz_convert(tz)
+        zones = {}
+        for hour in range(0, 49):
+            moment = at + pd.Timedelta(hours=hour)
+            offset = moment.strftime("%z")
+            zones[f"{offset[:3]}:{offset[3:]}"] = moment.strftime("%Z")
+        return {"max_bytes": settings.api.max_body_bytes,
+                "zones": json.dumps(zones, separators=(",", ":"))}
 
     app.state.console_pool_json = pool_json
     app.state.console_plan_cache = plan_stash

@@ -1,6 +1,7 @@
-// idlegpu console: live validation of a pasted request through the API (POST
+// idlegpu console: live validation of a pasted or uploaded request through the API (POST
 // /v1/requests/validate with the session's CSRF token), the error at its field, a preview of
-// the units it expands to, and the examples of examples/jobs/.
+// the units it expands to with their runtime estimates and tonight's estimated starts, and
+// the example requests.
 "use strict";
 (function () {
   var form = document.getElementById("submit-form");
@@ -9,6 +10,12 @@
   var validity = document.getElementById("validity");
   var preview = document.querySelector("#preview tbody");
   var example = document.getElementById("example");
+  var upload = document.getElementById("upload");
+  var uploadStatus = document.getElementById("upload-status");
+  var maxBytes = Number(form.getAttribute("data-max-bytes"));
+  var zones = JSON.parse(form.getAttribute("data-zones") || "{}");
+  var DAYS = ["Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat"];
+  var MONTHS = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"];
   var csrf = form.querySelector("input[name=csrf]").value;
   var timer = null, seq = 0;
 
@@ -38,13 +45,32 @@
     error.hidden = false; area.classList.add("invalid"); area.setAttribute("aria-invalid", "true");
   }
   function hours(s) { return s === null || s === undefined ? "—" : s < 3600 ? Math.round(s / 60) + " min" : (s / 3600).toFixed(1) + " h"; }
+  // an ISO time of the API (in the pool's zone, with its offset) as the pages show times:
+  // "Thu 29 Jan 02:10 KST"
+  function local(iso) {
+    var m = /^(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2})(?::[\d.]+)?([+-]\d{2}:\d{2}|Z)$/.exec(iso || "");
+    if (!m) return iso || "—";
+    var day = new Date(Date.UTC(+m[1], +m[2] - 1, +m[3])).getUTCDay();
+    var offset = m[6] === "Z" ? "+00:00" : m[6];
+    return DAYS[day] + " " + m[3] + " " + MONTHS[+m[2] - 1] + " " + m[4] + ":" + m[5] + " " + (zones[offset] || "UTC" + offset);
+  }
+  function cell(tr, text, className) {
+    var td = document.createElement("td"); td.textContent = String(text); if (className) td.className = className; tr.appendChild(td); return td;
+  }
   function showPreview(units) {
     preview.replaceChildren();
     (units || []).forEach(function (u) {
       var tr = document.createElement("tr");
-      [u.step, u.member, u.gpus, hours(u.runtime_estimate_s), u.image].forEach(function (v, k) {
-        var td = document.createElement("td"); td.textContent = String(v); if (k === 2) td.className = "num"; tr.appendChild(td);
-      });
+      var plan = u.plan || {}, runtime = u.runtime || {};
+      cell(tr, u.step); cell(tr, u.member); cell(tr, u.gpus, "num");
+      var est = cell(tr, hours(runtime.seconds) + " ");
+      var source = document.createElement("span"); source.className = "source"; source.textContent = "(" + (runtime.source || "?") + ")";
+      est.appendChild(source);
+      var start = cell(tr, "", "start");
+      if (plan.start_at) { var time = document.createElement("time"); time.setAttribute("datetime", plan.start_at); time.textContent = local(plan.start_at); start.appendChild(time); }
+      else start.textContent = "not tonight";
+      cell(tr, plan.reason || "");
+      var image = cell(tr, ""); var code = document.createElement("code"); code.textContent = u.image; image.appendChild(code);
       preview.appendChild(tr);
     });
   }
@@ -70,6 +96,28 @@
     fetch(example.getAttribute("data-source") + encodeURIComponent(example.value), { credentials: "same-origin" })
       .then(function (r) { return r.text(); })
       .then(function (t) { area.value = t; validate(); });
+  });
+  upload.addEventListener("change", function () {
+    var file = upload.files && upload.files[0];
+    if (!file) return;
+    if (file.size > maxBytes) {
+      uploadStatus.textContent = file.name + " is " + file.size + " bytes, over the server's limit of " + maxBytes + " (api.max_body_bytes); not loaded";
+      uploadStatus.className = "error"; upload.value = ""; return;
+    }
+    var reader = new FileReader();
+    reader.onload = function () {
+      var text = String(reader.result);
+      // a NUL or an undecodable byte (shown as U+FFFD): not a YAML text file
+      if (/[\u0000\ufffd]/.test(text)) {
+        uploadStatus.textContent = file.name + " is not a text file (a request is YAML text); not loaded";
+        uploadStatus.className = "error"; upload.value = ""; return;
+      }
+      area.value = text; example.value = "";
+      uploadStatus.textContent = "loaded " + file.name + " (" + file.size + " bytes)"; uploadStatus.className = "help";
+      validate();
+    };
+    reader.onerror = function () { uploadStatus.textContent = file.name + " could not be read"; uploadStatus.className = "error"; };
+    reader.readAsText(file, "utf-8");
   });
   if (area.value.trim()) validate();
 })();
