@@ -50,7 +50,8 @@ def test_run_once_dry_run_replays_a_past_evening(tmp_path, cli):
     job = docs[0]
     assert job["spec"]["template"]["spec"]["priorityClassName"] == "idlegpu-best-effort"
     limits = job["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
-    assert limits["nvidia.com/gpu"] == "32"
+    # the example's 32 GPUs are a gang of 4 pods of 8 (an Indexed Job)
+    assert limits["nvidia.com/gpu"] == "8" and job["spec"]["parallelism"] == 4
     assert "admit" in err and "1 Job(s) would be created" in err
     assert "admit" not in out and "would be created" not in out
     code, out, _ = cli(["queue", "--store", store])
@@ -66,7 +67,7 @@ def test_dry_run_manifests_keep_number_like_args_strings(tmp_path, cli):
         assert re.search(rf"^\s*- '{arg}'$", out, re.M), (arg, out)  # quoted in the stream
     container = next(yaml.safe_load_all(out))["spec"]["template"]["spec"]["containers"][0]
     assert container["args"][-len(TRICKY_ARGS):] == TRICKY_ARGS
-    env = {e["name"]: e["value"] for e in container["env"]}
+    env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["USE_FLASH"] == "yes" and env["SEED"] == "0x10"
 
 
