@@ -9,7 +9,6 @@ import os
 import shutil
 import subprocess
 import sys
-import sysconfig
 import zipfile
 from pathlib import Path
 
@@ -40,12 +39,20 @@ def test_a_wheel_ships_the_examples_and_the_installed_console_lists_them(tmp_pat
                    if "/data/share/idlegpu/examples/jobs/" in n}
     assert shipped == wanted
 
-    prefix = tmp_path / "prefix"
+    # installed into an empty virtual environment of its own (pip run for it with --python):
+    # never into the environment running the tests, whose idlegpu pip would uninstall first
+    target = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(target)], check=True,
+                   timeout=120)
+    python = target / "bin" / "python"
     installed = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "-q",
-         "--prefix", str(prefix), str(wheel)], capture_output=True, text=True, timeout=300)
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps",
+         "--no-index", "-q", str(wheel)], capture_output=True, text=True, timeout=300)
     assert installed.returncode == 0, installed.stderr
-    site = Path(sysconfig.get_path("purelib", vars={"base": str(prefix)}))
+    site = Path(subprocess.run([str(python), "-c", "import sysconfig; "
+                                "print(sysconfig.get_path('purelib'))"], capture_output=True,
+                               text=True, check=True, timeout=60).stdout.strip())
+    assert (target / "share/idlegpu/examples/jobs").is_dir()
     # the console from the install, not from this checkout's editable install (its finder)
     probe = (
         "import json, sys\n"
