@@ -42,7 +42,7 @@ EXPECTED = {
         ],
     ),
     "03_capacity_planning.ipynb": (
-        4,
+        5,
         [
             r"useful_gpu_hours",
             r"oracle",
@@ -51,6 +51,9 @@ EXPECTED = {
             r"job mix",
             r"Tighter night floors would free \d+ GPUs every night",
             r"suggested_night_min",
+            r"With bin-packing scoring on the inference scheduler, [\d.]+ (more|fewer) whole "
+            r"nodes are free each night \(worth [+-][\d,]+ GPU-hours a month\)",
+            r"service_unplaced_gpu_hours",  # the simulation on nodes
         ],
     ),
     "04_monthly_report.ipynb": (
