@@ -846,7 +846,11 @@ def unknown_field(root: type[BaseModel], loc: Sequence[Any]) -> str:
 
 def format_validation_error(exc: ValidationError, *, env: Mapping[str, str] | None = None) -> str:
     """All problems of a pydantic error on one line, each naming its field (or, for a value
-    from the environment, its variable: ``env`` maps config paths to variable names)."""
+    from the environment, its variable: ``env`` maps config paths to variable names). The value
+    of a secret field (``bearer_token``, a password...) is never shown, and credentials in any
+    other value (a URL's password) are masked."""
+    from forecast.redact import is_secret_field, redact
+
     parts = []
     for err in exc.errors():
         loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
@@ -863,6 +867,8 @@ def format_validation_error(exc: ValidationError, *, env: Mapping[str, str] | No
             if err["type"] not in ("missing", "extra_forbidden") and not isinstance(got, dict | list)
             else ""
         )
-        parts.append(f"{loc}: {msg}{shown}")
+        if shown and any(is_secret_field(str(p)) for p in err["loc"]):
+            shown = " (the value is not shown: it is a secret)"
+        parts.append(redact(f"{loc}: {msg}{shown}"))
     return "; ".join(parts)
 

@@ -22,8 +22,6 @@ import threading
 import warnings
 from urllib.parse import urlsplit
 
-from urllib3.exceptions import InsecureRequestWarning
-
 __all__ = ["MASK", "RedactingFilter", "is_secret_field", "redact", "warn_unverified_tls"]
 
 MASK = "***"
@@ -97,6 +95,8 @@ def warn_unverified_tls(url: str) -> None:
     """Say once per process that ``url``'s certificate is not checked, and silence urllib3's
     ``InsecureRequestWarning`` (one per request) for that host only: other code's unverified
     requests to other hosts still warn."""
+    from urllib3.exceptions import InsecureRequestWarning  # here: redact stays light to import
+
     parts = urlsplit(url)
     host = parts.hostname or ""
     with _lock:

@@ -43,7 +43,9 @@ def plain(value: object) -> str:
 
 
 def _warning(text: str) -> Text:
-    return Text.assemble(("warning:", "yellow"), " ", plain(text))
+    from forecast.redact import redact
+
+    return Text.assemble(("warning:", "yellow"), " ", plain(redact(text)))
 
 _state = {"debug": False}
 
@@ -975,6 +977,7 @@ def run(
     from that moment on, --speed times faster than real time)."""
     from rich.table import Table
 
+    from forecast.redact import redact
     from scheduler.adapters.store import JobStore
     from scheduler.controller import Controller
     from scheduler.daemon import Daemon, ForecastProvider, write_last_month_report
@@ -1034,7 +1037,7 @@ def run(
             out.print(
                 f"{len(report.created)} Job(s) {'would be ' if dry_run else ''}created, "
                 f"{len(report.stopped)} stopped, {len(report.recreated)} recreated after a "
-                f"restart; store: {_store_url(settings, store)}"
+                f"restart; store: {redact(_store_url(settings, store))}"
             )
             return
         from scheduler.clock import ReplayClock, WallClock
@@ -1057,6 +1060,10 @@ def run(
         # one plain line per event on stderr, for the cluster's log collector
         logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        from forecast.redact import RedactingFilter
+
+        for handler in logging.getLogger().handlers:  # urllib3's retries, the API client...
+            handler.addFilter(RedactingFilter())
         logging.getLogger("apscheduler").setLevel(logging.WARNING)  # a line per job run is noise
         port = settings.daemon.metrics_port
         replay = (f"; replaying from {moment.astimezone(settings.pool.tz):%Y-%m-%d %H:%M} at "
@@ -1596,9 +1603,11 @@ def main(argv: list[str] | None = None) -> None:
     except (IdlegpuError, typer.BadParameter) as exc:  # a bad option value is one line too
         if "--debug" in args:
             raise
+        from forecast.redact import redact
+
         message = exc.format_message() if isinstance(exc, typer.BadParameter) else exc
-        # a message may quote what the user wrote: plain text, never markup
-        err_console.print(Text.assemble(("error:", "bold red"), " ", plain(message)),
+        # a message may quote what the user wrote: plain text, never markup, no credentials
+        err_console.print(Text.assemble(("error:", "bold red"), " ", plain(redact(message))),
                           highlight=False, soft_wrap=True)
         raise SystemExit(2) from None
     except typer.TyperException as exc:  # other usage errors (an unknown option...): as click

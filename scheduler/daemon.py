@@ -45,11 +45,14 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from forecast.errors import IdlegpuError
+from forecast.redact import RedactingFilter
 from scheduler.clock import Clock, as_clock, real_seconds, refresh_due, report_due
 from scheduler.controller import Controller, PassReport
 from scheduler.types import Action
 
 log = logging.getLogger("idlegpu.daemon")
+# every line, every 15 s, may quote a source's error: never with its credentials
+log.addFilter(RedactingFilter())
 
 
 class DaemonMetrics:

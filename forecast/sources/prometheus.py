@@ -407,6 +407,8 @@ def _fetch_one(clients: _Clients, req: _Request) -> tuple[np.ndarray, np.ndarray
             params={"query": req.query.query, "start": chunk.start, "end": chunk.end,
                     "step": chunk.step},
             timeout=clients.settings.prometheus.timeout_seconds,
+            # per request: a session's verify loses to $REQUESTS_CA_BUNDLE (requests #3829)
+            verify=clients.settings.prometheus.verify_tls,
         )
         body = resp.content
     except requests.exceptions.RequestException as exc:

@@ -54,6 +54,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from forecast.config import Settings
 from forecast.errors import TemporaryError
+from forecast.redact import redact, warn_unverified_tls
 from forecast.schema import (
     DESIRED_REPLICAS,
     KV_CACHE_USAGE,
@@ -216,9 +217,12 @@ class PrometheusSignals(_SignalReader):
         self.settings = settings
         cfg = settings.prometheus
         self.url = cfg.url.rstrip("/")
+        self.shown_url = redact(self.url)  # what messages show: no credentials
         self.timeout_s = float(timeout_s if timeout_s is not None else cfg.timeout_seconds)
         self.session = session if session is not None else requests.Session()
         self.session.verify = cfg.verify_tls
+        if not cfg.verify_tls:
+            warn_unverified_tls(self.url)
         self._headers = {"Accept-Encoding": "identity"}
         if cfg.bearer_token:
             self._headers["Authorization"] = f"Bearer {cfg.bearer_token}"
@@ -331,23 +335,25 @@ class PrometheusSignals(_SignalReader):
                 params={"query": query, "time": f"{at:.3f}"},
                 headers=self._headers,
                 timeout=self.timeout_s,
+                # per request: a session's verify loses to $REQUESTS_CA_BUNDLE (requests #3829)
+                verify=self.session.verify,
             )
         except requests.exceptions.RequestException as exc:
             raise SignalsError(
-                f"Prometheus at {self.url} is unreachable ({type(exc).__name__}: "
+                f"Prometheus at {self.shown_url} is unreachable ({type(exc).__name__}: "
                 f"{_short(exc)}); check prometheus.url"
             ) from None
         try:
             body = resp.json()
         except ValueError:
             raise SignalsError(
-                f"Prometheus at {self.url} answered HTTP {resp.status_code} with something "
-                f"that is not Prometheus JSON ({resp.text[:120]!r})"
+                f"Prometheus at {self.shown_url} answered HTTP {resp.status_code} with "
+                f"something that is not Prometheus JSON ({redact(repr(resp.text[:120]))})"
             ) from None
         if resp.status_code != 200 or body.get("status") != "success":
             raise SignalsError(
-                f"Prometheus at {self.url} refused {query!r} (HTTP {resp.status_code}: "
-                f"{body.get('errorType', '')} {body.get('error', '')})".rstrip()
+                f"Prometheus at {self.shown_url} refused {query!r} (HTTP {resp.status_code}: "
+                + redact(f"{body.get('errorType', '')} {body.get('error', '')})".rstrip())
             )
         data = body.get("data") or {}
         if data.get("resultType") == "scalar":
@@ -456,15 +462,15 @@ class MetricsEndpointSignals(_SignalReader):
                                     headers={"Accept": "text/plain;version=0.0.4"})
         except requests.exceptions.RequestException as exc:
             raise SignalsError(
-                f"vLLM metrics endpoint {url} is unreachable ({type(exc).__name__}: "
+                f"vLLM metrics endpoint {redact(url)} is unreachable ({type(exc).__name__}: "
                 f"{_short(exc)})"
             ) from None
         if resp.status_code != 200:
             raise SignalsError(
-                f"vLLM metrics endpoint {url} answered HTTP {resp.status_code}: "
-                f"{resp.text[:120]!r}"
+                f"vLLM metrics endpoint {redact(url)} answered HTTP {resp.status_code}: "
+                f"{redact(repr(resp.text[:120]))}"
             )
-        return parse_vllm_metrics(resp.text, source=url)
+        return parse_vllm_metrics(resp.text, source=redact(url))
 
 
 def parse_vllm_metrics(text: str, *, source: str = "page") -> dict[str, float]:
@@ -549,7 +555,7 @@ def _unreachable(errs: list[str]) -> bool:
 
 
 def _short(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
+    text = redact(" ".join(str(exc).split()))
     if "Connection refused" in text or "connection refused" in text:
         return "connection refused"
     if "timed out" in text.lower():

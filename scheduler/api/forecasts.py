@@ -81,7 +81,9 @@ class Forecasts:
         self._times = None if frame is None else _sample_times(frame)
 
     def describe(self) -> str:
-        return ("Prometheus at " + self.settings.prometheus.url if self.frame is None
+        from forecast.redact import redact
+
+        return ("Prometheus at " + redact(self.settings.prometheus.url) if self.frame is None
                 else "a recorded history (replayed at the server's clock)")
 
     def get(self, now: datetime) -> ServerForecast:
