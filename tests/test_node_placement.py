@@ -314,3 +314,35 @@ def test_the_report_has_the_idle_capacity_by_job_size(tmp_path, pool):
                                         job_sizes=job_size_idle(history, flat, "2026-01")), {})
     assert "The pool has no node shapes (pool.nodes)" in text
     assert "| 8 GPUs" not in text
+
+
+def test_simulate_cli_places_on_nodes_and_refuses_a_pool_without_node_shapes(tmp_path, cli):
+    config, history, _ = write_pool(tmp_path)
+    trace = tmp_path / "jobs.yaml"
+    trace.write_text(
+        "jobs:\n"
+        "- name: eval-big\n"
+        "  submit_at: 2026-01-12T19:00:00+09:00\n"
+        "  actual_runtime: 5h\n"
+        "  team: evaluation\n"
+        "  kind: eval\n"
+        "  image: registry.example.com/research/lm-eval:0.4.4\n"
+        "  command: [lm_eval]\n"
+        "  gpus: 8\n"
+        "  runtime_estimate: 5h\n"
+    )
+    args = ["simulate", "--config", str(config), "--history", str(history), "--jobs",
+            str(trace), "--policies", "oracle", "--warmup-days", "7", "--days", "1",
+            "--out", str(tmp_path / "sim")]
+    code, out, err = cli([*args, "--placement", "spread"])
+    assert code == 0, err
+    assert "services placed spread on pool.nodes" in " ".join(out.split())
+    runs = pd.read_csv(tmp_path / "sim" / "runs_oracle.csv")
+    assert runs["nodes"].str.fullmatch(r"node-\d").all()  # one whole node
+    (tmp_path / "flat").mkdir()
+    flat, _, _ = write_pool(tmp_path / "flat", nodes=False)
+    code, out, err = cli([*args[:2], str(flat), *args[3:], "--placement", "binpack"])
+    assert code == 2
+    assert "--placement" in err and "pool.nodes" in err
+    code, out, err = cli([*args, "--placement", "random"])
+    assert code == 2 and "choose from pool, spread, binpack" in err
