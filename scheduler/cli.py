@@ -1031,6 +1031,11 @@ def run(
             out.print(table)
             for error in report.errors:
                 err_console.print(_warning(str(error)))
+            from scheduler.api.reads import paused_reason
+
+            paused = paused_reason(job_store.admission(), settings.pool.tz)
+            if paused:  # nothing was admitted for that, whatever the table says
+                err_console.print(_warning(f"{paused}; `idlegpu admission resume` resumes"))
             if dry_run:
                 sys.stdout.write(manifest_stream(getattr(cluster, "last_manifests", [])))
                 sys.stdout.flush()

@@ -11,6 +11,7 @@ with `--server`."""
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterator
 from datetime import timedelta
 
@@ -330,3 +331,22 @@ def test_the_daemon_writes_its_status_and_the_api_reads_it(setup, caplog):
     assert len(cluster.created) == 2
     assert any("could not write this replica's status" in r.getMessage()
                for r in caplog.records)
+
+
+def test_a_paused_run_once_admits_nothing_and_says_why(tmp_path, capsys):
+    from test_api_plan import CONFIG, HISTORY
+
+    store = f"sqlite:///{tmp_path / 'once.db'}"
+    request = str(CONFIG.parent / "examples/jobs/pretrain.yaml")
+    code, _, err = run(capsys, "submit", request, "--store", store, "-c", str(CONFIG),
+                       "--now", "2026-01-28T17:00:00+09:00")
+    assert code == 0, err
+    run(capsys, "admission", "pause", "--reason", "rack 3 maintenance", "--store", store)
+    code, out, err = run(capsys, "run", "--once", "--dry-run", "--now",
+                         "2026-01-28T20:00:00+09:00", "--history", str(HISTORY), "--store",
+                         store, "-c", str(CONFIG))
+    assert code == 0, err
+    assert out == ""  # no manifest: nothing admitted (unpaused, the README's recipe admits it)
+    assert "0 Job(s) would be created" in err
+    assert re.search(r"warning: admission is paused by cli:\S+ since .* KST: rack 3 "
+                     r"maintenance; `idlegpu admission resume` resumes", err), err
