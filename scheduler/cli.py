@@ -14,6 +14,7 @@ from rich.markup import escape
 from rich.text import Text
 
 from forecast.errors import IdlegpuError
+from scheduler.output import FORMATS, Column, plain
 
 app = typer.Typer(
     name="idlegpu",
@@ -33,13 +34,6 @@ err_console = Console(stderr=True, markup=False, emoji=False)
 markup_console = Console()
 markup_err_console = Console(stderr=True)
 
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-
-
-def plain(value: object) -> str:
-    """``value`` as text safe to show: control characters (an escape sequence would steer the
-    terminal) written as ``\\xNN``."""
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(value))
 
 
 def _warning(text: str) -> Text:
@@ -63,6 +57,31 @@ HistoryOption = Annotated[
 ]
 DEFAULT_CONFIG = Path("idlegpu.yaml")
 SAMPLE_HISTORY = "history.parquet"
+
+
+OutputOption = Annotated[str, typer.Option(
+    "--output", "-o", help="table (IDs never cut), wide (every column, unfitted), csv or json "
+    "(times ISO 8601 with the offset).")]
+QUEUE_COLUMNS = (
+    Column("unit", "unit", identifier=True), Column("request", "request", identifier=True,
+                                                     wide_only=True),
+    Column("team", "team"), Column("step", "step", wide_only=True),
+    Column("gpus", "GPUs", right=True), Column("state", "state"),
+    Column("tries", "tries", right=True, wide_only=True),
+    Column("done", "done", right=True, wide_only=True),
+    Column("estimate", "estimate", right=True), Column("submitted", "submitted"))
+PLAN_START_COLUMNS = (
+    Column("job", "job", identifier=True), Column("team", "team"), Column("kind", "kind"),
+    Column("gpus", "GPUs", right=True), Column("from", "from"), Column("until", "until"),
+    Column("then", "then"))
+PLAN_WAIT_COLUMNS = (Column("job", "job", identifier=True), Column("gpus", "GPUs", right=True),
+                     Column("why", "why"))
+QUEUE_DATA = (
+    Column("unit", "unit"), Column("request", "request"), Column("team", "team"),
+    Column("step", "step"), Column("gpus", "GPUs"), Column("state", "state"),
+    Column("attempts", "attempts"), Column("preemptions", "preemptions"),
+    Column("done_s", "done_s"), Column("estimate_s", "estimate_s"),
+    Column("estimate_source", "estimate_source"), Column("submitted", "submitted"))
 
 
 @app.callback()
@@ -806,21 +825,22 @@ def plan(
     ),
     server: ServerOption = None,
     token_file: TokenFileOption = None,
+    output: OutputOption = "table",
 ) -> None:
     """Forecast the night, then dry-run the admission policy over it: the idle windows, which
     queued jobs start when on how many GPUs, when each finishes or checkpoints and stops, and
-    why the rest wait. With --server, the job API's plan (its history, queue and clock)."""
+    why the rest wait. With --server, the job API's plan (its history, queue and clock).
+    With -o csv or json, stdout is the plan's rows (plan.csv's) and nothing else."""
     import pandas as pd
-    from rich.table import Table
 
-    from forecast import plots
-    from forecast.capacity import FREE, pool_usage
     from forecast.errors import HistoryError
+    from scheduler.output import emit
     from forecast.schema import infer_step
     from scheduler.plan import store_queue, tonight
     from scheduler.refresh import Refresher
 
     _check(queue_days > 0, "use a number of days above 0", "--queue-days")
+    _check(output in FORMATS, f"use one of {', '.join(FORMATS)}", "--output")
     span = _parse_horizon(horizon)
     if server:
         from scheduler.cli_remote import remote_plan
@@ -897,6 +917,12 @@ def plan(
         columns=["job_id", "team", "kind", "gpus", "start", "end", "outcome", "reason"])
     write_csv(rows, out / "plan.csv", tz=tz)
     local = pd.Timestamp(start).tz_convert(tz)
+    if output in ("csv", "json"):  # the rows of plan.csv on stdout, for scripts
+        data = [{k: (None if pd.isna(v) else v) for k, v in row.items()}
+                for row in rows.to_dict("records")]
+        emit(console, data, [Column(c, c) for c in rows.columns], output, tz=tz)
+        _free_gpu_chart(settings, frame, moment, span, confidence, free, table, out, tz)
+        return
     console.print(Text.assemble((f"Plan from {local:%a %Y-%m-%d %H:%M} ({tz})", "bold"),
                                 f", free GPUs promised with {confidence:.0%} confidence; "
                                 f"queue: {plain(source)}"))
@@ -904,24 +930,17 @@ def plan(
         best = table.loc[(table["hours"] * table["gpus"]).idxmax()]
         console.print(f"largest idle window: {best['gpus']} GPUs from {best['start']:%a %H:%M} "
                       f"to {best['end']:%a %H:%M} ({best['hours']:.1f} h)")
-    view = Table(title="Jobs that start", title_justify="left")
-    for col in ("job", "team", "kind", "GPUs", "from", "until", "then"):
-        view.add_column(col, justify="right" if col == "GPUs" else "left")
-    for r in result.runs:
-        view.add_row(plain(r.job_id), plain(r.team), r.kind, str(r.gpus),
-                     f"{pd.Timestamp(r.start).tz_convert(tz):%a %H:%M}",
-                     f"{pd.Timestamp(r.end).tz_convert(tz):%a %H:%M}", r.outcome)
-    console.print(view)
+    starts = [{"job": r.job_id, "team": r.team, "kind": r.kind, "gpus": r.gpus,
+               "from": pd.Timestamp(r.start).tz_convert(tz).strftime("%a %H:%M"),
+               "until": pd.Timestamp(r.end).tz_convert(tz).strftime("%a %H:%M"),
+               "then": r.outcome} for r in result.runs]
+    emit(console, starts, PLAN_START_COLUMNS, output, title="Jobs that start")
     if result.waiting or blocked:
-        waits = Table(title="Jobs that wait, and why", title_justify="left")
-        waits.add_column("job")
-        waits.add_column("GPUs", justify="right")
-        waits.add_column("why")
-        for job, reason in result.waiting:
-            waits.add_row(plain(job.id), str(job.gpus), plain(reason))
-        for unit in blocked:
-            waits.add_row(plain(unit.id), str(unit.gpus), "waits for its previous pipeline step")
-        console.print(waits)
+        waits = [{"job": job.id, "gpus": job.gpus, "why": reason}
+                 for job, reason in result.waiting]
+        waits += [{"job": unit.id, "gpus": unit.gpus,
+                   "why": "waits for its previous pipeline step"} for unit in blocked]
+        emit(console, waits, PLAN_WAIT_COLUMNS, output, title="Jobs that wait, and why")
     if jobs is None and not queue and not running:
         if later:
             from forecast.tables import iso_time
@@ -941,6 +960,13 @@ def plan(
         f" {len(result.waiting) + len(blocked)} wait. "
         f"Files: {plain(out / 'plan.csv')}, {plain(out / 'windows.csv')}, "
         f"{plain(out / 'free_gpus.png')}"))
+    _free_gpu_chart(settings, frame, moment, span, confidence, free, table, out, tz)
+
+
+def _free_gpu_chart(settings, frame, moment, span, confidence, free, table, out, tz) -> None:
+    from forecast import plots
+    from forecast.capacity import FREE, pool_usage
+
     actual = pool_usage(frame[frame["ds"] < moment], settings)[FREE]
     plots.free_gpu_chart(
         actual[actual.index > actual.index.max() - 2 * span],
@@ -1299,9 +1325,11 @@ def queue(
     token_file: TokenFileOption = None,
     scope: Annotated[str, typer.Option(
         help="With --server: mine, team (your team's) or all.")] = "team",
+    output: OutputOption = "table",
 ) -> None:
     """List the job units in the store, oldest first, with the runtime admission plans with
     (or, with --server, the units the job API shows you)."""
+    _check(output in FORMATS, f"use one of {', '.join(FORMATS)}", "--output")
     if server:
         from scheduler.cli_remote import remote_queue
 
@@ -1310,11 +1338,10 @@ def queue(
         tz = settings.pool.tz if settings is not None else timezone.utc
         return remote_queue(markup_console, markup_err_console, server, token_file, scope,
                             all_units, tz)
-    from rich.table import Table
-
     from forecast.config import AdmissionConfig
     from scheduler.adapters.store import JobStore
     from scheduler.runtime import RuntimeEstimator, load_runs
+    from scheduler.output import emit
     from scheduler.specs import format_duration
 
     settings = _optional_config(config)
@@ -1326,11 +1353,7 @@ def queue(
     if not rows:
         console.print("the queue is empty" + ("" if all_units else " (--all shows ended units)"))
         return
-    table = Table(title=f"job queue ({len(rows)} unit(s))", title_justify="left")
-    for column, justify in (("unit", "left"), ("team", "left"), ("step", "left"),
-                            ("GPUs", "right"), ("state", "left"), ("tries", "right"),
-                            ("done", "right"), ("estimate", "right"), ("submitted", "left")):
-        table.add_column(column, justify=justify)
+    listed = []
     for row in rows:
         estimate = estimator.estimate(row.spec)
         state = row.state.value
@@ -1338,15 +1361,20 @@ def queue(
             state += " (stopping)"
         elif row.state.is_terminal() and row.reason:
             state += f": {row.reason}"
-        table.add_row(
-            plain(row.id), plain(row.team),
-            plain(f"{row.step}[{row.member}]" if row.member else row.step),
-            str(row.gpus), plain(state), f"{row.attempts}/{row.preemptions}",
-            format_duration(row.work_done_s) if row.work_done_s else "",
-            f"{format_duration(estimate.seconds)} ({estimate.source})",
-            row.submitted_at.astimezone(tz).strftime("%Y-%m-%d %H:%M"),
-        )
-    console.print(table)
+        listed.append({
+            "unit": row.id, "request": row.request_id, "team": row.team,
+            "step": f"{row.step}[{row.member}]" if row.member else row.step, "gpus": row.gpus,
+            "state": state, "tries": f"{row.attempts}/{row.preemptions}",
+            "attempts": row.attempts, "preemptions": row.preemptions,
+            "done": format_duration(row.work_done_s) if row.work_done_s else "",
+            "done_s": row.work_done_s,
+            "estimate": f"{format_duration(estimate.seconds)} ({estimate.source})",
+            "estimate_s": estimate.seconds, "estimate_source": estimate.source,
+            "submitted": row.submitted_at})
+    emit(console, listed, QUEUE_COLUMNS if output in ("table", "wide") else QUEUE_DATA,
+         output, title=f"job queue ({len(rows)} unit(s))", tz=tz)
+    if output not in ("table", "wide"):
+        return
     counts: dict[str, int] = {}
     for row in rows:
         counts[row.state.value] = counts.get(row.state.value, 0) + 1

@@ -1,0 +1,72 @@
+"""List commands (queue, plan) never cut an ID and speak -o table|wide|csv|json."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG = REPO / "idlegpu.yaml"
+NAME = "a-request-whose-name-fills-most-of-an-80-column-ro"  # 50, the most allowed
+
+
+def _submit(tmp_path, cli) -> str:
+    data = yaml.safe_load((REPO / "examples/jobs/datagen.yaml").read_text(encoding="utf-8"))
+    data["name"] = NAME
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    store = f"sqlite:///{tmp_path / 's.db'}"
+    code, _, err = cli(["submit", str(path), "-c", str(CONFIG), "--store", store, "--now",
+                        "2026-01-28T17:00:00+09:00"])
+    assert code == 0, err
+    return store
+
+
+def test_the_queue_table_never_cuts_a_unit_id(tmp_path, cli):
+    store = _submit(tmp_path, cli)
+    code, out, err = cli(["queue", "-c", str(CONFIG), "--store", store])
+    assert code == 0, err
+    ids = [line.split()[0] for line in out.splitlines() if line.strip().startswith("a-req")]
+    # the id: the name's first 40 characters, a hash, the step and the member: whole
+    whole = re.compile(r"^a-request-whose-name-fills-most-of-an-80-[0-9a-f]{8}-0-[0-3]$")
+    assert len(ids) == 4 and all(whole.match(i) for i in ids), out
+
+
+def test_queue_speaks_json_csv_and_wide(tmp_path, cli):
+    store = _submit(tmp_path, cli)
+    code, out, err = cli(["queue", "-c", str(CONFIG), "--store", store, "-o", "json"])
+    assert code == 0, err
+    units = json.loads(out)
+    assert len(units) == 4 and {u["state"] for u in units} == {"queued"}
+    assert units[0]["submitted"] == "2026-01-28T17:00:00+09:00"
+    assert isinstance(units[0]["gpus"], int) and units[0]["estimate_source"] == "user"
+    code, out, _ = cli(["queue", "-c", str(CONFIG), "--store", store, "-o", "csv"])
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert [r["unit"] for r in rows] == [u["unit"] for u in units]
+    code, out, _ = cli(["queue", "-c", str(CONFIG), "--store", store, "-o", "wide"])
+    line = next(ln for ln in out.splitlines() if ln.strip().startswith(units[0]["unit"]))
+    assert len(line) > 100  # not fitted to the 80 columns of the test's terminal
+    assert units[0]["request"] in line and "main" in line and "0/0" in line  # one line each
+    code, _, err = cli(["queue", "-c", str(CONFIG), "--store", store, "-o", "yaml"])
+    assert code == 2 and "use one of table, wide, csv, json" in err
+
+
+def test_plan_json_is_the_plan_rows_and_nothing_else(tmp_path, cli):
+    code, out, err = cli([
+        "plan", "--history", str(REPO / "data/sample/history.parquet"), "--config",
+        str(CONFIG), "--jobs", str(REPO / "data/sample/jobs.yaml"), "--runs",
+        str(REPO / "data/sample/runs.csv"), "--now", "2026-01-28T18:00:00+09:00", "--out",
+        str(tmp_path), "-o", "json"])
+    assert code == 0, err
+    rows = json.loads(out)  # stdout holds the JSON only
+    outcomes = {r["outcome"] for r in rows}
+    assert "waits" in outcomes and outcomes & {"finishes", "checkpoints and stops", "runs on"}
+    started = [r for r in rows if r["outcome"] != "waits"]
+    assert all(r["start"].endswith("+09:00") for r in started)
+    assert all(r["start"] is None and r["reason"] for r in rows if r["outcome"] == "waits")
+    assert (tmp_path / "plan.csv").is_file() and (tmp_path / "free_gpus.png").is_file()
