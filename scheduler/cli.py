@@ -834,8 +834,8 @@ def plan(
     import pandas as pd
 
     from forecast.errors import HistoryError
-    from scheduler.output import emit
     from forecast.schema import infer_step
+    from scheduler.output import emit
     from scheduler.plan import store_queue, tonight
     from scheduler.refresh import Refresher
 
@@ -1340,8 +1340,8 @@ def queue(
                             all_units, tz)
     from forecast.config import AdmissionConfig
     from scheduler.adapters.store import JobStore
-    from scheduler.runtime import RuntimeEstimator, load_runs
     from scheduler.output import emit
+    from scheduler.runtime import RuntimeEstimator, load_runs
     from scheduler.specs import format_duration
 
     settings = _optional_config(config)
