@@ -518,6 +518,10 @@ class _NodeRoom:
         self.total = [n.gpus for n in usable]
         self.cordoned = len(view.nodes) - len(usable)
         self._max = max(self.gpus, default=0)
+        # answers by request shape until something is taken: a long queue asks the same few
+        # shapes again and again (scanning 125 nodes for each of 10,000 units was most of
+        # decide()'s time)
+        self._answers: dict[tuple, object] = {}
 
     def fit_gang(self, count: int, gpus: int, cpu: float | None,
                  memory: int | None) -> list[int] | None:
@@ -526,6 +530,13 @@ class _NodeRoom:
         then the name), in that order. None: fewer than ``count`` nodes hold it."""
         if gpus > self._max:
             return None
+        key = ("gang", count, gpus, cpu, memory)
+        if key not in self._answers:
+            self._answers[key] = self._fit_gang(count, gpus, cpu, memory)
+        return self._answers[key]
+
+    def _fit_gang(self, count: int, gpus: int, cpu: float | None,
+                  memory: int | None) -> list[int] | None:
         fits = [i for i, free in enumerate(self.gpus) if free >= gpus and (
             cpu is None or self.cpu[i] >= cpu) and (memory is None or self.memory[i] >= memory)]
         if len(fits) < count:
@@ -539,6 +550,12 @@ class _NodeRoom:
         then the name. None: no node holds it."""
         if gpus > self._max:
             return None
+        shape = ("one", gpus, cpu, memory)
+        if shape not in self._answers:
+            self._answers[shape] = self._fit(gpus, cpu, memory)
+        return self._answers[shape]
+
+    def _fit(self, gpus: int, cpu: float | None, memory: int | None) -> int | None:
         best, key = None, None
         for i, free in enumerate(self.gpus):
             if free < gpus or (cpu is not None and self.cpu[i] < cpu) or (
@@ -554,6 +571,7 @@ class _NodeRoom:
         self.cpu[i] -= cpu or 0.0
         self.memory[i] -= memory or 0
         self._max = max(self.gpus, default=0)
+        self._answers.clear()
 
     def why_gang(self, job: WaitingJob) -> str:
         """Why fewer than ``job.nodes`` nodes hold a pod of the gang ``job``, in figures."""
@@ -587,8 +605,13 @@ class _NodeRoom:
 
     def why(self, job: WaitingJob) -> str:
         """Why no node holds ``job`` (at its smallest size), in figures."""
-        if job.nodes > 1:
-            return self.why_gang(job)
+        shape = ("why", job.nodes, job.min_gpus, job.cpu, job.memory)
+        if shape not in self._answers:
+            self._answers[shape] = (self.why_gang(job) if job.nodes > 1
+                                    else self._why_one(job))
+        return self._answers[shape]
+
+    def _why_one(self, job: WaitingJob) -> str:
         gpus = job.min_gpus
         nodes = len(self.names)
         where = f"{nodes} node{'s' if nodes != 1 else ''}" + (

@@ -18,10 +18,12 @@ import numpy as np
 import pytest
 from kube_harness import request, submit
 from kubernetes.client.exceptions import ApiException
+from test_end_to_end import daemon_credentials
 
 from scheduler.types import Action, EventKind, JobState
 
 pool, priority_classes = kube_harness.pool, kube_harness.priority_classes
+__all__ = ["daemon_credentials"]  # the deployed RBAC's credentials (deploy/role.yaml)
 
 GPUS = 8
 SHAPE = {"cpu": "96", "memory": "1Ti"}  # an ordinary 8-GPU node
@@ -167,8 +169,10 @@ def test_a_4_node_gang_waits_for_4_whole_nodes_then_starts_on_4_with_the_rendezv
 
 
 def test_a_partial_placement_is_rolled_back_and_requeued_without_a_lost_unit(
-        pool, inference, kube_control_plane) -> None:
-    daemon, sim = pool(4, GPUS, start_delay=0.2, harness={"gang_timeout_s": 6.0}, **SHAPE)
+        pool, inference, kube_control_plane, daemon_credentials) -> None:
+    """With the deployed RBAC only: the gang's Service is created and deleted with it."""
+    daemon, sim = pool(4, GPUS, start_delay=0.2, **SHAPE, harness={
+        "gang_timeout_s": 6.0, "api_client": daemon_credentials})
     _roomy(daemon)
     gang = submit(daemon.store, request("pretrain", **GANG))
     taken = sim.node_names[2]
@@ -187,6 +191,7 @@ def test_a_partial_placement_is_rolled_back_and_requeued_without_a_lost_unit(
     (decision,) = report.plan.decisions
     assert decision.action is Action.ADMIT and taken in decision.nodes
     (name,) = report.created
+    assert not report.errors and _service(kube_control_plane, daemon.namespace, name)
     daemon.cluster.nodes = read
     # three pods are bound and run, the fourth can go nowhere: never RUNNING, rolled back
     sim.wait_for(lambda pods: len([p for p in pods if p.name.startswith(f"{name}-")

@@ -717,7 +717,13 @@ class KubernetesCluster:
             uid = self._adopt(name, unit_id, attempt)
         if gang:
             self._gangs.add(name)
-            self._create_service(self.service_manifest(manifest, uid))
+            try:
+                self._create_service(self.service_manifest(manifest, uid))
+            except (ClusterUnavailableError, ClusterPermissionError, ClusterRejectedError):
+                # no gang without its Service (its ranks would never meet): the Job goes
+                # too, and the unit, still admitted, gets both created again next pass
+                self.delete(name)
+                raise
         return name
 
     def _create_service(self, service: dict[str, Any]) -> None:
