@@ -92,8 +92,8 @@ def test_a_v4_store_migrates_to_v5_with_its_data_and_tables_untouched(url, monke
     assert {t: after[t] for t in before} == before
 
 
-def test_pause_and_resume_are_audited_and_idempotent(tmp_path):
-    with JobStore(f"sqlite:///{tmp_path / 'jobs.db'}") as store:
+def test_pause_and_resume_are_audited_and_idempotent(url):
+    with JobStore(url) as store:
         first = store.pause_admission(NOW, "  node\nupgrade  ", entry("olga"))
         assert first.changed and first.state.paused
         assert (first.state.by, first.state.since, first.state.reason) == (
@@ -120,6 +120,32 @@ def test_pause_and_resume_are_audited_and_idempotent(tmp_path):
         with pytest.raises(store_mod.InvalidRequestError, match="over the limit of 500"):
             store.pause_admission(NOW, "x" * 501, entry())
         assert not store.admission().paused and len(store.audit_log()) == 4
+
+
+def test_replica_statuses_and_ended_sessions(url):
+    from scheduler.adapters.store import DaemonStatus
+
+    with JobStore(url) as store:
+        for minute in (0, 1):  # inserted, then updated in place
+            store.record_daemon_status(DaemonStatus(
+                identity="pod-a", host="node-1", pid=7, role="leader",
+                updated_at=NOW + timedelta(minutes=minute), last_reconcile_at=NOW,
+                admitted=minute, signals_age_s=None))
+        store.record_daemon_status(DaemonStatus(identity="pod-b", host="node-2", pid=8,
+                                                role="standby", updated_at=NOW))
+        assert [(s.identity, s.admitted) for s in store.daemon_statuses()] == [
+            ("pod-a", 1), ("pod-b", 0)]  # the most recent report first
+        # a replica silent for a day is forgotten at the next write
+        store.record_daemon_status(DaemonStatus(identity="pod-a", host="node-1", pid=7,
+                                                role="leader",
+                                                updated_at=NOW + timedelta(days=1, hours=1)))
+        assert [s.identity for s in store.daemon_statuses()] == ["pod-a"]
+        store.end_session("s1", NOW + timedelta(hours=8), NOW)
+        store.end_session("s1", NOW + timedelta(hours=8), NOW)  # twice: no error
+        assert store.session_ended("s1") and not store.session_ended("s2")
+        store.end_session("s2", NOW + timedelta(days=1), NOW + timedelta(hours=9))
+        assert not store.session_ended("s1")  # expired anyway: forgotten
+        assert store.session_ended("s2")
 
 
 # --------------------------------------------------------------------------- the API
