@@ -120,7 +120,8 @@ def parse_time(value: str, *, name: str) -> datetime:
 
 @app.command(short_help="Regenerate the bundled sample pool history.")
 def sample(
-    out: Annotated[Path, typer.Option(help="Directory for the sample files.")] = Path("data/sample"),
+    out: Annotated[Path, typer.Option(help="Directory for the sample files (--out data/sample "
+                                      "replaces the bundled sample).")] = Path("out/sample"),
     seed: Annotated[int, typer.Option(help="Random seed of the generator.")] = 20251001,
     openmetrics: Annotated[
         Optional[Path],
@@ -1464,7 +1465,7 @@ def report(
     months: Annotated[
         int, typer.Option(help="Months shown, ending with --month (trend, cumulative savings).")
     ] = 1,
-    out: Annotated[Path, typer.Option(help="Directory for the report files.")] = Path("reports"),
+    out: Annotated[Path, typer.Option(help="Directory for the report files.")] = Path("out/reports"),
     runs: Annotated[Optional[Path], typer.Option(
         help="Run table (one row per attempt), e.g. runs_forecast.csv of `idlegpu simulate`.")
     ] = None,

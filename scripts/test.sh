@@ -22,8 +22,19 @@ if [ "${#need[@]}" -gt 0 ]; then
     echo "installing Debian's ${need[*]} (the tests start real servers)..."
     SUDO=""
     [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-    $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}"
+    log="$(mktemp -t idlegpu-apt.XXXXXX)"
+    if ! { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install \
+            -y -qq -o=Dpkg::Use-Pty=0 --no-install-recommends "${need[@]}"; } >"$log" 2>&1; then
+        cat "$log" >&2
+        echo "apt-get failed (above); install ${need[*]} by hand and run this again" >&2
+        exit 1
+    fi
+    rm -f "$log"
+    if [[ " ${need[*]} " == *" prometheus "* ]]; then
+        echo "note: Debian's prometheus package also starts a prometheus service on :9090 where" \
+             "systemd runs (the default prometheus.url of idlegpu.yaml); the tests start their" \
+             "own servers on free ports and never use it"
+    fi
 fi
 
 # the real Kubernetes control-plane binaries (tests/kube_control_plane.py), envtest-style
