@@ -1,0 +1,70 @@
+"""The README says what is true: every command of its command table answers --help, and the
+quick start's plan command, copied verbatim, runs on the bundled sample."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+README = (REPO / "README.md").read_text(encoding="utf-8")
+IDLEGPU = Path(sys.executable).with_name("idlegpu")
+
+
+def _commands_table() -> list[list[str]]:
+    section = README.split("## Commands", 1)[1].split("\n## ", 1)[0]
+    found = []
+    for cell in re.findall(r"^\| `(idlegpu [^`]+)`", section, flags=re.M):
+        words = cell.split()
+        command = [words[1]]
+        if len(words) > 2 and re.fullmatch(r"[a-z][a-z-]*(\\?\|[a-z-]+)*", words[2]) \
+                and words[1] in ("token", "admission"):
+            command.append(re.split(r"\\?\|", words[2])[0])  # a command group's first verb
+        found.append(command)
+    return found
+
+
+COMMANDS = _commands_table()
+
+
+def test_the_table_lists_every_command_the_cli_has():
+    import typer.main
+
+    from scheduler.cli import app
+
+    listed = {c[0] for c in COMMANDS}
+    commands = set(typer.main.get_command(app).commands)
+    assert commands <= listed, f"missing from the README's table: {sorted(commands - listed)}"
+    assert listed <= commands, f"in the README but not a command: {sorted(listed - commands)}"
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=" ".join)
+def test_every_command_of_the_table_answers_help(command, cli):
+    code, out, err = cli([*command, "--help"])
+    assert code == 0, err
+    assert "Usage:" in out and "--help" in out
+
+
+def test_the_quick_start_plan_runs_verbatim(tmp_path):
+    block = README.split("## Quick start", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    line = next(ln for ln in block.splitlines() if "idlegpu plan" in ln)
+    plan = line[line.index(".venv/bin/idlegpu plan"):]  # the install before it is CI's job
+    args = shlex.split(plan)[1:]
+    for name in ("idlegpu.yaml", "data"):
+        (tmp_path / name).symlink_to(REPO / name)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([str(IDLEGPU), *args], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=600, env=env, check=False)
+    assert done.returncode == 0, done.stderr
+    said = " ".join(done.stdout.split())
+    assert "Plan from Wed 2026-01-28 18:00 (Asia/Seoul)" in said
+    assert "largest idle window: 40 GPUs from Wed 20:00 to Thu 07:50" in said  # as the README
+    assert "40 GPUs from Wed 20:00 to Thu 07:50" in " ".join(README.split())
+    for name in ("plan.csv", "windows.csv", "free_gpus.png"):
+        assert (tmp_path / "out" / "plan" / name).is_file(), name
