@@ -72,7 +72,8 @@ def _import_hgb():
         from sklearn.ensemble import HistGradientBoostingRegressor
     except ImportError as exc:
         raise PermanentError(
-            "the gbm model needs the 'scikit-learn' package: pip install scikit-learn "
+            "the gbm model needs the 'scikit-learn' package (an extra of the reference "
+            "forecasters): pip install 'idlegpu[models]' "
             f"(import failed: {exc})"
         ) from exc
     return HistGradientBoostingRegressor

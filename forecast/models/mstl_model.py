@@ -68,7 +68,8 @@ def _import_mstl():
         from statsmodels.tsa.seasonal import MSTL
     except ImportError as exc:
         raise PermanentError(
-            "the statsmodels model needs the 'statsmodels' package: pip install statsmodels "
+            "the statsmodels model needs the 'statsmodels' package (an extra of the reference "
+            "forecasters): pip install 'idlegpu[models]' "
             f"(import failed: {exc})"
         ) from exc
     return MSTL

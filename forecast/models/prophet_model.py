@@ -64,7 +64,8 @@ def _import_prophet():
         from prophet import Prophet
     except ImportError as exc:
         raise PermanentError(
-            "the prophet model needs the 'prophet' package: pip install prophet "
+            "the prophet model needs the 'prophet' package (an extra of the reference "
+            "forecasters): pip install 'idlegpu[models]' "
             f"(import failed: {exc})"
         ) from exc
     logging.getLogger("prophet").setLevel(logging.WARNING)
