@@ -381,8 +381,11 @@ def simulate(
         team_usage: dict[str, float] = {}
         for _, team, hours in usage_log:
             team_usage[team] = team_usage.get(team, 0.0) + hours
-        view = cluster.view(live, now) if cluster is not None else None
-        plan = decide(now, profile, running, queue, signals, team_usage, config, nodes=view)
+        if cluster is None:
+            plan = decide(now, profile, running, queue, signals, team_usage, config)
+        else:
+            plan = decide(now, profile, running, queue, signals, team_usage, config,
+                          nodes=cluster.view(live, now))
         for d in plan.decisions:
             job = state[d.job_id]
             if d.action is Action.PREEMPT:
