@@ -1629,6 +1629,13 @@ def admission_resume(config: OptionalConfig = None, store: StoreOption = None,
 import scheduler.cli_api  # noqa: E402, F401  (serve, token: the job API)
 
 
+EXTRAS = {"sqlalchemy": "daemon", "apscheduler": "daemon", "prometheus_client": "daemon",
+          "kubernetes": "daemon", "fastapi": "server",
+          "uvicorn": "server", "jinja2": "server", "starlette": "server",
+          "prophet": "models", "statsmodels": "models", "sklearn": "models"}
+"""The optional packages, by the extra of pyproject.toml that brings each."""
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: user errors print one line and exit 2 (tracebacks with --debug)."""
     args = sys.argv[1:] if argv is None else argv
@@ -1643,6 +1650,15 @@ def main(argv: list[str] | None = None) -> None:
         # a message may quote what the user wrote: plain text, never markup, no credentials
         err_console.print(Text.assemble(("error:", "bold red"), " ", plain(redact(message))),
                           highlight=False, soft_wrap=True)
+        raise SystemExit(2) from None
+    except ModuleNotFoundError as exc:  # an optional part that this install does not have
+        extra = EXTRAS.get((exc.name or "").split(".")[0])
+        if extra is None or "--debug" in args:
+            raise
+        err_console.print(Text.assemble(
+            ("error:", "bold red"), f" this needs the '{exc.name}' package, which comes with "
+            f"the {extra} extra: pip install 'idlegpu[{extra}]'"), highlight=False,
+            soft_wrap=True)
         raise SystemExit(2) from None
     except typer.TyperException as exc:  # other usage errors (an unknown option...): as click
         if not hasattr(exc, "show"):
