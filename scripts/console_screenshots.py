@@ -1,5 +1,6 @@
-"""Screenshots of the web console for the README: docs/console-pool.png and
-docs/console-queue.png, from a real `idlegpu serve` app (uvicorn on loopback) with the sample
+"""Screenshots of the web console for the README: docs/console-pool.png,
+docs/console-queue.png and docs/console-submit.png (an example request previewed: its units,
+their runtime estimates and tonight's estimated starts), from a real `idlegpu serve` app (uvicorn on loopback) with the sample
 pool replayed at Wed 2026-01-28 17:00 in Seoul and queued units of two teams, in Debian's
 headless Chromium at 1280 px (the fixtures of tests/console_browser.py).
 
@@ -37,7 +38,13 @@ def main() -> None:
         driver.save_screenshot(str(args.out / "console-pool.png"))
         driver.get(console.url + "/queue?scope=all")
         driver.save_screenshot(str(args.out / "console-queue.png"))
-        print(f"wrote {args.out / 'console-pool.png'} and {args.out / 'console-queue.png'}")
+        driver.get(console.url + "/submit?example=sft-rl-eval.yaml")
+        WebDriverWait(driver, 60).until(
+            lambda d: d.find_element(By.ID, "validity").text.startswith("valid"))
+        driver.execute_script("document.getElementById('preview-h').scrollIntoView()")
+        driver.save_screenshot(str(args.out / "console-submit.png"))
+        print("wrote " + ", ".join(str(args.out / f"console-{name}.png")
+                                   for name in ("pool", "queue", "submit")))
     finally:
         driver.quit()
         server.stop()

@@ -423,6 +423,7 @@ def add_console(app: FastAPI, settings, store, authenticator: Authenticator, rea
         out: dict[str, Any] = {
             "now": int(pd.Timestamp(at).value // 1_000_000), "now_text": local(at),
             "timezone": settings.pool.timezone, "zone": zone_label,
+            "zone_abbr": pd.Timestamp(at).tz_convert(tz).strftime("%Z"),
             "lendable_gpus": settings.pool.lendable_gpus,
             "confidence": settings.admission.confidence, "history": history,
             "signals_at": local(newest, seconds=True) if newest is not None else None,

@@ -63,6 +63,7 @@
       text(fmt(t, tz, true), { x: x(t), y: H - 8, "text-anchor": "middle" }, axis);
     }
     text("free GPUs", { x: M.l + 4, y: M.t - 4 }, axis);
+    text("times in " + data.zone, { "class": "axis-zone", x: W - M.r, y: M.t - 4, "text-anchor": "end" }, axis);
     // idle windows
     var wins = el("g", { "class": "windows" }, svg);
     (data.windows || []).forEach(function (w) {
@@ -95,7 +96,7 @@
     el("path", { "class": "history-free", d: hist.d, "data-points": hist.n }, svg);
     // now
     el("line", { "class": "now", x1: x(now), x2: x(now), y1: M.t, y2: M.t + plotH }, svg);
-    text("now " + fmt(now, tz, true), { "class": "now-label", x: x(now) + 4, y: M.t + 12 }, svg);
+    text("now " + fmt(now, tz, true) + " " + data.zone_abbr, { "class": "now-label", x: x(now) + 4, y: M.t + 12 }, svg);
     // jobs placed, one lane each under the chart
     var lane = el("g", { "class": "jobs" }, svg);
     if (lanes) text("jobs", { x: M.l - 6, y: H + 8 + LANE - 3, "text-anchor": "end" }, lane);
