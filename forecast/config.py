@@ -447,8 +447,8 @@ class ClusterConfig(_Strict):
     confirms the end) is given up on: its unit is released and the Job deleted. None: the
     grace period plus 10 minutes."""
     gang_timeout_seconds: int | None = Field(default=120, gt=0)
-    """A multi-node unit (a gang) whose pods are not all running this long after its Job was
-    created (a node taken meanwhile) is rolled back: its pods are deleted, its GPUs returned
+    """A multi-node unit (a gang) whose pods are not all bound to a node this long after its
+    Job was created (a node taken meanwhile) is rolled back: its pods are deleted, its GPUs returned
     and the unit requeued, never left holding GPUs while waiting for its siblings. None: only
     the pending timeout."""
     max_unscheduled_attempts: int | None = Field(default=4, ge=1)

@@ -34,8 +34,8 @@ the ClusterRole) is given up with a warning, and the pool counts as one bin as b
 **Gangs** (multi-node units, ``spec.nodes`` > 1): the admission's nodes (one per pod) are
 claimed node by node until each pod is bound there, and the Job's pods are pinned to them.
 All pods are placed together or the attempt is rolled back: a gang whose pods are not all
-running ``gang_timeout_s`` after its Job was created (a node taken meanwhile, a pod no node
-holds) is stopped (kind ``unscheduled``: its bound pods are deleted at once, so no GPU is held
+bound to a node ``gang_timeout_s`` after its Job was created (a node taken meanwhile, a pod no
+node holds) is stopped (kind ``unscheduled``: its bound pods are deleted at once, so no GPU is held
 by pods waiting for their siblings), and once its pods are gone the unit goes back to the
 queue as an attempt that never ran (no preemption, no work lost) and the Job and its Service
 are deleted. A planned stop suspends the whole Indexed Job (every pod gets SIGTERM and
@@ -381,9 +381,11 @@ class Controller:
         return {}
 
     def _gang_overdue(self, row, job: ClusterJob, now: datetime) -> bool:
-        """A gang admitted but not all of its pods running ``gang_timeout_s`` after its Job
-        was created."""
-        if job.pods <= 1 or self.gang_timeout_s is None or row.state is not JobState.ADMITTED:
+        """A gang admitted but not all of its pods bound to a node ``gang_timeout_s`` after
+        its Job was created (all bound but not yet running, e.g. pulling a large image: the
+        pending timeout's business)."""
+        if (job.pods <= 1 or self.gang_timeout_s is None or row.state is not JobState.ADMITTED
+                or job.pods_bound >= job.pods):
             return False
         since = job.created_at or row.admitted_at
         return since is not None and (now - since).total_seconds() > self.gang_timeout_s

@@ -231,12 +231,15 @@ def test_a_partial_placement_is_rolled_back_and_requeued_without_a_lost_unit(
 
 def test_a_planned_stop_stops_the_whole_gang_and_the_resume_restarts_it_from_the_checkpoint(
         pool) -> None:
-    daemon, sim = pool(4, GPUS, start_delay=0.2, shutdown_seconds=1.0, **SHAPE)
+    # its containers take 4 s to start, longer than the gang timeout: all bound is placed
+    daemon, sim = pool(4, GPUS, start_delay=4.0, shutdown_seconds=1.0, **SHAPE,
+                       harness={"gang_timeout_s": 2.0})
     _roomy(daemon)
     gang = submit(daemon.store, request("pretrain", **GANG))
     report = daemon.reconcile()
     (name,) = report.created
     daemon.until(lambda r: gang in r.started, what="the gang running")
+    assert not any(r.stopped for r in daemon.reports)  # never rolled back
     first = _pods_of(sim, daemon, name)
     assert len(first) == 4
     time.sleep(2)
