@@ -164,7 +164,7 @@ class ServicePlacement:
                 if replica.node != PENDING:
                     continue
                 room = self.capacity - self.service_gpus - self.nominated - held
-                node = self._score(room, g)
+                node = self.score(room, g)
                 if node is not None:
                     replica.node, replica.ready_s = node, now_s
                     self.service_gpus[node] += g
@@ -181,7 +181,9 @@ class ServicePlacement:
                     out.append(Preemption(node, count, s))
         return out
 
-    def _score(self, room: np.ndarray, gpus: int) -> int | None:
+    def score(self, room: np.ndarray, gpus: int) -> int | None:
+        """The node the kube-scheduler binds a pod of ``gpus`` GPUs to, given each node's free
+        GPUs ``room`` (``NodeResourcesFit`` with this placement's strategy); None: none fits."""
         fits = np.flatnonzero(room >= gpus)
         if not len(fits):
             return None

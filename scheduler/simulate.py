@@ -43,7 +43,10 @@ kube-scheduler's ``LeastAllocated`` or ``MostAllocated`` scoring for scale-ups, 
 controller's ranking for scale-downs; the state carries over, replicas never move), every
 policy gets a ``NodeView`` of the simulated nodes each step and ``decide(..., nodes=view)``
 places units on the nodes really free, and a unit bigger than the largest node that splits
-into whole nodes is a multi-node (gang) unit of that many pods. A scale-up lands where jobs
+into whole nodes is a multi-node (gang) unit of that many pods. A one-pod unit's Job does not
+pin the node ``decide()`` counted on: its pod is bound by the same kube-scheduler scoring as
+the replicas (``spread`` puts it on the emptiest node that fits, not the best fit); a gang's
+pods are pinned to ``Decision.nodes``. A scale-up lands where jobs
 are not; where no node has room, the replica evicts jobs on one node (kube-scheduler
 preemption) and waits for their grace period, nominated there: its GPUs count as service
 delay, as a pool-level shortfall does. A replica no node could hold even without jobs is not
@@ -254,6 +257,7 @@ def simulate(
     until_morning = (_steps_until_morning(pool.index, settings.pool.timezone, step_s)
                      if policy == "night" else None)
     unplaced_gpu_min = 0.0
+    unbound = 0  # admissions whose pod no node could bind (on nodes)
     state = {j.id: _Job(j) for j in sorted(jobs, key=lambda j: (j.submit_at, j.id))}
     pending = list(state.values())  # in submission order
     runs = _Run()
@@ -396,9 +400,13 @@ def simulate(
                 _stop(job, now, grace, planned=d.planned, runs=runs, shrink_to=d.gpus)
                 job.resume_stop_by = d.stop_by
             elif d.action is Action.ADMIT:
-                job.gpus = d.gpus
                 if cluster is not None:
-                    job.where = cluster.where(d)
+                    where = cluster.where(d, live)
+                    if where is None:  # its pod would stay pending: it waits in the queue
+                        unbound += 1
+                        continue
+                    job.where = where
+                job.gpus = d.gpus
                 job.running, job.started_at, job.last_checkpoint_at = True, now, now
                 job.stop_by, job.progress_s = d.stop_by, 0.0
                 job.first_start = job.first_start or now
@@ -434,6 +442,7 @@ def simulate(
     }
     if cluster is not None:
         metrics["service_unplaced_gpu_hours"] = unplaced_gpu_min / 60
+        metrics["admissions_unbound"] = float(unbound)
     return SimResult(policy, metrics, frame)
 
 
@@ -511,13 +520,22 @@ class _Nodes:
                                      for i, node in enumerate(self.base))
         return NodeView(self._view_nodes, observed_at=now)
 
-    def where(self, decision) -> dict[int, int]:
-        """The GPUs an admission takes on each node (its pods split its GPUs evenly)."""
+    def where(self, decision, live: Sequence[_Job]) -> dict[int, int] | None:
+        """The GPUs an admission takes on each node: a gang's pods (its GPUs split evenly) on
+        the nodes ``decide()`` named, a one-pod unit where the kube-scheduler binds it. None:
+        no node has the room any more (an earlier pod of the same pass was bound elsewhere
+        than ``decide()`` counted on), so its pod would stay pending."""
         names = tuple(getattr(decision, "nodes", ()) or ()) or (decision.node,)
         if None in names:
             raise ValueError(f"decide() admitted {decision.job_id} on nodes without naming "
                              "the node")
+        room = self.room(live)
+        if len(names) == 1:
+            node = self.placement.score(room, decision.gpus)
+            return None if node is None else {node: decision.gpus}
         per_pod = decision.gpus // len(names)
+        if any(room[self.index[name]] < per_pod for name in names):
+            return None
         out: dict[int, int] = {}
         for name in names:
             out[self.index[name]] = out.get(self.index[name], 0) + per_pod
