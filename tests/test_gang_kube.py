@@ -266,3 +266,40 @@ def test_a_planned_stop_stops_the_whole_gang_and_the_resume_restarts_it_from_the
         assert env["IDLEGPU_ATTEMPT"] == "2" and env["IDLEGPU_RESUME"] == "--resume"
         assert env["MASTER_ADDR"] == f"{second}-0.{second}.{daemon.namespace}.svc"
     assert daemon.store.unit(gang).state is JobState.RUNNING
+
+
+def test_jobset_is_detected_through_discovery_and_the_log_says_indexed_jobs_are_used(
+        kube_control_plane, caplog) -> None:
+    from scheduler.adapters.kubernetes import KubernetesCluster
+
+    client = kube_control_plane.api_client()
+    cluster = KubernetesCluster(client, namespace="default")
+    assert cluster.jobset_available() is False  # a bare 1.36 control plane serves none
+    with caplog.at_level("INFO", logger="scheduler.adapters.kubernetes"):
+        cluster._say_which_gang_api()
+    assert "multi-node units run as Indexed Jobs with a headless Service (no JobSet API" in (
+        caplog.text)
+    # the JobSet API installed (its CRD): detected, and still not used
+    ext = kubernetes.client.ApiextensionsV1Api(client)
+    crd = {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+           "metadata": {"name": "jobsets.jobset.x-k8s.io"},
+           "spec": {"group": "jobset.x-k8s.io", "scope": "Namespaced",
+                    "names": {"plural": "jobsets", "singular": "jobset", "kind": "JobSet"},
+                    "versions": [{"name": "v1alpha2", "served": True, "storage": True,
+                                  "schema": {"openAPIV3Schema": {
+                                      "type": "object",
+                                      "x-kubernetes-preserve-unknown-fields": True}}}]}}
+    ext.create_custom_resource_definition(crd)
+    try:
+        deadline = time.monotonic() + 20
+        while not cluster.jobset_available():
+            assert time.monotonic() < deadline, "the JobSet group never showed in discovery"
+            time.sleep(0.3)
+        fresh = KubernetesCluster(client, namespace="default")
+        caplog.clear()
+        with caplog.at_level("INFO", logger="scheduler.adapters.kubernetes"):
+            fresh._say_which_gang_api()
+        assert "the JobSet API (jobset.x-k8s.io) is installed, but multi-node units run as " \
+               "Indexed Jobs" in caplog.text
+    finally:
+        ext.delete_custom_resource_definition("jobsets.jobset.x-k8s.io")
