@@ -63,8 +63,8 @@ RUN_COLUMNS = (
 )
 OUTCOMES = ("finished", "preempted", "stopped", "running", "failed", "cancelled")
 SUMMARY_COLUMNS = (
-    "month", "days", "useful_gpu_hours", "lost_gpu_hours", "preemptions", "jobs_run",
-    "jobs_finished", "gpus_12h", "gpus_24h", "mom_change", "savings", "cumulative_savings",
+    "month", "days", "useful_gpu_hours", "lost_gpu_hours", "preemptions", "planned_stops",
+    "jobs_run", "jobs_finished", "gpus_12h", "gpus_24h", "mom_change", "savings", "cumulative_savings",
     "idle_gpu_hours", "idle_share_used", "currency",
 )
 ZERO_DECIMAL_CURRENCIES = frozenset(
@@ -355,6 +355,7 @@ def month_figures(runs: pd.DataFrame, month: Month, tz: str) -> dict[str, float]
         "held_gpu_hours": float(split_by_edges(runs, runs["gpu_hours"].to_numpy(), edges).sum()),
         "lost_gpu_hours": float(runs.loc[ended, "lost_gpu_hours"].sum()),
         "preemptions": int((ended & (runs["outcome"] == "preempted")).sum()),
+        "planned_stops": int((ended & (runs["outcome"] == "stopped")).sum()),
         "jobs_run": int(runs.loc[overlapping, "job_id"].nunique()),
         "jobs_finished": int(runs.loc[ended & (runs["outcome"] == "finished"), "job_id"].nunique()),
         "failed_attempts": int((overlapping & runs["outcome"].isin(["failed", "cancelled"])).sum()),
@@ -392,6 +393,7 @@ def monthly_summary(
             "useful_gpu_hours": hours,
             "lost_gpu_hours": figures["lost_gpu_hours"],
             "preemptions": figures["preemptions"],
+            "planned_stops": figures["planned_stops"],
             "jobs_run": figures["jobs_run"],
             "jobs_finished": figures["jobs_finished"],
             "gpus_12h": gpu_equivalent(hours, month.days, 12),
@@ -874,7 +876,8 @@ def _headline(report: Report) -> list[str]:
         f"GPU-hour; {format_money(r.cumulative_savings, cur)} over "
         f"{report.months[0].label} to {report.months[-1].label}."),
         (f"{r.jobs_run:,} jobs ran and {r.jobs_finished:,} finished; {r.preemptions:,} "
-        f"preemptions lost {format_hours(r.lost_gpu_hours)} GPU-hours."),
+        f"preemptions and {r.planned_stops:,} planned stops lost "
+        f"{format_hours(r.lost_gpu_hours)} GPU-hours."),
     ]
     if math.isfinite(r.idle_gpu_hours):
         lines.append(f"The pool had {format_hours(r.idle_gpu_hours)} idle GPU-hours; jobs held "

@@ -420,9 +420,13 @@ def simulate(
     frame = pd.DataFrame(runs.rows, columns=["job_id", "team", "kind", "gpus", "start", "end",
                                              "outcome", "gpu_hours", "lost_gpu_hours",
                                              *(["nodes"] if cluster is not None else [])])
-    useful = sum(j.spec.gpus * (j.saved_s + (j.progress_s if j.running else 0.0))
-                 for j in state.values()) / 3600
-    lost = sum(j.spec.gpus * j.lost_s for j in state.values()) / 3600
+    # one definition of each figure, the report's, from the run table the report reads
+    # (scheduler.reports.useful): a report on runs_<policy>.csv gives the same numbers
+    from scheduler.reports import useful as useful_of
+
+    useful = float(useful_of(frame).sum()) if len(frame) else 0.0
+    lost = float(frame["lost_gpu_hours"].sum()) if len(frame) else 0.0
+    first_time = pool.index[0].to_pydatetime()
     started = [j for j in state.values() if j.first_start is not None]
     waits = [(j.first_start - j.spec.submit_at).total_seconds() / 3600 for j in started]
     metrics = {
@@ -433,7 +437,8 @@ def simulate(
         "shrinks": float(shrinks),
         "service_delay_gpu_minutes": delay_gpu_min,
         "jobs_finished": float(sum(j.finished_at is not None for j in state.values())),
-        "jobs": float(len(state)),
+        "jobs": float(sum(first_time <= j.spec.submit_at <= end_time
+                          for j in state.values())),  # submitted within the simulated span
         "mean_queue_wait_hours": float(np.mean(waits)) if waits else float("nan"),
         "idle_gpu_hours": pool.free_gpu_hours,
         "idle_share_used": useful / pool.free_gpu_hours if pool.free_gpu_hours else float("nan"),
