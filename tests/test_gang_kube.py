@@ -303,3 +303,23 @@ def test_jobset_is_detected_through_discovery_and_the_log_says_indexed_jobs_are_
                "Indexed Jobs" in caplog.text
     finally:
         ext.delete_custom_resource_definition("jobsets.jobset.x-k8s.io")
+
+
+def test_a_gang_succeeds_when_every_rank_does_and_fails_when_one_rank_fails(pool) -> None:
+    done, sim = pool(4, GPUS, start_delay=0.2, run_seconds=3.0, **SHAPE)
+    _roomy(done)
+    gang = submit(done.store, request("pretrain", **GANG))
+    report = done.reconcile()
+    (name,) = report.created
+    done.until(lambda r: gang in r.finished, what="the gang finished")
+    assert done.store.unit(gang).state is JobState.SUCCEEDED
+    assert len([p for p in sim.pods() if p.name.startswith(f"{name}-")
+                and p.exit_code == 0]) == 4
+    # a rank exiting 1 fails the attempt (any rank: the others would wait for it for ever)
+    failing, sim = pool(4, GPUS, start_delay=0.2, run_seconds=3.0, exit_code=1, **SHAPE)
+    _roomy(failing)
+    gang = submit(failing.store, request("pretrain", **GANG))
+    failing.reconcile()
+    failing.until(lambda r: gang in r.failed, what="the gang failed")
+    row = failing.store.unit(gang)
+    assert row.state is JobState.FAILED and "PodFailurePolicy" in row.reason, row.reason
