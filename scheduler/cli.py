@@ -1338,7 +1338,7 @@ def queue(
         settings = _optional_config(config)
         tz = settings.pool.tz if settings is not None else timezone.utc
         return remote_queue(markup_console, markup_err_console, server, token_file, scope,
-                            all_units, tz)
+                            all_units, tz, output)
     from forecast.config import AdmissionConfig
     from scheduler.adapters.store import JobStore
     from scheduler.output import emit
@@ -1627,7 +1627,6 @@ def admission_resume(config: OptionalConfig = None, store: StoreOption = None,
 
 
 import scheduler.cli_api  # noqa: E402, F401  (serve, token: the job API)
-
 
 EXTRAS = {"sqlalchemy": "daemon", "apscheduler": "daemon", "prometheus_client": "daemon",
           "kubernetes": "daemon", "fastapi": "server",

@@ -64,35 +64,44 @@ def remote_submit(console: Console, err: Console, server: str, token_file: Path 
 
 
 def remote_queue(console: Console, err: Console, server: str, token_file: Path | None,
-                 scope: str, all_units: bool, tz) -> None:
+                 scope: str, all_units: bool, tz, output: str = "table") -> None:
+    from scheduler.output import Column, emit
+
     client = client_for(server, token_file)
     try:
         answer = client.units(scope=scope, states=["all"] if all_units else None)
     except ApiUnavailable as exc:
         raise _unavailable(err, exc, "nothing was changed") from None
     rows = answer.get("units", [])
-    if not rows:
+    if not rows and output in ("table", "wide"):
         console.print(f"the queue is empty for scope {escape(scope)}"
                       + ("" if all_units else " (--all shows ended units)"), highlight=False)
         return
-    table = Table(title=f"job queue, scope {escape(scope)} ({len(rows)} unit(s))",
-                  title_justify="left")
-    for column, justify in (("unit", "left"), ("team", "left"), ("step", "left"),
-                            ("GPUs", "right"), ("state", "left"), ("tries", "right"),
-                            ("submitted", "left")):
-        table.add_column(column, justify=justify, overflow="fold")
+    listed = []
     for row in rows:
         state = row["state"]
         if row.get("cancel_requested_at") and state in ("admitted", "running"):
             state += " (stopping)"
         elif row.get("reason") and state in ("succeeded", "failed", "cancelled"):
             state += f": {row['reason']}"
-        step = f"{row['step']}[{row['member']}]" if row.get("member") else row["step"]
-        submitted = datetime.fromisoformat(row["submitted_at"]).astimezone(tz)
-        table.add_row(escape(row["id"]), escape(row["team"]), escape(step), str(row["gpus"]),
-                      escape(state), f"{row['attempts']}/{row['preemptions']}",
-                      submitted.strftime("%Y-%m-%d %H:%M %z"))
-    console.print(table)
+        listed.append({
+            "unit": row["id"], "request": row.get("request_id"), "team": row["team"],
+            "step": f"{row['step']}[{row['member']}]" if row.get("member") else row["step"],
+            "gpus": row["gpus"], "state": state, "attempts": row["attempts"],
+            "preemptions": row["preemptions"],
+            "tries": f"{row['attempts']}/{row['preemptions']}",
+            "submitted": datetime.fromisoformat(row["submitted_at"])})
+    columns = [Column("unit", "unit", identifier=True),
+               Column("request", "request", identifier=True, wide_only=True),
+               Column("team", "team"), Column("step", "step", wide_only=True),
+               Column("gpus", "GPUs", right=True), Column("state", "state"),
+               Column("tries", "tries", right=True), Column("submitted", "submitted")]
+    if output not in ("table", "wide"):
+        columns = [c for c in columns if c.key != "tries"] + [Column("attempts", "attempts"),
+                                                               Column("preemptions",
+                                                                      "preemptions")]
+    emit(console, listed, columns, output, tz=tz,
+         title=f"job queue, scope {scope} ({len(rows)} unit(s))")
 
 
 def remote_cancel(console: Console, err: Console, server: str, token_file: Path | None,

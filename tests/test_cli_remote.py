@@ -4,6 +4,7 @@ plain text; a lost answer retried with the same idempotency key (queued once).""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -77,6 +78,10 @@ def test_a_team_submits_lists_and_cancels_its_own_work_and_not_anothers(server, 
 
     code, out, _ = run(capsys, "queue", "--server", server.url, "--scope", "mine")
     assert code == 0 and out.count("alignment") >= 4 and "4 unit(s)" in out
+    code, out, _ = run(capsys, "queue", "--server", server.url, "--scope", "mine", "-o", "json")
+    units = json.loads(out)  # stdout: the JSON alone, full ids, ISO times with the offset
+    assert code == 0 and len(units) == 4 and {u["request"] for u in units} == {request_id}
+    assert all(u["unit"].startswith(request_id) and u["submitted"][-6] in "+-" for u in units)
 
     monkeypatch.setenv("IDLEGPU_TOKEN", bob)
     code, out, err = run(capsys, "cancel", request_id, "--server", server.url)
