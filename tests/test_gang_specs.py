@@ -130,3 +130,43 @@ def test_submit_refuses_a_node_larger_than_the_pools_in_one_line(tmp_path, cli):
     code, _, err = cli(["submit", str(REPO / "examples/jobs/pretrain.yaml"), "--config",
                           str(config), "--store", store])
     assert code == 0, err
+
+
+def test_the_job_api_checks_and_splits_against_the_pools_node_shapes(tmp_path):
+    """The job API (a real uvicorn server) validates with the server's pool.nodes."""
+    from api_server import ApiServer, Client, MovableClock
+
+    from forecast.config import load_config
+    from scheduler.adapters.store import AuditEntry, JobStore
+    from scheduler.api import create_app
+    from scheduler.api.auth import new_token, token_sha256
+
+    settings = load_config(data={
+        "pool": {"name": "test-pool", "total_gpus": 64, "timezone": "UTC",
+                 "nodes": [{"gpus": 8, "cpu": 96, "memory": "1Ti", "count": 8}]},
+        "query_templates": {"replicas": 'kube_deployment_status_replicas{deployment="$service"}'},
+        "services": [{"name": "chat", "gpus_per_replica": 4, "min_replicas": 0,
+                      "max_replicas": 10}],
+        "admission": {"allowed_registries": ["registry.example.com/"]}})
+    store = JobStore(f"sqlite:///{tmp_path / 'api.db'}")
+    clock = MovableClock()
+    token = new_token()
+    store.create_api_token("alice", "nlp", "member", token_sha256(token), clock.at, None,
+                           AuditEntry(at=clock.at, actor="test", auth="cli", role="operator",
+                                      team=None, action="token.create", target="alice"))
+    server = ApiServer(create_app(settings, store, clock=clock)).start()
+    client = Client(server.url, token, {})
+    try:
+        bad = client.post("/v1/requests", json={**BASE, "nodes": 2, "gpus_per_node": 16})
+        assert bad.status_code == 422
+        assert bad.json()["error"]["field"] == "gpus_per_node"
+        assert "16 GPUs per node is above the pool's largest node (8 GPUs" in (
+            bad.json()["error"]["message"])
+        good = client.post("/v1/requests", json={**BASE, "gpus": 16})
+        assert good.status_code == 201, good.text
+        (unit,) = store.find_units()
+        assert (unit.spec.nodes, unit.spec.gpus_per_node, unit.gpus) == (2, 8, 16)
+    finally:
+        client.close()
+        server.stop()
+        store.close()
