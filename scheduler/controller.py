@@ -459,11 +459,21 @@ class Controller:
             # stopped before it ever ran: back to the queue, not a preemption, nothing lost;
             # unless it never ran time after time because no node can place it
             if job.stop_kind is StopKind.UNSCHEDULED and self._unplaceable(row):
-                self.store.failed(row.id, now, (
-                    f"no node could place its pod in {self.max_unscheduled_attempts} attempts "
-                    f"of {(self.pending_timeout_s or 0) / 60:.0f} min each (asks {row.gpus} "
-                    f"GPUs, cpu {row.spec.cpu:g}, memory {row.spec.memory}); make the request "
-                    f"fit one node of the pool"))
+                pods = _pods(row.spec)
+                if pods > 1:
+                    from scheduler.specs import memory_per_node
+
+                    text = (f"its {pods} pods were never all placed in "
+                            f"{self.max_unscheduled_attempts} attempts in a row (each pod asks "
+                            f"{row.spec.gpus_per_node} GPUs, cpu {row.spec.cpu_per_node:g}, "
+                            f"memory {memory_per_node(row.spec)}); make the request fit the "
+                            "pool's nodes, or ask for fewer nodes")
+                else:
+                    text = (f"no node could place its pod in {self.max_unscheduled_attempts} "
+                            f"attempts of {(self.pending_timeout_s or 0) / 60:.0f} min each "
+                            f"(asks {row.gpus} GPUs, cpu {row.spec.cpu:g}, memory "
+                            f"{row.spec.memory}); make the request fit one node of the pool")
+                self.store.failed(row.id, now, text)
                 report.failed.append(row.id)
                 return
             self.store.requeue_admitted(row.id, now, reason=why)

@@ -1,5 +1,6 @@
 """decide() with multi-node (gang) units: N pods of G GPUs on N distinct nodes, all or none,
-best fit, taken from the view for the rest of the pass (policy.py, section 6)."""
+best fit, taken from the view for the rest of the pass (policy.py, section 6); and the
+controller's gang timeout with the Cluster port in memory."""
 
 from datetime import UTC, datetime, timedelta
 
@@ -116,3 +117,75 @@ def test_a_gang_needs_gpus_in_whole_pods():
     with pytest.raises(ValueError, match="do not split into 3 equal nodes"):
         WaitingJob(id="x", team="a", gpus=32, runtime_s=H, checkpointable=True, priority=0,
                    submitted_at=T0, nodes=3)
+
+
+# --- the controller's gang rules, with the Cluster port in memory (tests/test_controller.py) --
+
+
+def test_the_controller_rolls_back_a_gang_not_all_bound_and_fails_it_after_the_attempts(
+        tmp_path):
+    from dataclasses import replace
+
+    from test_controller import MemoryCluster, Signals
+
+    from forecast.config import NodeShape
+    from scheduler.adapters.store import JobStore
+    from scheduler.controller import Controller
+    from scheduler.ports import JobPhase
+    from scheduler.specs import expand_units, validate_request
+    from scheduler.types import JobState
+
+    store = JobStore(f"sqlite:///{tmp_path / 'jobs.db'}")
+    data = {"name": "pretrain", "team": "nlp", "kind": "training",
+            "image": "registry.example.com/research/train:1.0", "gpus": 32,
+            "runtime_estimate": "2h"}
+    request = validate_request(data, nodes=[NodeShape(gpus=8, count=8)])
+    store.submit(request.name, request.team, request.kind, data, expand_units(request),
+                 T0 - timedelta(hours=1))
+    (unit,) = [row.id for row in store.queue()]
+    cluster = MemoryCluster()
+    controller = Controller(store, cluster, Signals(),
+                            lambda now: FreeProfile(T0, 300, np.full(288, 64.0), 0.9, T0),
+                            lambda spec: spec.runtime_estimate_s, SETTINGS, gang_timeout_s=60,
+                            max_unscheduled_attempts=2)
+    s = timedelta(seconds=1)
+
+    def created_with(bound: int, at):
+        report = controller.reconcile_once(at)
+        (name,) = report.created
+        cluster.jobs[name] = replace(cluster.jobs[name], pods=4, pods_bound=bound, created_at=at)
+        return name
+
+    # all 4 bound but not yet running (a large image): no rollback, whatever the time
+    name = created_with(4, T0)
+    assert not controller.reconcile_once(T0 + 300 * s).stopped
+    cluster.set_phase(name, JobPhase.SUCCEEDED, T0 + 301 * s)  # (it did run, and finished)
+    controller.reconcile_once(T0 + 302 * s)
+    assert store.unit(unit).state is JobState.SUCCEEDED
+
+    store2 = JobStore(f"sqlite:///{tmp_path / 'jobs2.db'}")
+    store2.submit(request.name, request.team, request.kind, data, expand_units(request),
+                  T0 - timedelta(hours=1))
+    (unit,) = [row.id for row in store2.queue()]
+    controller.store, cluster.jobs = store2, {}
+    # 3 of 4 bound: within the gang timeout it waits, past it the gang is rolled back
+    name = created_with(3, T0)
+    assert not controller.reconcile_once(T0 + 59 * s).stopped
+    report = controller.reconcile_once(T0 + 61 * s)
+    assert report.stopped == [name]
+    (_, reason), = cluster.stops
+    assert reason.startswith("gang not placed whole: 3 of 4 pods on a node within 60 s")
+    # suspended: released to the queue (no preemption) and, the nodes free, admitted again
+    name = created_with(3, T0 + 62 * s)
+    row = store2.unit(unit)
+    assert row.attempts == 2 and row.preemptions == 0
+    assert store2.attempts(unit)[0].outcome == "requeued"
+    # rolled back once more, and it is given up on with a reason about its pods
+    controller.reconcile_once(T0 + 130 * s)
+    controller.reconcile_once(T0 + 131 * s)
+    row = store2.unit(unit)
+    assert row.state is JobState.FAILED
+    assert row.reason.startswith("its 4 pods were never all placed in 2 attempts in a row "
+                                 "(each pod asks 8 GPUs, cpu 64, memory 512Gi)")
+    store.close()
+    store2.close()
