@@ -111,6 +111,7 @@ def plan_ahead(
             size *= 4
         gates.append(decisions[-1].reason if gate and seen else "")
         reserved.append(None)
+        stopping = 0  # GPUs of the jobs told to stop now: the policy counts them held till then
         for d in decisions:
             if d.action is Action.ADMIT:
                 job = waiting.take(d.job_id)
@@ -124,6 +125,7 @@ def plan_ahead(
             elif d.action is Action.PREEMPT and d.job_id in active:
                 job, row = active.pop(d.job_id)
                 runs.append(replace(row, end=t, outcome="checkpoints and stops"))
+                stopping += job.gpus
             elif d.action is Action.DEFER and not gate:
                 said.setdefault(d.job_id, {})[i] = d.reason
                 if d.start_at is not None and reserved[i] is None:
@@ -132,7 +134,7 @@ def plan_ahead(
         pool = (float(profile.free[i_profile]) if 0 <= i_profile < len(profile.free)
                 else math.nan)
         pools.append(pool)
-        left.append(pool - sum(job.gpus for job, _ in active.values()))
+        left.append(pool - stopping - sum(job.gpus for job, _ in active.values()))
         times.append(t)
         t += step
     for job, row in active.values():

@@ -29,7 +29,8 @@ def test_a_wheel_ships_the_examples_and_the_installed_console_lists_them(tmp_pat
                         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     built = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", str(tree), "--no-deps", "--no-build-isolation",
-         "-q", "-w", str(tmp_path / "dist")], capture_output=True, text=True, timeout=300)
+         "-q", "-w", str(tmp_path / "dist")], check=False, capture_output=True, text=True,
+        timeout=300)
     assert built.returncode == 0, built.stderr
     (wheel,) = (tmp_path / "dist").glob("idlegpu-*.whl")
     wanted = {p.name: p.read_bytes() for p in EXAMPLES.glob("*.yaml")}
@@ -47,11 +48,12 @@ def test_a_wheel_ships_the_examples_and_the_installed_console_lists_them(tmp_pat
     python = target / "bin" / "python"
     installed = subprocess.run(
         [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps",
-         "--no-index", "-q", str(wheel)], capture_output=True, text=True, timeout=300)
+         "--no-index", "-q", str(wheel)], check=False, capture_output=True, text=True,
+        timeout=300)
     assert installed.returncode == 0, installed.stderr
-    site = Path(subprocess.run([str(python), "-c", "import sysconfig; "
-                                "print(sysconfig.get_path('purelib'))"], capture_output=True,
-                               text=True, check=True, timeout=60).stdout.strip())
+    where = "import sysconfig; print(sysconfig.get_path('purelib'))"
+    site = Path(subprocess.run([str(python), "-c", where], capture_output=True, text=True,
+                               check=True, timeout=60).stdout.strip())
     assert (target / "share/idlegpu/examples/jobs").is_dir()
     # the console from the install, not from this checkout's editable install (its finder)
     probe = (
@@ -61,8 +63,8 @@ def test_a_wheel_ships_the_examples_and_the_installed_console_lists_them(tmp_pat
         "print(json.dumps({'module': routes.__file__, 'checkout': routes.EXAMPLES.is_dir(),\n"
         "                  'examples': routes._examples()}))\n")
     env = {**os.environ, "PYTHONPATH": str(site)}
-    ran = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                         timeout=120, env=env, cwd=tmp_path)
+    ran = subprocess.run([sys.executable, "-c", probe], check=False, capture_output=True,
+                         text=True, timeout=120, env=env, cwd=tmp_path)
     assert ran.returncode == 0, ran.stderr
     seen = json.loads(ran.stdout)
     assert Path(seen["module"]).is_relative_to(site) and not seen["checkout"]

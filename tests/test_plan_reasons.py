@@ -28,7 +28,10 @@ def unit(id_, gpus, hours, *, priority=0, checkpointable=False, **kw) -> Waiting
                       T0 - timedelta(hours=1), **kw)
 
 
-def reasons(free: FreeProfile, queue, settings=PolicySettings(grace_s=600), **kw) -> dict:
+GRACE = PolicySettings(grace_s=600)
+
+
+def reasons(free: FreeProfile, queue, settings: PolicySettings = GRACE, **kw) -> dict:
     plan = plan_ahead(T0, free, queue, settings, horizon=timedelta(hours=24), tz=SEOUL, **kw)
     return {job.id: reason for job, reason in plan.waiting}
 
@@ -106,7 +109,7 @@ def test_a_reason_is_never_of_now_at_a_later_step():
     said = reasons(profile((13.5, 24), (10, 2)), queue)
     assert said["x"] == ("needs 16 GPUs for 2.0 h + grace without a stop; the jobs running or "
                          "planned ahead of it take the 16-GPU window of Wed 18:00 KST – Thu "
-                         "07:30 KST, leaving at most 0.3 h (from Thu 07:10 KST)")
+                         "07:30 KST, leaving at most 0.2 h (from Thu 07:15 KST)")
 
 
 @pytest.mark.parametrize("sizes, gaps", [((4,), False), ((4, 8, 16), False),
@@ -131,3 +134,25 @@ def test_the_plan_over_the_queues_head_is_the_plan_over_all_of_it(sizes, gaps):
     full = plan_ahead(T0, free, queue, settings, team_usage=usage, running=held, head=None)
     assert head.runs == full.runs and len(head.runs) > 20
     assert [j.id for j, _ in head.waiting] == [j.id for j, _ in full.waiting]
+
+
+def test_no_reason_of_a_random_night_quotes_a_later_moments_now():
+    """Random small nights (a profile of five stretches, eight units, one running job): every
+    unit that waits gets one reason of the night's kinds, never a policy's "free now" of a
+    moment after the first (the contradiction the plan used to print)."""
+    rng = np.random.default_rng(7)
+    seen = 0
+    for _ in range(150):
+        free = profile(*[(float(rng.choice([0.5, 1, 2, 3])), int(rng.choice([0, 4, 8, 16, 24])))
+                         for _ in range(5)])
+        queue = [unit(f"j{i}", int(rng.choice([4, 8, 16])), float(rng.choice([0.5, 1, 2, 4, 6])),
+                      priority=int(rng.integers(3)), checkpointable=bool(rng.integers(2)))
+                 for i in range(8)]
+        held = RunningJob("r", "t", int(rng.choice([4, 8])), 0, T0 - timedelta(hours=1), False,
+                          float(rng.choice([1, 2, 3])) * 3600, None, None, "training")
+        for reason in reasons(free, queue, running=[held]).values():
+            seen += 1
+            assert "then" not in reason and "but there" not in reason, reason
+            assert "free now" not in reason or reason.endswith("-GPU window opens"), reason
+            assert reason.count(";") <= 1, reason  # said once
+    assert seen > 300

@@ -714,7 +714,7 @@ def add_console(app: FastAPI, settings, store, authenticator: Authenticator, rea
         ``local`` does, ``Thu 29 Jan 02:10 KST``)."""
         at = pd.Timestamp(now()).tz_convert(tz)
         zones = {}
-        for hour in range(0, 49):
+        for hour in range(49):
             moment = at + pd.Timedelta(hours=hour)
             offset = moment.strftime("%z")
             zones[f"{offset[:3]}:{offset[3:]}"] = moment.strftime("%Z")
