@@ -46,8 +46,10 @@ def test_run_once_dry_run_replays_a_past_evening(tmp_path, cli):
     # stdout holds the manifests alone, one YAML document each; everything else is on stderr
     assert out.startswith("---\n"), out[:200]
     docs = list(yaml.safe_load_all(out))
-    assert [d["kind"] for d in docs] == ["Job"], docs
+    # the example is a gang: its Indexed Job, then its headless Service
+    assert [d["kind"] for d in docs] == ["Job", "Service"], docs
     job = docs[0]
+    assert docs[1]["spec"]["clusterIP"] == "None"
     assert job["spec"]["template"]["spec"]["priorityClassName"] == "idlegpu-best-effort"
     limits = job["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
     # the example's 32 GPUs are a gang of 4 pods of 8 (an Indexed Job)
@@ -192,8 +194,10 @@ def test_dry_run_output_is_accepted_by_a_real_api_server(tmp_path, cli, kube_con
     code, out, err = dry_run_once(cli, store, config)
     assert code == 0, err
     applied = cp.kubectl("apply", "--dry-run=server", "-o", "yaml", "-f", "-", input=out)
-    job = yaml.safe_load(applied.stdout)
+    # the example is a gang: its Indexed Job and its headless Service, both admitted
+    job, service = yaml.safe_load(applied.stdout)["items"]
     assert job["kind"] == "Job" and job["metadata"]["namespace"] == namespace
+    assert service["kind"] == "Service" and service["spec"]["clusterIP"] == "None"
     container = job["spec"]["template"]["spec"]["containers"][0]
     assert container["args"][-len(TRICKY_ARGS):] == TRICKY_ARGS  # as the server stored them
     # and nothing was created: it was a server-side dry run

@@ -469,11 +469,10 @@ class KubernetesCluster:
         self.ttl_seconds_after_finished = ttl_seconds_after_finished
         self._sleep = sleep
         self.last_manifests: list[dict[str, Any]] = []
-        """Manifests ``apply`` built, newest last (the last 1000)."""
+        """Manifests ``apply`` built, newest last (the last 1000): Jobs, each gang's headless
+        Service right after its Job (what ``kubectl apply`` needs for a dry run's)."""
         self.dry_run_stops: list[tuple[str, str]] = []
         """``(name, reason)`` of every ``stop`` skipped in dry-run mode."""
-        self.last_services: list[dict[str, Any]] = []
-        """Headless Services of gangs ``apply`` built, newest last (the last 1000)."""
         self._gangs: set[str] = set()  # names of our Indexed Jobs seen (their Service to delete)
         self._jobset: bool | None = None  # the JobSet API is served (None: not asked yet)
 
@@ -701,8 +700,8 @@ class KubernetesCluster:
                      json.dumps(manifest, sort_keys=True))
             if gang:
                 service = self.service_manifest(manifest)
-                self.last_services.append(service)
-                del self.last_services[:-1000]
+                self.last_manifests.append(service)
+                del self.last_manifests[:-1000]
                 log.info("dry run: would create Service %s/%s: %s", self.namespace, name,
                          json.dumps(service, sort_keys=True))
             return name
@@ -729,8 +728,8 @@ class KubernetesCluster:
     def _create_service(self, service: dict[str, Any]) -> None:
         """Create a gang's Service (one already there, e.g. from a create retried after a lost
         response, is fine: same name, same Job)."""
-        self.last_services.append(service)
-        del self.last_services[:-1000]
+        self.last_manifests.append(service)
+        del self.last_manifests[:-1000]
         try:
             self._call("create", lambda **kw: self.core.create_namespaced_service(
                 self.namespace, service, _content_type="application/json", **kw),
