@@ -100,6 +100,22 @@ def test_a_policy_gate_keeps_it_out_when_its_window_opens():
                          "old; refresh it")
 
 
+def test_the_gpus_reserved_for_a_unit_ahead_keep_it_out_of_its_window():
+    # R (16 GPUs) waits for the running job's 8 and has them reserved from 19:00; S would run
+    # 3 h on the 8 free now but into R's reservation; R then misses its deadline, too late
+    # for S's 3 h before the pool closes at 21:30
+    held = RunningJob("r", "t", 8, 0, T0 - timedelta(hours=1), False, 3600, None, None,
+                      "training")
+    queue = [unit("R", 16, 1, priority=1, deadline=T0 + timedelta(minutes=30)),
+             unit("S", 8, 3)]
+    said = reasons(profile((3.5, 16)), queue, running=[held])
+    assert said["S"] == ("needs 8 GPUs; the first 8-GPU window long enough is open now, but "
+                         "starting there would delay R, which has the GPUs reserved from Wed "
+                         "19:00 KST")
+    assert said["R"] == ("needs 16 GPUs; its deadline (Wed 18:30 KST) passes before the first "
+                         "16-GPU window long enough opens at Wed 19:00 KST")
+
+
 def test_a_reason_is_never_of_now_at_a_later_step():
     # the service's ramp at Thu 07:30 stops the jobs: steps with GPUs "left" that the policy
     # does not offer yet (the stopping jobs hold them through the grace period); the old
