@@ -1249,6 +1249,8 @@ def _build_units(req: JobRequest, max_units: int = UNITS_CEILING,
                 step, req))
         min_gpus = _check_min_gpus(step, gpus, checkpointable, req)
         per_node = gpus // nodes
+        if nodes > 1:
+            _check_gang_name(req, step, len(members) - 1, nodes)
         # with nodes given, cpu and memory are per node; a split plain request shares its own
         cpu_total, memory_total = _gang_resources(step, gpus, nodes, split)
         this_step: list[tuple[int, int]] = []
@@ -1457,6 +1459,24 @@ def _node_layout(step: _Step, req: JobRequest,
             f"pool.nodes); ask for at most {biggest} GPUs per node and more nodes (e.g. nodes: "
             f"{math.ceil(gpus / biggest)} with gpus_per_node: {biggest})"))
     return gpus, nodes, False
+
+
+GANG_MAX_ATTEMPTS_DIGITS = 3
+"""A gang's Job names leave room for attempt numbers up to 999."""
+
+
+def _check_gang_name(req: JobRequest, step: _Step, last_member: int, nodes: int) -> None:
+    """``_RuleError`` at ``name`` when the pods of this step's gangs could not be named: an
+    Indexed Job's pod is ``<job>-<rank>``, a DNS label of at most 63 characters, and the Job
+    is ``idlegpu-<name>-<8 hex>-<step>-<member>-a<attempt>`` (the server refuses a Job whose
+    pods it could not name)."""
+    longest = len(f"idlegpu-{req.name}-{'0' * 8}-{step.index}-{last_member}-a"
+                  f"{'9' * GANG_MAX_ATTEMPTS_DIGITS}-{nodes - 1}")
+    if longest > 63:
+        raise _RuleError("name", (
+            f"a multi-node unit's pods are named after its Kubernetes Job and their rank (63 "
+            f"characters at most), which leaves this request's name at most "
+            f"{len(req.name) - (longest - 63)} characters (it has {len(req.name)}); shorten it"))
 
 
 def _gang_resources(step: _Step, gpus: int, nodes: int, split: bool) -> tuple[float, str]:

@@ -170,3 +170,16 @@ def test_the_job_api_checks_and_splits_against_the_pools_node_shapes(tmp_path):
         client.close()
         server.stop()
         store.close()
+
+
+def test_a_gang_name_too_long_for_its_pods_names_is_refused_at_submit():
+    name = "a" * 36
+    message = refused(name=name, nodes=4, gpus_per_node=8)
+    assert message == (
+        "req.yaml: name: a multi-node unit's pods are named after its Kubernetes Job and their "
+        "rank (63 characters at most), which leaves this request's name at most 35 characters "
+        "(it has 36); shorten it")
+    (u,) = expand_units(validate_request({**BASE, "name": name[:35], "nodes": 4,
+                                          "gpus_per_node": 8}, nodes=EIGHT))
+    assert u.nodes == 4
+    unit(name=name, gpus=8)  # one pod: no such limit
