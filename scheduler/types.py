@@ -479,7 +479,8 @@ class NodeState:
 @dataclass(frozen=True)
 class NodeView:
     """The pool's nodes now (the Kubernetes adapter's ``nodes()``, or the shapes of
-    ``pool.nodes`` for planning); ``decide()`` admits a unit only where one node holds it."""
+    ``pool.nodes`` for planning); ``decide()`` admits a unit only where one node holds it (a
+    multi-node unit: where N distinct nodes hold a pod each)."""
 
     nodes: tuple[NodeState, ...] = ()
     observed_at: datetime | None = None
