@@ -240,6 +240,14 @@ def test_a_history_past_its_end_is_a_503_never_a_stale_plan(tmp_path):
             assert answer.status_code == 503, (path, answer.text)
             assert answer.headers["Retry-After"] == "30"
             assert "stale history" in answer.json()["error"]["message"]
+        # a request is still validated, its estimate given: only its plan is missing, and why
+        answer = client.post("/v1/requests/validate", json=request("checked", "alignment", 8))
+        assert answer.status_code == 200, answer.text
+        (unit,) = answer.json()["units"]
+        assert unit["runtime"]["source"] == "user" and unit["plan"]["start_at"] is None
+        assert unit["plan"]["reason"].startswith("no plan now: ") and "stale history" in unit[
+            "plan"]["reason"]
+        assert answer.json()["plan_made_at"] is None
     finally:
         client.close()
         server.stop()

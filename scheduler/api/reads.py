@@ -147,9 +147,12 @@ class Reads:
              "plan": {"state": "not planned", "start_at": None, "end_at": None,
                       "stop_by": None, "reason": None}}
             for k, e in enumerate(estimates)]
+        from scheduler.adapters.store import StoreError, StoreUnavailableError
+
         try:
             _, made, planned = self.tonight(24.0, extra, reuse_s=PREVIEW_REUSE_S)
-        except ForecastUnavailable as exc:
+        except (ForecastUnavailable, StoreError, StoreUnavailableError) as exc:
+            # the request is still checked: only its plan is missing, and why
             for unit in out:
                 unit["plan"]["reason"] = f"no plan now: {exc}"
             return {"units": out, "made_at": None, "forecast_age_s": None}
