@@ -111,9 +111,6 @@ class ServicePlacement:
         """GPUs of pending replicas no node could hold even with every job gone."""
         self._serial = 0
 
-    def counts(self) -> list[int]:
-        return [len(r) for r in self.replicas]
-
     def pending_gpus(self) -> int:
         return sum(g for g, reps in zip(self.per_replica, self.replicas)
                    for r in reps if r.node == PENDING)
