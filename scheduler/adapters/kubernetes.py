@@ -1022,7 +1022,7 @@ class KubernetesCluster:
                 f"Kubernetes denied '{verb}' on {resource} in namespace {self.namespace} "
                 f"(HTTP {exc.status}): {message or exc.reason}; grant the idlegpu service "
                 f"account the Role of deploy/role.yaml there (jobs.batch: get, list, create, "
-                f"patch, delete; pods: get, list)")
+                f"patch, delete; pods: get, list; services: create, delete)")
         fields = _status_fields(exc)
         what = f" (fields: {', '.join(fields)})" if fields else ""
         return ClusterRejectedError(
