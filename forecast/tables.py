@@ -4,7 +4,9 @@
   pool's time zone when the writer knows it (``tz``), else as they are (UTC: ``+00:00``). A
   reader never has to guess the zone, and no file carries odd fractions (``14:11:07.600``).
 - **Numbers**: plain decimals, never ``1.226e+04``; ``decimals`` digits after the point for
-  floats (trailing zeros kept, so a column lines up), integers as integers.
+  floats (trailing zeros kept, so a column lines up), or with ``decimals=None`` every digit the
+  value has (a data file another command reads back, e.g. a simulation's run table: rounding
+  there would shift the sums made from it); integers as integers.
 - **Text**: a cell that a spreadsheet would run as a formula (starting with ``=``, ``+``, ``-``,
   ``@``, a tab or a carriage return: a team, job or series name an untrusted user chose) is
   written with a leading ``'``, the escape spreadsheets themselves use, so it shows as text.
@@ -61,13 +63,20 @@ def csv_ready(frame: pd.DataFrame, *, tz: str | None = None, index: bool = False
     return out
 
 
+def _every_digit(value: float) -> str:
+    import numpy as np
+
+    return np.format_float_positional(value, trim="-")
+
+
 def write_csv(frame: pd.DataFrame, path: str | Path, *, tz: str | None = None,
-              decimals: int = 4, index: bool = False) -> Path:
+              decimals: int | None = 4, index: bool = False) -> Path:
     """Write ``frame`` as CSV under the module's convention; returns the path."""
     file = Path(path)
     file.parent.mkdir(parents=True, exist_ok=True)
     csv_ready(frame, tz=tz, index=index).to_csv(
-        file, index=index, float_format=f"%.{decimals}f", lineterminator="\n")
+        file, index=index, lineterminator="\n",
+        float_format=_every_digit if decimals is None else f"%.{decimals}f")
     return file
 
 

@@ -767,7 +767,8 @@ def simulate(
             progress.remove_task(forecasting)
             progress.remove_task(task)
             rows[name] = result.metrics
-            write_csv(result.runs, out / f"runs_{name}.csv", tz=settings.pool.timezone)
+            write_csv(result.runs, out / f"runs_{name}.csv", tz=settings.pool.timezone,
+                      decimals=None)  # read back by `idlegpu report`: every digit
             kept = useful(result.runs)
             ends = pd.to_datetime(result.runs["end"], utc=True).dt.tz_convert(
                 settings.pool.timezone).dt.tz_localize(None)

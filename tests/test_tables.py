@@ -70,3 +70,12 @@ def test_plan_and_windows_csvs_share_the_pools_local_offset(tmp_path, cli):
         for column in ("start", "end"):
             assert table[column].str.match(OFFSET_TIME.pattern).all(), (name, column)
             assert table[column].str.endswith("+09:00").all(), (name, column)
+
+
+def test_a_data_file_keeps_every_digit_without_an_exponent(tmp_path):
+    frame = pd.DataFrame({"gpu_hours": [4 + 1 / 3, 1e-7, 12_260.5, 2.0]})
+    path = write_csv(frame, tmp_path / "runs.csv", decimals=None)
+    text = path.read_text(encoding="utf-8")
+    assert "e-" not in text and "e+" not in text
+    back = pd.read_csv(path)["gpu_hours"]
+    assert list(back) == list(frame["gpu_hours"])  # read back exactly
