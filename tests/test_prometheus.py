@@ -337,8 +337,8 @@ def test_cli_prometheus_down_is_one_line_exit_2(tmp_path):
     exe = Path(sys.executable).with_name("idlegpu")
     proc = subprocess.run(
         [
-            str(exe), "fetch", "-c", str(config), "--start", "2025-03-01",
-            "--end", "2025-03-02", "--out", str(tmp_path / "h.parquet"),
+            str(exe), "fetch", "-c", str(config), "--start", "2025-03-01T00:00:00Z",
+            "--end", "2025-03-02T00:00:00Z", "--out", str(tmp_path / "h.parquet"),
         ],
         capture_output=True,
         text=True,
