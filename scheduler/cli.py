@@ -900,7 +900,9 @@ def plan(
                 later = [u for u in job_store.find_units(states=(JobState.QUEUED,))
                          if u.submitted_at > start]
         blocked = []
-        source = _store_url(settings, store)
+        from forecast.redact import redact
+
+        source = redact(_store_url(settings, store))  # a PostgreSQL URL carries its password
     planned = tonight(settings, refreshed, queue, running=running, team_usage=usage,
                       horizon=span, start=start)
     result, table, free = planned.plan, planned.windows, refreshed.free
@@ -1572,6 +1574,7 @@ def _admission(action: str, config: Path | None, store: str | None, server: str 
         _check(store is None, "--server decides the store; drop --store", "--server")
         return remote_admission(markup_console, markup_err_console, server, token_file,
                                 action, reason)
+    from forecast.redact import redact
     from scheduler.adapters.store import AuditEntry, JobStore
     from scheduler.api.reads import paused_reason
     from scheduler.cli_api import _cli_actor
@@ -1597,7 +1600,7 @@ def _admission(action: str, config: Path | None, store: str | None, server: str 
                    if state.paused else "admission was not paused; nothing changed")
     print_admission(markup_console, state.paused,
                     paused_reason(state, tz) or "admission is open", action,
-                    change.changed if change else True, message, url)
+                    change.changed if change else True, message, redact(url))
 
 
 @admission_app.command("status")

@@ -153,6 +153,9 @@ def test_roles_grant_only_what_the_daemon_uses():
     assert grants(roles[JOBS, "idlegpu"]) == {
         ("batch", "jobs"): {"get", "list", "create", "patch", "delete"},
         ("", "pods"): {"get", "list"},
+        # a multi-node gang's headless Service (rendezvous), created with its Job, deleted
+        # with it; never read, never changed
+        ("", "services"): {"create", "delete"},
     }
     assert grants(roles[SYSTEM, "idlegpu-leader-election"]) == {
         ("coordination.k8s.io", "leases"): {"get", "create", "update"},
