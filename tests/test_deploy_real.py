@@ -245,7 +245,9 @@ def test_the_daemon_holds_exactly_its_roles(kube_control_plane):
     assert extra == {
         JOBS: {*{("batch", "jobs", verb, "*")
                  for verb in ("get", "list", "create", "patch", "delete")},
-               ("", "pods", "get", "*"), *node_view},
+               ("", "pods", "get", "*"), *node_view,
+               # a gang's headless Service, created with its Job and deleted with it
+               ("", "services", "create", "*"), ("", "services", "delete", "*")},
         SYSTEM: {*{("coordination.k8s.io", "leases", verb, "*")
                    for verb in ("get", "create", "update")}, *node_view},
         "default": node_view,
