@@ -277,8 +277,17 @@ def decide(
     room = None if nodes is None else _NodeRoom(nodes)
     reserved = False
     attempts = 0  # reservation attempts; bounded so a long queue stays cheap
+    too_big: dict[tuple[int, int], str] = {}  # one reason text per (size, GPUs free now)
     for job in ordered:
         try_reserve = not reserved and attempts < MAX_RESERVATION_ATTEMPTS
+        if not try_reserve and job.min_gpus > avail.now():
+            # the common case deep in a long queue: bigger than what is left now (as
+            # _place's first check says, without its call)
+            key = (job.gpus, max(0, int(avail.now())))
+            if key not in too_big:
+                too_big[key] = f"needs {key[0]} GPUs; {key[1]} free now"
+            decisions.append(Decision(Action.DEFER, job.id, job.gpus, too_big[key]))
+            continue
         decision = _place(job, now, profile, avail, settings, reserve=try_reserve, nodes=room)
         by_nodes = decision.action is Action.DEFER and decision.node == ""
         if by_nodes:  # refused by the nodes: no reservation was tried
