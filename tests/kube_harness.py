@@ -200,3 +200,53 @@ def record_requests(api_client: Any) -> list[Sent]:
 
     rest.request = request
     return sent
+
+
+@pytest.fixture
+def inference(kube_control_plane):
+    """Stand-in inference replicas, in a namespace of their own (deleted with it after the
+    test): ``place(node, gpus) -> name`` binds one to ``node``; ``remove(name)`` deletes it,
+    ``gone(name)`` says whether it is gone, ``remove_and_wait(name)`` both."""
+    core = kubernetes.client.CoreV1Api(kube_control_plane.api_client())
+    namespace = f"inference-{secrets.token_hex(3)}"
+    core.create_namespace({"metadata": {"name": namespace}})
+
+    class Inference:
+        ns = namespace
+
+        def place(self, node: str, gpus: int) -> str:
+            name = f"replica-{node}"
+            core.create_namespaced_pod(namespace, {
+                "metadata": {"name": name, "labels": {"app": "vllm"},
+                             "annotations": {"sim.idlegpu.io/run-seconds": "never",
+                                             "sim.idlegpu.io/shutdown-seconds": "0.2"}},
+                "spec": {"nodeName": node, "priorityClassName": "serving",
+                         "terminationGracePeriodSeconds": 5,
+                         "containers": [{"name": "vllm", "image": "vllm/vllm-openai:v0.6",
+                                         "resources": {
+                                             "requests": {"cpu": "8", "memory": "64Gi",
+                                                          "nvidia.com/gpu": str(gpus)},
+                                             "limits": {"nvidia.com/gpu": str(gpus)}}}]}})
+            return name
+
+        def remove(self, name: str) -> None:
+            core.delete_namespaced_pod(name, namespace)
+
+        def gone(self, name: str) -> bool:
+            try:
+                core.read_namespaced_pod(name, namespace)
+            except ApiException as exc:
+                if exc.status == 404:
+                    return True
+                raise
+            return False
+
+        def remove_and_wait(self, name: str, timeout: float = 30) -> None:
+            self.remove(name)
+            deadline = time.monotonic() + timeout
+            while not self.gone(name):
+                assert time.monotonic() < deadline, f"replica {name} did not go"
+                time.sleep(0.2)
+
+    yield Inference()
+    core.delete_namespace(namespace, grace_period_seconds=0)

@@ -9,13 +9,11 @@ node each (``spec.nodeName``) and requesting ``nvidia.com/gpu``.
 
 from __future__ import annotations
 
-import secrets
 import time
 
 import kube_harness
 import kubernetes
 import numpy as np
-import pytest
 from kube_harness import request, submit
 from kubernetes.client.exceptions import ApiException
 from test_end_to_end import daemon_credentials
@@ -23,54 +21,12 @@ from test_end_to_end import daemon_credentials
 from scheduler.types import Action, EventKind, JobState
 
 pool, priority_classes = kube_harness.pool, kube_harness.priority_classes
+inference = kube_harness.inference
 __all__ = ["daemon_credentials"]  # the deployed RBAC's credentials (deploy/role.yaml)
 
 GPUS = 8
 SHAPE = {"cpu": "96", "memory": "1Ti"}  # an ordinary 8-GPU node
 GANG = {"nodes": 4, "gpus_per_node": 8, "gpus": 32, "cpu": 64, "memory": "512Gi", "runtime_estimate": "2h"}
-
-
-@pytest.fixture
-def inference(kube_control_plane):
-    """``place(node, gpus) -> name``: a stand-in replica bound to ``node`` in a namespace of
-    its own; ``remove(name)`` and wait until it is gone."""
-    core = kubernetes.client.CoreV1Api(kube_control_plane.api_client())
-    namespace = f"inference-{secrets.token_hex(3)}"
-    core.create_namespace({"metadata": {"name": namespace}})
-
-    class Inference:
-        ns = namespace
-
-        def place(self, node: str, gpus: int) -> str:
-            name = f"replica-{node}"
-            core.create_namespaced_pod(namespace, {
-                "metadata": {"name": name, "labels": {"app": "vllm"},
-                             "annotations": {"sim.idlegpu.io/run-seconds": "never",
-                                             "sim.idlegpu.io/shutdown-seconds": "0.2"}},
-                "spec": {"nodeName": node, "priorityClassName": "serving",
-                         "terminationGracePeriodSeconds": 5,
-                         "containers": [{"name": "vllm", "image": "vllm/vllm-openai:v0.6",
-                                         "resources": {
-                                             "requests": {"cpu": "8", "memory": "64Gi",
-                                                          "nvidia.com/gpu": str(gpus)},
-                                             "limits": {"nvidia.com/gpu": str(gpus)}}}]}})
-            return name
-
-        def remove(self, name: str) -> None:
-            core.delete_namespaced_pod(name, namespace)
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    core.read_namespaced_pod(name, namespace)
-                except ApiException as exc:
-                    if exc.status == 404:
-                        return
-                    raise
-                assert time.monotonic() < deadline, f"replica {name} did not go"
-                time.sleep(0.2)
-
-    yield Inference()
-    core.delete_namespace(namespace, grace_period_seconds=0)
 
 
 def _roomy(daemon) -> None:
@@ -118,7 +74,7 @@ def test_a_4_node_gang_waits_for_4_whole_nodes_then_starts_on_4_with_the_rendezv
     daemon.store.cancel(single, daemon.now())
     # the service scales in on 3 nodes: 3 whole nodes are not 4
     for node in sim.node_names[:3]:
-        inference.remove(replicas[node])
+        inference.remove_and_wait(replicas[node])
     report = daemon.reconcile()
     got = {d.job_id: d for d in report.plan.decisions}
     assert got[gang].action is Action.DEFER and got[gang].start_at is None
@@ -126,7 +82,7 @@ def test_a_4_node_gang_waits_for_4_whole_nodes_then_starts_on_4_with_the_rendezv
         "needs 4 whole 8-GPU nodes; 3 free now (2 free GPUs on each of 5 others)")
     assert daemon.store.unit(gang).state is JobState.QUEUED and report.created == []
     # a fourth node: the gang starts, on exactly those 4, one pod each
-    inference.remove(replicas[sim.node_names[3]])
+    inference.remove_and_wait(replicas[sim.node_names[3]])
     report = daemon.reconcile()
     got = {d.job_id: d for d in report.plan.decisions}
     assert got[gang].action is Action.ADMIT and got[gang].gpus == 32
@@ -221,7 +177,7 @@ def test_a_partial_placement_is_rolled_back_and_requeued_without_a_lost_unit(
         assert time.monotonic() < deadline, "the Service stayed"
         time.sleep(0.3)
     # the node frees up: the unit is admitted again, whole
-    inference.remove(replica[0])
+    inference.remove_and_wait(replica[0])
     report = daemon.reconcile()
     (decision,) = report.plan.decisions
     assert decision.action is Action.ADMIT and len(decision.nodes) == 4

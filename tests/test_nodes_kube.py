@@ -10,62 +10,20 @@ would have started a pod that no node can place, requeued every 15 minutes).
 
 from __future__ import annotations
 
-import secrets
 import statistics
 import time
 
 import kube_harness
 import kubernetes
-import pytest
 from kube_harness import request, submit
-from kubernetes.client.exceptions import ApiException
 
 from scheduler.types import Action, JobState
 
 pool, priority_classes = kube_harness.pool, kube_harness.priority_classes
+inference = kube_harness.inference
 
 NODES, GPUS = 8, 8
 SHAPE = {"cpu": "96", "memory": "1Ti"}  # an ordinary 8-GPU node
-
-
-@pytest.fixture
-def inference(kube_control_plane):
-    """``place(node, gpus) -> name``: a stand-in replica bound to ``node`` in a namespace of
-    its own (deleted with it after the test); ``remove(name)``."""
-    core = kubernetes.client.CoreV1Api(kube_control_plane.api_client())
-    namespace = f"inference-{secrets.token_hex(3)}"
-    core.create_namespace({"metadata": {"name": namespace}})
-
-    class Inference:
-        ns = namespace
-
-        def place(self, node: str, gpus: int) -> str:
-            name = f"replica-{node}"
-            core.create_namespaced_pod(namespace, {
-                "metadata": {"name": name, "labels": {"app": "vllm"},
-                             "annotations": {"sim.idlegpu.io/run-seconds": "never",
-                                             "sim.idlegpu.io/shutdown-seconds": "0.2"}},
-                "spec": {"nodeName": node, "priorityClassName": "serving",
-                         "terminationGracePeriodSeconds": 5,
-                         "containers": [{"name": "vllm", "image": "vllm/vllm-openai:v0.6",
-                                         "resources": {
-                                             "requests": {"cpu": "8", "memory": "64Gi",
-                                                          "nvidia.com/gpu": str(gpus)},
-                                             "limits": {"nvidia.com/gpu": str(gpus)}}}]}})
-            return name
-
-        def remove(self, name: str) -> None:
-            core.delete_namespaced_pod(name, namespace)
-
-        def gone(self, name: str) -> bool:
-            try:
-                core.read_namespaced_pod(name, namespace)
-            except ApiException as exc:
-                return exc.status == 404
-            return False
-
-    yield Inference()
-    core.delete_namespace(namespace, grace_period_seconds=0)
 
 
 def _fragmented(pool, inference):
