@@ -2,10 +2,11 @@
 best fit, taken from the view for the rest of the pass (policy.py, section 6); and the
 controller's gang timeout with the Cluster port in memory."""
 
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import numpy as np
 import pytest
+from test_nodes import FRESH, GI, SETTINGS, T0, H, profile  # the node tests' pool and clock
 
 from scheduler.policy import decide
 from scheduler.types import (
@@ -13,20 +14,8 @@ from scheduler.types import (
     FreeProfile,
     NodeState,
     NodeView,
-    PolicySettings,
-    ServingSignals,
     WaitingJob,
 )
-
-T0 = datetime(2026, 1, 28, 11, 0, tzinfo=UTC)
-H = 3600
-GI = 2**30
-SETTINGS = PolicySettings(grace_s=600, min_segment_s=1800)
-FRESH = ServingSignals(observed_at=T0, kv_cache_usage=0.3)
-
-
-def profile(gpus: float, hours: float = 12) -> FreeProfile:
-    return FreeProfile(T0, 300, np.full(int(hours * 12), float(gpus)), 0.9, T0)
 
 
 def gang(id, nodes=4, per_node=8, hours=2.0, priority=0, **kw) -> WaitingJob:

@@ -500,17 +500,25 @@ def add_pages(pages: Pages) -> None:
     def refresh_head(view: dict[str, Any]) -> int | None:
         return None if view["state"].ready else RELOAD_S
 
-    @app.get("/reports", include_in_schema=False)
-    async def reports_page(request: Request, days: str | None = None) -> Response:
+    async def signed_in_for(request: Request, days: str | None):
+        """``(session, identity, window)`` of a page with an accuracy window, or a response:
+        the login redirect, or the page of a ``days`` that is not a window."""
         got = await pages.signed_in(request)
         if isinstance(got, Response):
             return got
         session, who, _ = got
         try:
-            window = days_of(days)
+            return session, who, days_of(days)
         except ApiError as exc:
             return pages.render("error.html", request, who, session, status=exc.status,
                                 message=exc.message)
+
+    @app.get("/reports", include_in_schema=False)
+    async def reports_page(request: Request, days: str | None = None) -> Response:
+        got = await signed_in_for(request, days)
+        if isinstance(got, Response):
+            return got
+        session, who, window = got
         months = await run_in_threadpool(listing)
         view = accuracy(window)
         return pages.render("reports.html", request, who, session, months=months,
@@ -519,15 +527,10 @@ def add_pages(pages: Pages) -> None:
 
     @app.get("/reports/accuracy", include_in_schema=False)
     async def accuracy_page(request: Request, days: str | None = None) -> Response:
-        got = await pages.signed_in(request)
+        got = await signed_in_for(request, days)
         if isinstance(got, Response):
             return got
-        session, who, _ = got
-        try:
-            window = days_of(days)
-        except ApiError as exc:
-            return pages.render("error.html", request, who, session, status=exc.status,
-                                message=exc.message)
+        session, who, window = got
         view = accuracy(window)
         return pages.render("reports_accuracy.html", request, who, session, accuracy=view,
                             reload=refresh_head(view))
