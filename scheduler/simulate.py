@@ -426,7 +426,6 @@ def simulate(
 
     useful = float(useful_of(frame).sum()) if len(frame) else 0.0
     lost = float(frame["lost_gpu_hours"].sum()) if len(frame) else 0.0
-    first_time = pool.index[0].to_pydatetime()
     started = [j for j in state.values() if j.first_start is not None]
     waits = [(j.first_start - j.spec.submit_at).total_seconds() / 3600 for j in started]
     metrics = {
@@ -437,8 +436,9 @@ def simulate(
         "shrinks": float(shrinks),
         "service_delay_gpu_minutes": delay_gpu_min,
         "jobs_finished": float(sum(j.finished_at is not None for j in state.values())),
-        "jobs": float(sum(first_time <= j.spec.submit_at <= end_time
-                          for j in state.values())),  # submitted within the simulated span
+        # the units it could run: submitted by the end of the span (a backlog from before
+        # its start included; the trace's later units not)
+        "jobs": float(sum(j.spec.submit_at <= end_time for j in state.values())),
         "mean_queue_wait_hours": float(np.mean(waits)) if waits else float("nan"),
         "idle_gpu_hours": pool.free_gpu_hours,
         "idle_share_used": useful / pool.free_gpu_hours if pool.free_gpu_hours else float("nan"),
