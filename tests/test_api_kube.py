@@ -70,6 +70,7 @@ def test_a_service_account_token_authenticates_and_maps_to_its_team(kube_api,
     assert alice.post(f"/v1/requests/{made.json()['id']}/cancel").status_code == 200
 
 
+@pytest.mark.slow  # long (10-25 s): run by scripts/test.sh and CI
 def test_forged_tampered_and_orphaned_tokens_are_401(kube_api, kube_control_plane):
     url, ns = kube_api
     token = sa_token(kube_control_plane, ns, "carol")

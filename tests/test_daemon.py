@@ -5,6 +5,7 @@ import urllib.error
 import urllib.request
 from datetime import UTC, datetime, timedelta
 
+import pytest
 from test_controller import T0, setup  # noqa: F401  (the fixture)
 
 from scheduler.clock import ReplayClock
@@ -95,6 +96,7 @@ def run_replayed(controller, start, speed, seconds, **kwargs):
     return daemon, hours, codes
 
 
+@pytest.mark.slow  # long (10-25 s): run by scripts/test.sh and CI
 def test_a_60x_replay_passes_60_times_an_hour_and_refreshes_at_17(setup):  # noqa: F811
     from zoneinfo import ZoneInfo
 

@@ -38,6 +38,7 @@ from typing import Any
 import kube_harness
 import kubernetes
 import numpy as np
+import pytest
 import urllib3
 from kubernetes.client.exceptions import ApiException
 from prom_server import start_scraping
@@ -204,6 +205,7 @@ class JobHistory:
         return any(job["spec"].get("suspend") for _, job in self.versions(name))
 
 
+@pytest.mark.slow  # long (10-25 s): run by scripts/test.sh and CI
 def test_prometheus_down_no_admission_then_every_running_job_stops(
         tmp_path, kube_control_plane, kube_namespace, node_sim, priority_classes):
     began = time.monotonic()
