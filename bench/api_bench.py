@@ -40,10 +40,10 @@ sys.path.insert(0, str(REPO))
 import requests
 import yaml
 
-from forecast.config import load_config
-from scheduler.adapters.store import AuditEntry, JobStore
-from scheduler.api.auth import new_token, token_sha256
-from scheduler.specs import expand_units, load_request, load_request_text
+from idlegpu.forecast.config import load_config
+from idlegpu.scheduler.adapters.store import AuditEntry, JobStore
+from idlegpu.scheduler.api.auth import new_token, token_sha256
+from idlegpu.scheduler.specs import expand_units, load_request, load_request_text
 
 FILL = REPO / "examples" / "jobs" / "eval-sweep.yaml"
 SUBMIT = REPO / "examples" / "jobs" / "sft-rl-eval.yaml"

@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
 
-from scheduler.policy import decide
-from scheduler.types import (
+from idlegpu.scheduler.policy import decide
+from idlegpu.scheduler.types import (
     FreeProfile,
     NodeState,
     NodeView,

@@ -55,10 +55,10 @@ import numpy as np
 import pandas as pd
 from prometheus_api_client import PrometheusConnect
 
-from forecast.config import load_config
-from forecast.schema import validate_history
-from forecast.sources import prometheus as prom_module
-from forecast.sources.prometheus import counter_rate, fetch_history
+from idlegpu.forecast.config import load_config
+from idlegpu.forecast.schema import validate_history
+from idlegpu.forecast.sources import prometheus as prom_module
+from idlegpu.forecast.sources.prometheus import counter_rate, fetch_history
 from tests.prom_server import PromServer, stop_process
 
 STEP = 60

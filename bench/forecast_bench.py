@@ -30,10 +30,10 @@ sys.path.insert(0, str(REPO))
 import pandas as pd
 from threadpoolctl import threadpool_limits
 
-from forecast.backtest import backtest, daily_cutoffs, score, window_quality
-from forecast.config import load_config
-from forecast.models import MODEL_NAMES, model_for
-from forecast.sources import read_history
+from idlegpu.forecast.backtest import backtest, daily_cutoffs, score, window_quality
+from idlegpu.forecast.config import load_config
+from idlegpu.forecast.models import MODEL_NAMES, model_for
+from idlegpu.forecast.sources import read_history
 
 QUANTILES = [0.5, 0.9, 0.95]
 

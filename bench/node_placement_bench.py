@@ -30,12 +30,12 @@ sys.path.insert(0, str(REPO))
 
 import pandas as pd
 
-from forecast.config import load_config
-from forecast.planning import what_if
-from forecast.sources import read_history
-from scheduler.runtime import RuntimeEstimator, load_runs
-from scheduler.simulate import forecast_profiles_for, simulate, trace_jobs
-from scheduler.specs import load_trace
+from idlegpu.forecast.config import load_config
+from idlegpu.forecast.planning import what_if
+from idlegpu.forecast.sources import read_history
+from idlegpu.scheduler.runtime import RuntimeEstimator, load_runs
+from idlegpu.scheduler.simulate import forecast_profiles_for, simulate, trace_jobs
+from idlegpu.scheduler.specs import load_trace
 
 VARIANTS = {  # label: (placement, deletion_cost)
     "pool": ("pool", False),

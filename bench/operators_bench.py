@@ -31,10 +31,10 @@ sys.path.insert(0, str(ROOT / "tests"))
 import numpy as np
 from test_controller import MemoryCluster
 
-from scheduler.adapters.store import AuditEntry, DaemonStatus, JobStore
-from scheduler.controller import Controller
-from scheduler.specs import expand_units, validate_request
-from scheduler.types import FreeProfile, PolicySettings, ServingSignals
+from idlegpu.scheduler.adapters.store import AuditEntry, DaemonStatus, JobStore
+from idlegpu.scheduler.controller import Controller
+from idlegpu.scheduler.specs import expand_units, validate_request
+from idlegpu.scheduler.types import FreeProfile, PolicySettings, ServingSignals
 
 NOW = datetime(2026, 1, 28, 11, 0, tzinfo=UTC)
 

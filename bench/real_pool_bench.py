@@ -43,10 +43,10 @@ sys.path.insert(0, str(REPO / "scripts"))
 import build_real_pool as pool  # scripts/
 import pandas as pd
 
-from forecast.config import load_config
-from scheduler.runtime import RuntimeEstimator, load_runs
-from scheduler.simulate import forecast_profiles_for, simulate, trace_jobs
-from scheduler.specs import load_trace
+from idlegpu.forecast.config import load_config
+from idlegpu.scheduler.runtime import RuntimeEstimator, load_runs
+from idlegpu.scheduler.simulate import forecast_profiles_for, simulate, trace_jobs
+from idlegpu.scheduler.specs import load_trace
 
 TZ = pool.TIMEZONE
 START = pd.Timestamp("2018-04-04T00:00:00", tz=TZ)

@@ -10,14 +10,14 @@ that must keep pandas 3 (see the README, "Benchmarks").
 Per trace (data/real/README.md: sources, licences, conversion), on HOURLY aggregates of its two
 series (``request_rate``: the hour's mean; ``replicas``: the hour's maximum, the GPUs held at
 some moment in it), every model is refitted at each daily cutoff on the past only and forecasts
-the next 24 hours. Cutoffs (``forecast.backtest.daily_cutoffs``): the last 14 days at 18:00
+the next 24 hours. Cutoffs (``idlegpu.forecast.backtest.daily_cutoffs``): the last 14 days at 18:00
 local for the 8-month e-commerce trace and the three 52-day purchase traces (their first cutoff
 has 37.75 days of history), the last 7 days at 23:00 for the two 14-day traces (the first
 cutoff then has exactly one week of history, what seasonal-naive needs).
 
 Models:
 
-* ``auto``, ``seasonal_naive``, ``prophet``: idlegpu's own (``forecast.models``), with the
+* ``auto``, ``seasonal_naive``, ``prophet``: idlegpu's own (``idlegpu.forecast.models``), with the
   trace's time zone, holiday calendar and, for ``replicas``, the autoscaler's min/max replicas
   as bounds (request rates: 0 to unbounded);
 * ``sf_mstl``: statsforecast ``MSTL`` (seasons 24 and 168 h where the history holds two full
@@ -58,17 +58,17 @@ import pandas as pd
 from pandas.tseries.frequencies import to_offset
 from threadpoolctl import threadpool_limits
 
-from forecast.backtest import backtest, daily_cutoffs, score
-from forecast.models import make_model
-from forecast.models.base import (
+from idlegpu.forecast.backtest import backtest, daily_cutoffs, score
+from idlegpu.forecast.models import make_model
+from idlegpu.forecast.models.base import (
     finish_quantiles,
     parse_horizon,
     prepare_series,
     to_frame,
     validate_quantiles,
 )
-from forecast.schema import DS, UNIQUE_ID, Y
-from forecast.sources import read_history
+from idlegpu.forecast.schema import DS, UNIQUE_ID, Y
+from idlegpu.forecast.sources import read_history
 
 
 def _load_traces():

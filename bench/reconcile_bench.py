@@ -31,12 +31,12 @@ import kubernetes
 import numpy as np
 from fake_kube import FakeKube
 
-from scheduler.adapters.kubernetes import KubernetesCluster
-from scheduler.adapters.store import JobStore
-from scheduler.controller import Controller
-from scheduler.policy import decide
-from scheduler.specs import expand_units, validate_request
-from scheduler.types import FreeProfile, JobState, PolicySettings, ServingSignals
+from idlegpu.scheduler.adapters.kubernetes import KubernetesCluster
+from idlegpu.scheduler.adapters.store import JobStore
+from idlegpu.scheduler.controller import Controller
+from idlegpu.scheduler.policy import decide
+from idlegpu.scheduler.specs import expand_units, validate_request
+from idlegpu.scheduler.types import FreeProfile, JobState, PolicySettings, ServingSignals
 
 NOW = datetime(2026, 1, 28, 11, 0, tzinfo=UTC)
 NS = "idlegpu-jobs"

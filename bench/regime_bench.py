@@ -2,7 +2,7 @@
 
     OMP_NUM_THREADS=1 python bench/regime_bench.py [--models auto,auto_static] [--days 5] [--hourly]
 
-Three synthetic pools from ``forecast.synthetic`` (the sample's four services with room to
+Three synthetic pools from ``idlegpu.forecast.synthetic`` (the sample's four services with room to
 grow: max replicas x2.5, no holidays in the window, 2025-10-13 to 2025-12-14, one seed):
 ``stable``; ``step``, demand +40 % from Monday 2025-12-01 09:00 on; ``surge``, demand +20 %/day
 from Monday 2025-12-01 00:00 for three days (x1.728), then held. Daily cutoffs at 18:00 Seoul
@@ -31,10 +31,10 @@ sys.path.insert(0, str(REPO))
 import numpy as np
 import pandas as pd
 
-from forecast.backtest import CUTOFF, backtest
-from forecast.models import make_model
-from forecast.schema import UNIQUE_ID, Y
-from forecast.synthetic import SAMPLE_POOL, generate_pool_history
+from idlegpu.forecast.backtest import CUTOFF, backtest
+from idlegpu.forecast.models import make_model
+from idlegpu.forecast.schema import UNIQUE_ID, Y
+from idlegpu.forecast.synthetic import SAMPLE_POOL, generate_pool_history
 
 TZ = "Asia/Seoul"
 EVENT = "2025-12-01"

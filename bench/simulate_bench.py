@@ -26,11 +26,11 @@ sys.path.insert(0, str(REPO))
 
 import pandas as pd
 
-from forecast.config import load_config
-from forecast.sources import read_history
-from scheduler.runtime import RuntimeEstimator, load_runs
-from scheduler.simulate import POLICIES, forecast_profiles_for, simulate, trace_jobs
-from scheduler.specs import load_trace
+from idlegpu.forecast.config import load_config
+from idlegpu.forecast.sources import read_history
+from idlegpu.scheduler.runtime import RuntimeEstimator, load_runs
+from idlegpu.scheduler.simulate import POLICIES, forecast_profiles_for, simulate, trace_jobs
+from idlegpu.scheduler.specs import load_trace
 
 
 def main() -> None:

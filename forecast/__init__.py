@@ -4,7 +4,7 @@ The public input of every command is a tidy history frame with columns ``unique_
 (UTC timestamps) and ``y`` (float), one series per ``<service>/<metric>``.
 """
 
-from forecast.errors import (
+from idlegpu.forecast.errors import (
     ConfigError,
     HistoryError,
     IdlegpuError,

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from forecast.calendar import hourly_by_day_kind
-from forecast.capacity import (
+from idlegpu.forecast.calendar import hourly_by_day_kind
+from idlegpu.forecast.capacity import (
     FREE,
     daily_idle_gpu_hours,
     hourly_idle_profile,
@@ -19,10 +19,10 @@ from forecast.capacity import (
     step_hours,
     typical_night,
 )
-from forecast.config import Settings
-from forecast.nodes import MULTI_NODE, NodeIdle, node_idle
-from forecast.planning import night_mask
-from forecast.tables import write_csv
+from idlegpu.forecast.config import Settings
+from idlegpu.forecast.nodes import MULTI_NODE, NodeIdle, node_idle
+from idlegpu.forecast.planning import night_mask
+from idlegpu.forecast.tables import write_csv
 
 DAY_HOURS = (10, 17)  # local weekday office hours, for its "day mean"
 
@@ -65,7 +65,7 @@ class PoolAnalysis:
 
     def write(self, out: Path) -> list[Path]:
         """Charts (PNG) and tables (CSV) into ``out``; returns the files written."""
-        from forecast import plots
+        from idlegpu.forecast import plots
 
         out.mkdir(parents=True, exist_ok=True)
         pool = self.settings.pool

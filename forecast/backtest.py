@@ -27,11 +27,11 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from forecast.capacity import FREE, forecast_pool_usage, pool_usage, step_hours
-from forecast.config import Settings
-from forecast.errors import HistoryError
-from forecast.models.base import MODEL, Forecaster, quantile_column, validate_quantiles
-from forecast.schema import DS, UNIQUE_ID, Y
+from idlegpu.forecast.capacity import FREE, forecast_pool_usage, pool_usage, step_hours
+from idlegpu.forecast.config import Settings
+from idlegpu.forecast.errors import HistoryError
+from idlegpu.forecast.models.base import MODEL, Forecaster, quantile_column, validate_quantiles
+from idlegpu.forecast.schema import DS, UNIQUE_ID, Y
 
 CUTOFF = "cutoff"
 HORIZON = "horizon"

@@ -17,9 +17,17 @@ from zoneinfo import ZoneInfo
 import numpy as np
 import pandas as pd
 
-from forecast.config import Settings
-from forecast.errors import ConfigError, HistoryError
-from forecast.schema import DS, REPLICAS, UNIQUE_ID, Y, infer_step, series_id, split_series_id
+from idlegpu.forecast.config import Settings
+from idlegpu.forecast.errors import ConfigError, HistoryError
+from idlegpu.forecast.schema import (
+    DS,
+    REPLICAS,
+    UNIQUE_ID,
+    Y,
+    infer_step,
+    series_id,
+    split_series_id,
+)
 
 IN_USE = "in_use"
 FREE = "free"
@@ -273,7 +281,7 @@ def forecast_pool_usage(
     at least confidence ``c``. ``quantiles`` plans the services it names with their own, wider,
     quantile instead (a service whose forecasts have lately been covering less than promised).
     """
-    from forecast.models.base import quantile_column
+    from idlegpu.forecast.models.base import quantile_column
 
     for q in {confidence, *(quantiles or {}).values()}:
         column = quantile_column(q)

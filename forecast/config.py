@@ -30,9 +30,9 @@ from pydantic import (
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 from pydantic_settings.exceptions import SettingsError
 
-from forecast.calendar import HolidayCalendar
-from forecast.errors import ConfigError
-from forecast.metrics import LIVE_METRICS, REPLICAS, SERVICE_METRICS
+from idlegpu.forecast.calendar import HolidayCalendar
+from idlegpu.forecast.errors import ConfigError
+from idlegpu.forecast.metrics import LIVE_METRICS, REPLICAS, SERVICE_METRICS
 
 ENV_PREFIX = "IDLEGPU_"
 
@@ -171,7 +171,7 @@ class PoolConfig(_Strict):
     placement: Literal["spread", "binpack"] = "spread"
     """How the inference scheduler places the services' replicas on ``nodes``, for planning
     (``analyze``, the report): ``spread`` (the kube-scheduler's default ``LeastAllocated``
-    scoring) or ``binpack`` (``MostAllocated``); see ``forecast.nodes``."""
+    scoring) or ``binpack`` (``MostAllocated``); see ``idlegpu.forecast.nodes``."""
 
     @model_validator(mode="before")
     @classmethod
@@ -849,7 +849,7 @@ def format_validation_error(exc: ValidationError, *, env: Mapping[str, str] | No
     from the environment, its variable: ``env`` maps config paths to variable names). The value
     of a secret field (``bearer_token``, a password...) is never shown, and credentials in any
     other value (a URL's password) are masked."""
-    from forecast.redact import is_secret_field, redact
+    from idlegpu.forecast.redact import is_secret_field, redact
 
     parts = []
     for err in exc.errors():

@@ -1,7 +1,7 @@
 """Metric names and series ids: ``<service>/<metric>``, e.g. ``chat/replicas``.
 
-Kept apart from ``forecast.schema`` (which needs pandas) so that reading the configuration, and
-the commands that only need it, start without loading pandas.
+Kept apart from ``idlegpu.forecast.schema`` (which needs pandas) so that reading the
+configuration, and the commands that only need it, start without loading pandas.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Where the inference services' replicas sit on the pool's nodes, step by step, and what the
 GPUs they leave free are good for. Pure: no I/O, no clock (steps are passed in).
 
-The pool view (``forecast.capacity``) counts GPUs for the pool as a whole; a research pod is
+The pool view (``idlegpu.forecast.capacity``) counts GPUs for the pool as a whole; a research pod is
 placed on one node or not at all, so 16 free GPUs scattered 2 per node carry no 8-GPU job.
 This module models the two Kubernetes controllers that decide where the free GPUs are:
 
@@ -57,8 +57,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from forecast.capacity import FREE
-from forecast.config import Settings
+from idlegpu.forecast.capacity import FREE
+from idlegpu.forecast.config import Settings
 
 SPREAD = "spread"
 BINPACK = "binpack"
@@ -325,12 +325,11 @@ class NodeIdle:
 
 def node_idle(usage: pd.DataFrame, settings: Settings, strategy: str | None = None, *,
               deletion_cost: bool = False, sizes: Sequence[int] = JOB_SIZES) -> NodeIdle | None:
-    """Where the idle GPUs of ``usage`` (``forecast.capacity.pool_usage``) are on the nodes of
-    ``pool.nodes`` with the services placed by ``strategy`` (default: ``pool.placement``), and
-    the idle GPUs usable by jobs of each size: a job of ``g`` GPUs takes ``g`` on one node (at
-    most what the pool's headroom leaves, in whole jobs); a ``multi-node`` job takes whole free
-    nodes, two or more. Unknown steps (a gap) count nothing. None when the pool has no node
-    shapes."""
+    """Where the idle GPUs of ``usage`` (``idlegpu.forecast.capacity.pool_usage``) are on the nodes
+    of ``pool.nodes`` with the services placed by ``strategy`` (default: ``pool.placement``), and
+    the idle GPUs usable by jobs of each size: a job of ``g`` GPUs takes ``g`` on one node (at most
+    what the pool's headroom leaves, in whole jobs); a ``multi-node`` job takes whole free nodes,
+    two or more. Unknown steps (a gap) count nothing. None when the pool has no node shapes."""
     if not settings.pool.nodes:
         return None
     strategy = strategy or settings.pool.placement

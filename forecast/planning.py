@@ -25,11 +25,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from forecast.calendar import hourly_by_day_kind
-from forecast.capacity import step_hours
-from forecast.config import Settings, load_config
-from forecast.errors import ConfigError
-from forecast.schema import DS, KV_CACHE_USAGE, REPLICAS, UNIQUE_ID, Y, series_id
+from idlegpu.forecast.calendar import hourly_by_day_kind
+from idlegpu.forecast.capacity import step_hours
+from idlegpu.forecast.config import Settings, load_config
+from idlegpu.forecast.errors import ConfigError
+from idlegpu.forecast.schema import DS, KV_CACHE_USAGE, REPLICAS, UNIQUE_ID, Y, series_id
 
 NIGHT_HOURS = (22, 6)  # local [start, end) hours of the night
 TARGET_UTILIZATION = 0.7  # the autoscaler's KV-cache target (HPA averageUtilization)

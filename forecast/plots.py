@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from forecast.capacity import FREE
+from idlegpu.forecast.capacity import FREE
 
 DPI = 110
 
@@ -112,7 +112,7 @@ def forecast_chart(
     max_panels: int = 8,
 ) -> Path:
     """Per series: recent history, the median forecast and the band between the outer quantiles."""
-    from forecast.models.base import quantile_column
+    from idlegpu.forecast.models.base import quantile_column
 
     uids = list(dict.fromkeys(forecast["unique_id"]))[:max_panels]
     fig = Figure(figsize=(12, 2.4 * len(uids)), layout="constrained")

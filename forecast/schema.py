@@ -11,8 +11,8 @@ import numpy as np
 import pandas as pd
 from pandas.errors import OutOfBoundsDatetime
 
-from forecast.errors import HistoryError
-from forecast.metrics import (
+from idlegpu.forecast.errors import HistoryError
+from idlegpu.forecast.metrics import (
     DESIRED_REPLICAS,
     GENERATION_TOKENS_PER_S,
     KV_CACHE_USAGE,
@@ -26,7 +26,7 @@ from forecast.metrics import (
     split_series_id,
 )
 
-# metric names and series ids live in forecast.metrics (no pandas) and are re-exported here
+# metric names and series ids live in idlegpu.forecast.metrics (no pandas) and are re-exported here
 __all__ = [
     "COLUMNS", "DESIRED_REPLICAS", "DS", "GENERATION_TOKENS_PER_S", "KV_CACHE_USAGE",
     "LIVE_METRICS", "PROMPT_TOKENS_PER_S", "REPLICAS", "REQUESTS_RUNNING", "REQUESTS_WAITING",

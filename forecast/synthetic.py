@@ -32,7 +32,7 @@ from zoneinfo import ZoneInfo
 import numpy as np
 import pandas as pd
 
-from forecast.schema import (
+from idlegpu.forecast.schema import (
     DS,
     GENERATION_TOKENS_PER_S,
     KV_CACHE_USAGE,

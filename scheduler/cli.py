@@ -13,8 +13,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
 
-from forecast.errors import IdlegpuError
-from scheduler.output import FORMATS, Column, plain
+from idlegpu.forecast.errors import IdlegpuError
+from idlegpu.scheduler.output import FORMATS, Column, plain
 
 app = typer.Typer(
     name="idlegpu",
@@ -30,14 +30,14 @@ app = typer.Typer(
 # as markup whatever the console says, go through plain().
 console = Console(markup=False, emoji=False)
 err_console = Console(stderr=True, markup=False, emoji=False)
-# for scheduler.cli_remote, which escapes what it prints itself
+# for idlegpu.scheduler.cli_remote, which escapes what it prints itself
 markup_console = Console()
 markup_err_console = Console(stderr=True)
 
 
 
 def _warning(text: str) -> Text:
-    from forecast.redact import redact
+    from idlegpu.forecast.redact import redact
 
     return Text.assemble(("warning:", "yellow"), " ", plain(redact(text)))
 
@@ -129,8 +129,8 @@ def sample(
     ] = None,
 ) -> None:
     """Regenerate the bundled sample pool history (deterministic: same seed, same bytes)."""
-    from forecast.sources import write_history
-    from forecast.synthetic import SAMPLE_POOL, generate_pool_history
+    from idlegpu.forecast.sources import write_history
+    from idlegpu.forecast.synthetic import SAMPLE_POOL, generate_pool_history
 
     with console.status("generating the sample pool history..."):
         frame = generate_pool_history(SAMPLE_POOL, seed=seed)
@@ -140,7 +140,7 @@ def sample(
         f"({SAMPLE_POOL.start} to {SAMPLE_POOL.end}, {SAMPLE_POOL.timezone}) to {path}"
     )
     if openmetrics is not None:
-        from forecast.sources.openmetrics import write_openmetrics
+        from idlegpu.forecast.sources.openmetrics import write_openmetrics
 
         with console.status("writing OpenMetrics..."):
             write_openmetrics(frame, None, openmetrics)
@@ -153,8 +153,8 @@ def export_openmetrics(
     out: Annotated[Path, typer.Option(help="OpenMetrics text file to write.")],
 ) -> None:
     """Write a history as OpenMetrics text, for `promtool tsdb create-blocks-from openmetrics`."""
-    from forecast.sources import read_history
-    from forecast.sources.openmetrics import write_openmetrics
+    from idlegpu.forecast.sources import read_history
+    from idlegpu.forecast.sources.openmetrics import write_openmetrics
 
     frame = read_history(history)
     write_openmetrics(frame, None, out)
@@ -173,8 +173,8 @@ def analyze(
     ] = 8.0,
 ) -> None:
     """Where and when the pool's GPUs sit idle: tables on screen, charts and CSVs in --out."""
-    from forecast.analysis import analyze_pool
-    from forecast.sources import read_history
+    from idlegpu.forecast.analysis import analyze_pool
+    from idlegpu.forecast.sources import read_history
 
     _check(min_hours > 0, "use a number of hours above 0", "--min-hours")
     settings = _load_settings(config)
@@ -246,7 +246,7 @@ def _print_job_sizes(result) -> None:
     """Idle GPU-hours usable by 1-, 4-, 8-GPU and multi-node jobs on the pool's nodes."""
     from rich.table import Table
 
-    from forecast.analysis import job_size_label, job_size_summary
+    from idlegpu.forecast.analysis import job_size_label, job_size_summary
 
     nodes = result.nodes
     if nodes is None:
@@ -273,7 +273,7 @@ def _config_line(settings, path: Path | None) -> None:
     read none, and the time zone and holiday calendar in force."""
     import os
 
-    from forecast.config import ENV_PREFIX, Settings
+    from idlegpu.forecast.config import ENV_PREFIX, Settings
 
     if settings is None:
         _state["config"] = "no config"
@@ -296,7 +296,7 @@ def _config_line(settings, path: Path | None) -> None:
 
 def _load_settings(config: Path):
     """The pool configuration of a command that needs one, announced on stderr."""
-    from forecast.config import load_config
+    from idlegpu.forecast.config import load_config
 
     settings = load_config(config)
     _config_line(settings, config)
@@ -318,7 +318,7 @@ def _check_services(frame, settings, *, required: bool = True):
     """Warn on stderr about series whose service the config does not describe; ``required``
     (commands that map series to the pool): refuse a history none of whose services the
     config describes, and drop the others (the pool view ignores them). Returns the frame."""
-    from forecast.capacity import require_configured_services, service_coverage
+    from idlegpu.forecast.capacity import require_configured_services, service_coverage
 
     if settings is None:
         return frame
@@ -354,7 +354,7 @@ def _check(ok: bool, message: str, option: str) -> None:
 
 def _check_horizon(span, frame, text: str) -> None:
     """A horizon must hold at least one step of the history (checked before any fitting)."""
-    from forecast.schema import infer_step
+    from idlegpu.forecast.schema import infer_step
 
     step = infer_step(frame)
     minutes = f"{step.total_seconds() / 60:g}min"
@@ -363,7 +363,7 @@ def _check_horizon(span, frame, text: str) -> None:
 
 
 def _parse_quantiles(text: str) -> list[float]:
-    from forecast.models import validate_quantiles
+    from idlegpu.forecast.models import validate_quantiles
 
     try:
         return list(validate_quantiles([float(part) for part in text.split(",") if part.strip()]))
@@ -372,7 +372,7 @@ def _parse_quantiles(text: str) -> list[float]:
 
 
 def _parse_horizon(text: str):
-    from forecast.models import parse_horizon
+    from idlegpu.forecast.models import parse_horizon
 
     try:
         return parse_horizon(text)
@@ -387,9 +387,9 @@ def _history_until(history: Path, now: str | None, metrics: list[str] | None,
     forecast starts right after that sample, and a line on stderr says so."""
     import pandas as pd
 
-    from forecast.errors import HistoryError
-    from forecast.schema import infer_step
-    from forecast.sources import read_history
+    from idlegpu.forecast.errors import HistoryError
+    from idlegpu.forecast.schema import infer_step
+    from idlegpu.forecast.sources import read_history
 
     frame = read_history(history)
     if metrics:
@@ -427,7 +427,7 @@ def _fit_predict_with_progress(name, settings, history, horizon, quantiles):
     import pandas as pd
     from rich.progress import Progress
 
-    from forecast.models import model_for
+    from idlegpu.forecast.models import model_for
 
     groups = list(history.groupby("unique_id", sort=True, observed=True))
     frames = []
@@ -475,7 +475,7 @@ def forecast_cmd(
     ] = None,
 ) -> None:
     """Forecast every series of a history as quantiles: unique_id, ds, model, q0.5, q0.9, ..."""
-    from forecast.models import MODEL_NAMES
+    from idlegpu.forecast.models import MODEL_NAMES
 
     if model not in MODEL_NAMES:
         raise typer.BadParameter(f"choose one of {', '.join(MODEL_NAMES)}", param_hint="--model")
@@ -490,14 +490,14 @@ def forecast_cmd(
     if out.suffix == ".parquet":
         result.to_parquet(out, index=False)
     else:
-        from forecast.tables import write_csv
+        from idlegpu.forecast.tables import write_csv
         write_csv(result, out, tz=settings.pool.timezone if settings else None, decimals=4)
     console.print(
         f"wrote {len(result):,} rows ({result['unique_id'].nunique()} series x {horizon} "
         f"ahead) to {out}"
     )
     if plot is not None:
-        from forecast import plots
+        from idlegpu.forecast import plots
 
         tz = settings.pool.timezone if settings else "UTC"
         plots.forecast_chart(frame, result, plot, tz=tz, quantiles=qs)
@@ -524,15 +524,15 @@ def windows(
     """The coming idle windows: when, how many GPUs, for how long, with what confidence."""
     from rich.table import Table
 
-    from forecast import plots
-    from forecast.capacity import (
+    from idlegpu.forecast import plots
+    from idlegpu.forecast.capacity import (
         FREE,
         forecast_pool_usage,
         idle_windows,
         pool_usage,
         windows_frame,
     )
-    from forecast.models import MODEL_NAMES
+    from idlegpu.forecast.models import MODEL_NAMES
 
     if not 0.5 <= confidence < 1:
         raise typer.BadParameter("use a confidence from 0.5 to 0.99", param_hint="--confidence")
@@ -553,7 +553,7 @@ def windows(
     tz = settings.pool.timezone
     table = windows_frame(found, tz)
     out.mkdir(parents=True, exist_ok=True)
-    from forecast.tables import write_csv
+    from idlegpu.forecast.tables import write_csv
     write_csv(table, out / "windows.csv", tz=tz, decimals=3)
     past = pool_usage(frame, settings)[FREE]
     pool = settings.pool
@@ -613,7 +613,7 @@ def backtest_cmd(
     from rich.progress import Progress
     from rich.table import Table
 
-    from forecast.backtest import (
+    from idlegpu.forecast.backtest import (
         CALIBRATED,
         backtest,
         daily_cutoffs,
@@ -621,7 +621,7 @@ def backtest_cmd(
         series_calibration,
         window_quality,
     )
-    from forecast.models import MODEL_NAMES, model_for
+    from idlegpu.forecast.models import MODEL_NAMES, model_for
 
     names = [m.strip() for m in models.split(",") if m.strip()]
     unknown = [m for m in names if m not in MODEL_NAMES]
@@ -658,7 +658,7 @@ def backtest_cmd(
             f"{name}/replicas" in ids for name in settings.service_names):  # else: no pool view
         table = table.join(window_quality(run.forecasts, frame, settings, confidence))
     out.parent.mkdir(parents=True, exist_ok=True)
-    from forecast.tables import write_csv
+    from idlegpu.forecast.tables import write_csv
     write_csv(table, out, decimals=5, index=True)
     view = Table(
         title=f"Backtest: {len(cutoffs)} daily cutoffs at {cutoff_hour:02d}:00 ({tz}), "
@@ -720,13 +720,13 @@ def simulate(
     from rich.progress import Progress
     from rich.table import Table
 
-    from forecast import plots
-    from forecast.sources import read_history
-    from forecast.tables import write_csv
-    from scheduler.reports import useful
-    from scheduler.simulate import PLACEMENTS, POLICIES, trace_jobs
-    from scheduler.simulate import simulate as run_policy
-    from scheduler.specs import load_trace
+    from idlegpu.forecast import plots
+    from idlegpu.forecast.sources import read_history
+    from idlegpu.forecast.tables import write_csv
+    from idlegpu.scheduler.reports import useful
+    from idlegpu.scheduler.simulate import PLACEMENTS, POLICIES, trace_jobs
+    from idlegpu.scheduler.simulate import simulate as run_policy
+    from idlegpu.scheduler.specs import load_trace
 
     names = [p.strip() for p in policies.split(",") if p.strip()]
     unknown = [p for p in names if p not in POLICIES]
@@ -798,8 +798,8 @@ def _planning_estimate(settings, runs: Path | None = None):
     """Seconds the admitter plans a unit with: the runtime estimator (past runs of the same
     family at the configured quantile, a model on parameters, the user's estimate times the
     safety factor, else a 4-hour guess)."""
-    from scheduler.plan import planning_estimate
-    from scheduler.runtime import load_runs
+    from idlegpu.scheduler.plan import planning_estimate
+    from idlegpu.scheduler.runtime import load_runs
 
     return planning_estimate(settings, load_runs(runs) if runs else None)
 
@@ -835,17 +835,17 @@ def plan(
     With -o csv or json, stdout is the plan's rows (plan.csv's) and nothing else."""
     import pandas as pd
 
-    from forecast.errors import HistoryError
-    from forecast.schema import infer_step
-    from scheduler.output import emit
-    from scheduler.plan import store_queue, tonight
-    from scheduler.refresh import Refresher
+    from idlegpu.forecast.errors import HistoryError
+    from idlegpu.forecast.schema import infer_step
+    from idlegpu.scheduler.output import emit
+    from idlegpu.scheduler.plan import store_queue, tonight
+    from idlegpu.scheduler.refresh import Refresher
 
     _check(queue_days > 0, "use a number of days above 0", "--queue-days")
     _check(output in FORMATS, f"use one of {', '.join(FORMATS)}", "--output")
     span = _parse_horizon(horizon)
     if server:
-        from scheduler.cli_remote import remote_plan
+        from idlegpu.scheduler.cli_remote import remote_plan
 
         _check(history is None and jobs is None and store is None and runs is None
                and now is None, "the server plans from its own history, queue and clock; "
@@ -877,8 +877,8 @@ def plan(
     estimate = _planning_estimate(settings, runs)
     start = profile.start
     if jobs is not None:
-        from scheduler.simulate import trace_jobs
-        from scheduler.specs import load_trace
+        from idlegpu.scheduler.simulate import trace_jobs
+        from idlegpu.scheduler.specs import load_trace
 
         entries = [e for e in load_trace(jobs, settings.admission)
                    if start - pd.Timedelta(days=queue_days) <= e.submit_at <= start]
@@ -888,19 +888,19 @@ def plan(
         blocked = [u for u in units if u.depends_on]
         source = f"{jobs} ({len(entries)} requests submitted in the {queue_days:g} days before)"
     else:
-        from scheduler.adapters.store import JobStore
+        from idlegpu.scheduler.adapters.store import JobStore
 
         # what already runs holds its GPUs, and fair share counts what teams used lately
         later: list = []
         with JobStore(_store_url(settings, store)) as job_store:
             queue, running, usage = store_queue(job_store, settings, estimate, start)
             if not queue and not running:  # say why the plan is empty
-                from scheduler.types import JobState
+                from idlegpu.scheduler.types import JobState
 
                 later = [u for u in job_store.find_units(states=(JobState.QUEUED,))
                          if u.submitted_at > start]
         blocked = []
-        from forecast.redact import redact
+        from idlegpu.forecast.redact import redact
 
         source = redact(_store_url(settings, store))  # a PostgreSQL URL carries its password
     planned = tonight(settings, refreshed, queue, running=running, team_usage=usage,
@@ -908,7 +908,7 @@ def plan(
     result, table, free = planned.plan, planned.windows, refreshed.free
 
     out.mkdir(parents=True, exist_ok=True)
-    from forecast.tables import write_csv
+    from idlegpu.forecast.tables import write_csv
     write_csv(table, out / "windows.csv", tz=tz, decimals=3)
     rows = pd.DataFrame(
         [r.__dict__ for r in result.runs]
@@ -947,7 +947,7 @@ def plan(
         emit(console, waits, PLAN_WAIT_COLUMNS, output, title="Jobs that wait, and why")
     if jobs is None and not queue and not running:
         if later:
-            from forecast.tables import iso_time
+            from idlegpu.forecast.tables import iso_time
 
             first = min(u.submitted_at for u in later)
             console.print(f"The queue was empty at {iso_time(local)}: the store's "
@@ -968,8 +968,8 @@ def plan(
 
 
 def _free_gpu_chart(settings, frame, moment, span, confidence, free, table, out, tz) -> None:
-    from forecast import plots
-    from forecast.capacity import FREE, pool_usage
+    from idlegpu.forecast import plots
+    from idlegpu.forecast.capacity import FREE, pool_usage
 
     actual = pool_usage(frame[frame["ds"] < moment], settings)[FREE]
     plots.free_gpu_chart(
@@ -1007,11 +1007,11 @@ def run(
     from that moment on, --speed times faster than real time)."""
     from rich.table import Table
 
-    from forecast.redact import redact
-    from scheduler.adapters.store import JobStore
-    from scheduler.controller import Controller
-    from scheduler.daemon import Daemon, ForecastProvider, write_last_month_report
-    from scheduler.policy import policy_settings
+    from idlegpu.forecast.redact import redact
+    from idlegpu.scheduler.adapters.store import JobStore
+    from idlegpu.scheduler.controller import Controller
+    from idlegpu.scheduler.daemon import Daemon, ForecastProvider, write_last_month_report
+    from idlegpu.scheduler.policy import policy_settings
 
     settings = _load_settings(config)
     if now is not None and not once and history is None:
@@ -1024,7 +1024,7 @@ def run(
     moment = _now(now)
     frame = None
     if history is not None:
-        from forecast.sources import read_history
+        from idlegpu.forecast.sources import read_history
 
         frame = read_history(history)
     job_store = JobStore(_store_url(settings, store))
@@ -1061,7 +1061,7 @@ def run(
             out.print(table)
             for error in report.errors:
                 err_console.print(_warning(str(error)))
-            from scheduler.api.reads import paused_reason
+            from idlegpu.scheduler.api.reads import paused_reason
 
             paused = paused_reason(job_store.admission(), settings.pool.tz)
             if paused:  # nothing was admitted for that, whatever the table says
@@ -1075,7 +1075,7 @@ def run(
                 f"restart; store: {redact(_store_url(settings, store))}"
             )
             return
-        from scheduler.clock import ReplayClock, WallClock
+        from idlegpu.scheduler.clock import ReplayClock, WallClock
 
         # a replay's clock runs --speed times faster, and so does every period of the daemon
         clock = ReplayClock(moment, speed) if now is not None else WallClock()
@@ -1095,7 +1095,7 @@ def run(
         # one plain line per event on stderr, for the cluster's log collector
         logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        from forecast.redact import RedactingFilter
+        from idlegpu.forecast.redact import RedactingFilter
 
         for handler in logging.getLogger().handlers:  # urllib3's retries, the API client...
             handler.addFilter(RedactingFilter())
@@ -1118,7 +1118,7 @@ def run(
 def _instance(settings, job_store) -> str:
     """The identity on this daemon's Jobs: configured, or the pool name and the store's id
     (replicas share a store, so they share it; a second store in the namespace does not)."""
-    from scheduler.adapters.kubernetes import label_value
+    from idlegpu.scheduler.adapters.kubernetes import label_value
 
     return settings.cluster.instance or label_value(
         f"{settings.pool.name}-{job_store.store_id()}")
@@ -1127,7 +1127,7 @@ def _instance(settings, job_store) -> str:
 def _admission_recheck(settings):
     """The daemon's own admission rules on each stored unit, right before its Job is made:
     whatever config the submitter ran with, nothing gets past the daemon's."""
-    from scheduler.specs import recheck_unit
+    from idlegpu.scheduler.specs import recheck_unit
 
     def recheck(row) -> None:
         recheck_unit(row.spec, row.team, settings.admission)
@@ -1149,7 +1149,7 @@ def _leader_elector(settings, kubeconfig: str | None, context: str | None):
         return None
     import os
 
-    from scheduler.adapters.lease import LeaderElector
+    from idlegpu.scheduler.adapters.lease import LeaderElector
 
     c = settings.cluster
     namespace = election.namespace or os.environ.get("POD_NAMESPACE") or c.namespace
@@ -1206,7 +1206,7 @@ def manifest_stream(manifests) -> str:
 
 def _cluster(settings, *, dry_run: bool, kubeconfig: str | None, context: str | None,
              instance: str | None = None):
-    from scheduler.adapters.kubernetes import KubernetesCluster
+    from idlegpu.scheduler.adapters.kubernetes import KubernetesCluster
 
     c = settings.cluster
     options = {
@@ -1228,10 +1228,10 @@ def _cluster(settings, *, dry_run: bool, kubeconfig: str | None, context: str | 
 
 def _signal_source(settings, frame):
     if frame is not None:
-        from scheduler.replay import HistorySignals
+        from idlegpu.scheduler.replay import HistorySignals
 
         return HistorySignals(frame, settings)
-    from scheduler.adapters.vllm import PrometheusSignals
+    from idlegpu.scheduler.adapters.vllm import PrometheusSignals
 
     return PrometheusSignals(settings)
 
@@ -1260,7 +1260,7 @@ OptionalConfig = Annotated[
 
 
 def _store_url(settings, store: str | None) -> str:
-    from forecast.config import StoreConfig
+    from idlegpu.forecast.config import StoreConfig
 
     return store or (settings.store.url if settings is not None else StoreConfig().url)
 
@@ -1285,14 +1285,14 @@ def submit(
     them in the job store, or (--server) through the job API, which checks it against the
     server's config and decides its team and time."""
     if server:
-        from scheduler.cli_remote import remote_submit
+        from idlegpu.scheduler.cli_remote import remote_submit
 
         _check(now is None and store is None, "--server decides the time and the store; drop "
                "--now and --store", "--server")
         return remote_submit(markup_console, markup_err_console, server, token_file, file,
                              idempotency_key)
-    from scheduler.adapters.store import JobStore
-    from scheduler.specs import expand_units, load_request
+    from idlegpu.scheduler.adapters.store import JobStore
+    from idlegpu.scheduler.specs import expand_units, load_request
 
     settings = _optional_config(config)
     request = load_request(file, settings.admission if settings is not None else None,
@@ -1335,18 +1335,18 @@ def queue(
     (or, with --server, the units the job API shows you)."""
     _check(output in FORMATS, f"use one of {', '.join(FORMATS)}", "--output")
     if server:
-        from scheduler.cli_remote import remote_queue
+        from idlegpu.scheduler.cli_remote import remote_queue
 
         _check(scope in ("mine", "team", "all"), "use mine, team or all", "--scope")
         settings = _optional_config(config)
         tz = settings.pool.tz if settings is not None else timezone.utc
         return remote_queue(markup_console, markup_err_console, server, token_file, scope,
                             all_units, tz, output)
-    from forecast.config import AdmissionConfig
-    from scheduler.adapters.store import JobStore
-    from scheduler.output import emit
-    from scheduler.runtime import RuntimeEstimator, load_runs
-    from scheduler.specs import format_duration
+    from idlegpu.forecast.config import AdmissionConfig
+    from idlegpu.scheduler.adapters.store import JobStore
+    from idlegpu.scheduler.output import emit
+    from idlegpu.scheduler.runtime import RuntimeEstimator, load_runs
+    from idlegpu.scheduler.specs import format_duration
 
     settings = _optional_config(config)
     admission = settings.admission if settings is not None else AdmissionConfig()
@@ -1402,13 +1402,13 @@ def cancel(
     daemon at its next pass (they checkpoint if they can). With --server, through the job API
     (members cancel their team's work, operators anyone's)."""
     if server:
-        from scheduler.cli_remote import remote_cancel
+        from idlegpu.scheduler.cli_remote import remote_cancel
 
         _check(now is None and store is None, "--server decides the time and the store; drop "
                "--now and --store", "--server")
         return remote_cancel(markup_console, markup_err_console, server, token_file, job_id,
                              reason)
-    from scheduler.adapters.store import JobStore
+    from idlegpu.scheduler.adapters.store import JobStore
 
     settings = _optional_config(config)
     with JobStore(_store_url(settings, store)) as job_store:
@@ -1442,8 +1442,8 @@ def fetch(
     ] = None,
 ) -> None:
     """Pull the pool's history from Prometheus into a tidy history file."""
-    from forecast.sources import write_history
-    from forecast.sources.prometheus import fetch_history
+    from idlegpu.forecast.sources import write_history
+    from idlegpu.forecast.sources.prometheus import fetch_history
 
     settings = _load_settings(config)
     t0 = parse_time(start, name="--start")
@@ -1485,8 +1485,8 @@ def report(
 ) -> None:
     """Monthly report of the harvested GPUs: Markdown, HTML, summary.csv and charts in --out,
     from a run table (--runs) or the job store's attempts (--store)."""
-    from forecast.config import ReportConfig
-    from scheduler.reports import (
+    from idlegpu.forecast.config import ReportConfig
+    from idlegpu.scheduler.reports import (
         build_report,
         idle_by_day,
         job_size_idle,
@@ -1503,7 +1503,7 @@ def report(
     if runs is not None:
         table = read_runs(runs)
     else:
-        from scheduler.adapters.store import JobStore
+        from idlegpu.scheduler.adapters.store import JobStore
 
         with JobStore(_store_url(settings, store)) as job_store:
             table = runs_from_store(job_store, datetime.now(timezone.utc))
@@ -1512,14 +1512,14 @@ def report(
         if settings is None:
             raise typer.BadParameter("--history needs the pool configuration (--config)",
                                      param_hint="--history")
-        from forecast.sources import read_history
+        from idlegpu.forecast.sources import read_history
 
         frame = read_history(history)
         idle = idle_by_day(frame, settings)
         sizes = job_size_idle(frame, settings, month)
         from rich.progress import Progress
 
-        from scheduler.reports import Month, forecast_check
+        from idlegpu.scheduler.reports import Month, forecast_check
 
         # the daemon's nightly refresh replayed over the month (widening included): one refit
         # per evening gives the pooled accuracy and the per-service coverage
@@ -1537,7 +1537,7 @@ def report(
         forecast=check, job_sizes=sizes,
     )
     files = write_report(result, out)
-    from scheduler.reports import format_gpus, format_hours, format_money, format_share
+    from idlegpu.scheduler.reports import format_gpus, format_hours, format_money, format_share
 
     row = result.row
     console.print(
@@ -1568,16 +1568,16 @@ def _admission(action: str, config: Path | None, store: str | None, server: str 
                token_file: Path | None, reason: str | None = None) -> None:
     """`idlegpu admission ACTION`: on the store of the config (or --store), or through the
     job API (--server); both audited, both idempotent."""
-    from scheduler.cli_remote import print_admission, remote_admission
+    from idlegpu.scheduler.cli_remote import print_admission, remote_admission
 
     if server:
         _check(store is None, "--server decides the store; drop --store", "--server")
         return remote_admission(markup_console, markup_err_console, server, token_file,
                                 action, reason)
-    from forecast.redact import redact
-    from scheduler.adapters.store import AuditEntry, JobStore
-    from scheduler.api.reads import paused_reason
-    from scheduler.cli_api import _cli_actor
+    from idlegpu.forecast.redact import redact
+    from idlegpu.scheduler.adapters.store import AuditEntry, JobStore
+    from idlegpu.scheduler.api.reads import paused_reason
+    from idlegpu.scheduler.cli_api import _cli_actor
 
     settings = _optional_config(config)
     tz = settings.pool.tz if settings is not None else timezone.utc
@@ -1630,7 +1630,7 @@ def admission_resume(config: OptionalConfig = None, store: StoreOption = None,
     _admission("resume", config, store, server, token_file)
 
 
-import scheduler.cli_api  # noqa: E402, F401  (serve, token: the job API)
+import idlegpu.scheduler.cli_api  # noqa: E402, F401  (serve, token: the job API)
 
 EXTRAS = {"sqlalchemy": "daemon", "apscheduler": "daemon", "prometheus_client": "daemon",
           "kubernetes": "daemon", "fastapi": "server",
@@ -1647,7 +1647,7 @@ def main(argv: list[str] | None = None) -> None:
     except (IdlegpuError, typer.BadParameter) as exc:  # a bad option value is one line too
         if "--debug" in args:
             raise
-        from forecast.redact import redact
+        from idlegpu.forecast.redact import redact
 
         message = exc.format_message() if isinstance(exc, typer.BadParameter) else exc
         # a message may quote what the user wrote: plain text, never markup, no credentials

@@ -1,5 +1,5 @@
 """``idlegpu serve`` (the job API) and ``idlegpu token`` (its tokens): registered on the main
-``idlegpu`` command by ``scheduler.cli``."""
+``idlegpu`` command by ``idlegpu.scheduler.cli``."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from typing import Annotated
 
 import typer
 
-from forecast.errors import ConfigError
-from scheduler.cli import (
+from idlegpu.forecast.errors import ConfigError
+from idlegpu.scheduler.cli import (
     DEFAULT_CONFIG,
     OptionalConfig,
     StoreOption,
@@ -61,8 +61,8 @@ def serve(
     rules, identities and teams, in front of the job store; run it beside `idlegpu run`."""
     import uvicorn
 
-    from scheduler.adapters.store import JobStore
-    from scheduler.api import create_app
+    from idlegpu.scheduler.adapters.store import JobStore
+    from idlegpu.scheduler.api import create_app
 
     path = config if config is not None else DEFAULT_CONFIG
     if not Path(path).is_file():
@@ -77,13 +77,13 @@ def serve(
     try:
         clock = None
         if now is not None:
-            from scheduler.clock import ReplayClock
+            from idlegpu.scheduler.clock import ReplayClock
 
             clock = ReplayClock(_now(now))
         forecasts = None
         if history is not None:
-            from forecast.sources import read_history
-            from scheduler.api.forecasts import Forecasts
+            from idlegpu.forecast.sources import read_history
+            from idlegpu.scheduler.api.forecasts import Forecasts
 
             forecasts = Forecasts(settings, read_history(history))
         application = create_app(settings, job_store, clock=clock, forecasts=forecasts)
@@ -101,7 +101,7 @@ def serve(
 
 
 def _expiry(text: str) -> timedelta | None:
-    from scheduler.specs import SpecError, parse_duration
+    from idlegpu.scheduler.specs import SpecError, parse_duration
 
     if text.strip().lower() in ("never", "none"):
         return None
@@ -129,8 +129,8 @@ def token_create(
     now: Annotated[str | None, typer.Option(hidden=True)] = None,
 ) -> None:
     """Create a token of the job API and print it once (only its hash is stored)."""
-    from scheduler.adapters.store import AuditEntry, JobStore
-    from scheduler.api.auth import ROLES, new_token, token_sha256
+    from idlegpu.scheduler.adapters.store import AuditEntry, JobStore
+    from idlegpu.scheduler.api.auth import ROLES, new_token, token_sha256
 
     if role not in ROLES:
         raise typer.BadParameter(f"{role!r}: use one of {', '.join(ROLES)}", param_hint="--role")
@@ -164,7 +164,7 @@ def token_list(config: OptionalConfig = None, store: StoreOption = None) -> None
     """The tokens: name, team, role, created, expires, revoked (never the tokens)."""
     from rich.table import Table
 
-    from scheduler.adapters.store import JobStore
+    from idlegpu.scheduler.adapters.store import JobStore
 
     settings = _optional_config(config)
     with JobStore(_store_url(settings, store)) as job_store:
@@ -191,7 +191,7 @@ def token_revoke(
     store: StoreOption = None,
 ) -> None:
     """Revoke a token: from now on it authenticates nobody."""
-    from scheduler.adapters.store import AuditEntry, JobStore
+    from idlegpu.scheduler.adapters.store import AuditEntry, JobStore
 
     settings = _optional_config(config)
     when = _now(None)

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from scheduler.adapters.api_client import (
+from idlegpu.scheduler.adapters.api_client import (
     ApiClient,
     ApiUnavailable,
     find_credential,
@@ -65,7 +65,7 @@ def remote_submit(console: Console, err: Console, server: str, token_file: Path 
 
 def remote_queue(console: Console, err: Console, server: str, token_file: Path | None,
                  scope: str, all_units: bool, tz, output: str = "table") -> None:
-    from scheduler.output import Column, emit
+    from idlegpu.scheduler.output import Column, emit
 
     client = client_for(server, token_file)
     try:

@@ -54,9 +54,9 @@ from datetime import datetime, timedelta
 
 import numpy as np
 
-from forecast.errors import IdlegpuError, PermanentError
-from scheduler.policy import decide
-from scheduler.ports import (
+from idlegpu.forecast.errors import IdlegpuError, PermanentError
+from idlegpu.scheduler.policy import decide
+from idlegpu.scheduler.ports import (
     Cluster,
     ClusterJob,
     JobPhase,
@@ -64,7 +64,7 @@ from scheduler.ports import (
     SignalSource,
     StopKind,
 )
-from scheduler.types import (
+from idlegpu.scheduler.types import (
     Action,
     Decision,
     FreeProfile,
@@ -117,7 +117,7 @@ def _pods(spec) -> int:
 def _pod_requests(spec) -> tuple[float | None, int | None]:
     """CPU cores and memory bytes one pod of a unit requests (None: not readable; a
     multi-node unit shares its totals evenly over its pods)."""
-    from scheduler.specs import quantity_bytes
+    from idlegpu.scheduler.specs import quantity_bytes
 
     pods = _pods(spec)
     try:
@@ -461,7 +461,7 @@ class Controller:
             if job.stop_kind is StopKind.UNSCHEDULED and self._unplaceable(row):
                 pods = _pods(row.spec)
                 if pods > 1:
-                    from scheduler.specs import memory_per_node
+                    from idlegpu.scheduler.specs import memory_per_node
 
                     text = (f"its {pods} pods were never all placed in "
                             f"{self.max_unscheduled_attempts} attempts in a row (each pod asks "
@@ -636,7 +636,7 @@ class Controller:
             report.errors.append(f"{decision.job_id}: not admitted ({exc})")
             return
         if self.dry_run and decision.gpus < row.gpus:
-            from scheduler.specs import resize_unit
+            from idlegpu.scheduler.specs import resize_unit
             row = replace(row, spec=resize_unit(row.spec, decision.gpus))
         if decision.node:
             cpu, memory = _pod_requests(row.attempt_spec)

@@ -3,7 +3,7 @@
 Jobs (fixed ids, ``max_instances=1``, ``coalesce=True``): the reconcile pass every
 ``daemon.reconcile_seconds``, the live backstop every ``daemon.backstop_seconds``, the forecast
 refresh every evening at ``daemon.forecast_refresh_hour`` (local), and last month's report at
-06:00 on the 1st. Every period is one of the daemon's clock (``scheduler.clock``): the real
+06:00 on the 1st. Every period is one of the daemon's clock (``idlegpu.scheduler.clock``): the real
 time, or a replay's, which runs ``speed`` times faster, so the interval triggers fire every
 period/speed real seconds, and the evening refresh and the monthly report are checks made
 every reconcile period against the clock ("has 17:00 passed since the last forecast?"), not
@@ -14,7 +14,7 @@ has, which the policy refuses to admit on once it is older than ``max_forecast_a
 The daemon serves its own Prometheus metrics and a health endpoint, and stops gracefully on
 SIGTERM (the pass under way finishes; nothing is left half-applied).
 
-High availability: given a ``leader`` (``scheduler.adapters.lease.LeaderElector``), several
+High availability: given a ``leader`` (``idlegpu.scheduler.adapters.lease.LeaderElector``), several
 replicas run and only the one holding the Lease runs passes and writes reports. A standby
 keeps its forecast fresh (the refresh checks run on every replica) and is healthy as such.
 A standby that becomes leader has a forecast before its first pass (it refreshes first if it
@@ -44,11 +44,11 @@ from wsgiref.simple_server import WSGIRequestHandler, make_server
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from forecast.errors import IdlegpuError
-from forecast.redact import RedactingFilter
-from scheduler.clock import Clock, as_clock, real_seconds, refresh_due, report_due
-from scheduler.controller import Controller, PassReport
-from scheduler.types import Action
+from idlegpu.forecast.errors import IdlegpuError
+from idlegpu.forecast.redact import RedactingFilter
+from idlegpu.scheduler.clock import Clock, as_clock, real_seconds, refresh_due, report_due
+from idlegpu.scheduler.controller import Controller, PassReport
+from idlegpu.scheduler.types import Action
 
 log = logging.getLogger("idlegpu.daemon")
 # every line, every 15 s, may quote a source's error: never with its credentials
@@ -105,7 +105,7 @@ class Daemon:
         leader=None,
         identity: str | None = None,
     ) -> None:
-        """``clock``: a ``scheduler.clock`` clock (default the real time) or a plain
+        """``clock``: a ``idlegpu.scheduler.clock`` clock (default the real time) or a plain
         ``() -> datetime`` (taken as real-time speed). ``leader``: a leader elector
         (``is_leader()``, ``alive()``, ``start()``, ``stop(release=)``), None for a single
         replica that always acts. ``identity``: the replica in the status it writes to the
@@ -167,7 +167,7 @@ class Daemon:
         """This replica's status into the store after a pass (``report``; None: a standby's
         tick), for ``GET /v1/daemon``. One write; a failure is logged and counted, never
         raised: the pass has been applied whatever its status says."""
-        from scheduler.adapters.store import DaemonStatus
+        from idlegpu.scheduler.adapters.store import DaemonStatus
 
         if report is not None:
             if kind == "reconcile":
@@ -213,7 +213,7 @@ class Daemon:
         return True
 
     def _record_coverage(self, coverage) -> None:
-        """A refresh's scores of the forecasts in use (``scheduler.refresh.Refresh``), per
+        """A refresh's scores of the forecasts in use (``idlegpu.scheduler.refresh.Refresh``), per
         service: the gauges, and a warning for each service planned wider."""
         for service, c in (coverage or {}).items():
             self.metrics.forecast_coverage.labels(service).set(c.coverage)
@@ -476,7 +476,7 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
 class ForecastProvider:
     """The daemon's current free-GPU profile: refreshed nightly (and at start), from recorded
     history in a replay, else from the last five weeks in Prometheus, by the refresh the
-    simulator and ``plan`` share (``scheduler.refresh``: it scores the forecasts in use over
+    simulator and ``plan`` share (``idlegpu.scheduler.refresh``: it scores the forecasts in use over
     the last week and plans a service that under-covers with a wider quantile). In
     ``night-only`` mode the profile offers nothing between 08:00 and 20:00 local, so jobs are
     admitted only into the night and stopped (checkpointed, as planned) before the morning."""
@@ -484,7 +484,7 @@ class ForecastProvider:
     HISTORY = timedelta(days=35)
 
     def __init__(self, settings, frame=None) -> None:
-        from scheduler.refresh import Refresher
+        from idlegpu.scheduler.refresh import Refresher
 
         self.settings = settings
         self.frame = frame
@@ -496,7 +496,7 @@ class ForecastProvider:
         """Refresh the profile; returns the ``Refresh`` (with the coverage scores)."""
         frame = self.frame
         if frame is None:
-            from forecast.sources.prometheus import fetch_history
+            from idlegpu.forecast.sources.prometheus import fetch_history
 
             frame = fetch_history(self.settings, now - self.HISTORY, now)
         result = self.refresher.refresh(frame, now)
@@ -516,7 +516,7 @@ def night_only(profile, tz: str):
     import numpy as np
     import pandas as pd
 
-    from scheduler.types import NIGHT_HOURS, FreeProfile
+    from idlegpu.scheduler.types import NIGHT_HOURS, FreeProfile
 
     times = pd.date_range(profile.start, periods=len(profile.free),
                           freq=f"{profile.step_s}s").tz_convert(tz)
@@ -530,7 +530,7 @@ def write_last_month_report(settings, store, now: datetime):
     attempts, into ``daemon.reports_dir/YYYY-MM/``; returns the files written."""
     from pathlib import Path
 
-    from scheduler.reports import Month, build_report, runs_from_store, write_report
+    from idlegpu.scheduler.reports import Month, build_report, runs_from_store, write_report
 
     local = now.astimezone(settings.pool.tz)
     month = Month(local.year, local.month).shift(-1)

@@ -12,7 +12,7 @@ Two stages, both linear in the input:
   template's length plus the longest value of each placeholder in it), computed *before*
   anything is rendered.
 
-Problems are ``(field path, problem; fix)`` pairs; :mod:`scheduler.specs` turns them into
+Problems are ``(field path, problem; fix)`` pairs; :mod:`idlegpu.scheduler.specs` turns them into
 ``SpecError("<source>: <field>: <problem>; <fix>")``.
 """
 
@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from forecast.config import RequestLimits
+from idlegpu.forecast.config import RequestLimits
 
 __all__ = ["LimitError", "brief", "load_yaml_text", "precheck"]
 

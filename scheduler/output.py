@@ -6,7 +6,7 @@
   terminal), for pagers and wide screens.
 - ``csv`` and ``json``: the same rows for scripts: times as ISO 8601 with the offset (in the
   pool's zone), numbers as numbers, every column (``wide``'s); CSV under the file convention of
-  ``forecast.tables`` (text that a spreadsheet would run as a formula is escaped).
+  ``idlegpu.forecast.tables`` (text that a spreadsheet would run as a formula is escaped).
 
 Rows are mappings from column keys to values (str, int, float, datetime or None).
 """
@@ -106,7 +106,7 @@ def _machine(rows: Sequence[Mapping[str, Any]], columns: Sequence[Column], outpu
     if output == "json":
         data = [{c.key: _data(r.get(c.key), tz) for c in columns} for r in rows]
         return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
-    from forecast.tables import safe_text
+    from idlegpu.forecast.tables import safe_text
 
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")

@@ -6,8 +6,8 @@ would if the forecast came true and every job took its estimated time. A job tha
 gets a reason for the whole horizon (``wait_reason``), not only for its last moment.
 
 ``tonight`` is the one computation ``idlegpu plan`` and the job API (``GET /v1/plan``) share:
-from a forecast refresh (``scheduler.refresh``) and the queue it gives the plan, the free-GPU
-profile and the idle windows; ``store_queue`` reads that queue from a job store.
+from a forecast refresh (``idlegpu.scheduler.refresh``) and the queue it gives the plan, the
+free-GPU profile and the idle windows; ``store_queue`` reads that queue from a job store.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from scheduler.policy import MAX_RESERVATION_ATTEMPTS, decide
-from scheduler.types import (
+from idlegpu.scheduler.policy import MAX_RESERVATION_ATTEMPTS, decide
+from idlegpu.scheduler.types import (
     Action,
     FreeProfile,
     PolicySettings,
@@ -372,7 +372,7 @@ def _end(steps: _Steps, stop: int) -> str:
 if TYPE_CHECKING:
     import pandas as pd
 
-    from scheduler.refresh import Refresh
+    from idlegpu.scheduler.refresh import Refresh
 
 
 @dataclass(frozen=True)
@@ -384,7 +384,7 @@ class Tonight:
     refresh: Refresh  # the forecast refresh (``made_at``, the free GPUs, the widened services)
     free: pd.Series  # free GPUs at the confidence, start .. start + horizon
     plan: NightPlan
-    windows: pd.DataFrame  # forecast.capacity.windows_frame: start, end, gpus, hours, ...
+    windows: pd.DataFrame  # idlegpu.forecast.capacity.windows_frame: start, end, gpus, hours, ...
     blocked: tuple[Any, ...] = field(default=())  # units waiting for a previous pipeline step
     confidence: float = 0.9
 
@@ -393,7 +393,7 @@ def planning_estimate(settings, runs=None) -> Callable[[Any], float]:
     """Seconds the admitter plans a unit with: the runtime estimator (past runs of the same
     family at the configured quantile, a model on parameters, the user's estimate times the
     safety factor, else a 4-hour guess); ``runs``: a table of past runs (``load_runs``)."""
-    from scheduler.runtime import RuntimeEstimator
+    from idlegpu.scheduler.runtime import RuntimeEstimator
 
     estimator = RuntimeEstimator.from_config(runs, settings.admission)
     return lambda unit: estimator.estimate(unit).seconds
@@ -422,8 +422,8 @@ def tonight(settings, refreshed: Refresh, queue: Sequence[WaitingJob], *,
     daemon's night-only profile)."""
     import pandas as pd
 
-    from forecast.capacity import idle_windows, windows_frame
-    from scheduler.policy import policy_settings
+    from idlegpu.forecast.capacity import idle_windows, windows_frame
+    from idlegpu.scheduler.policy import policy_settings
 
     profile = profile or refreshed.profile
     start = start or profile.start

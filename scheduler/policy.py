@@ -59,7 +59,7 @@ from datetime import datetime, timedelta
 
 import numpy as np
 
-from scheduler.types import (
+from idlegpu.scheduler.types import (
     Action,
     Decision,
     FreeProfile,

@@ -11,8 +11,8 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Protocol
 
-from forecast.errors import PermanentError
-from scheduler.types import ServingSignals, UnitSpec
+from idlegpu.forecast.errors import PermanentError
+from idlegpu.scheduler.types import ServingSignals, UnitSpec
 
 
 class JobRejectedError(PermanentError):

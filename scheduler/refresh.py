@@ -1,7 +1,7 @@
 """One forecast refresh, shared by the daemon, the simulator and ``idlegpu plan``.
 
 A refresh scores what the forecasts in use promised over the last week against the replicas
-that really ran (``scheduler.coverage``), plans every service whose forecasts covered less
+that really ran (``idlegpu.scheduler.coverage``), plans every service whose forecasts covered less
 than promised by more than chance with a wider quantile (q0.98) until it recovers, forecasts
 the pool from the history before ``now`` and keeps what this forecast promises for the next
 refreshes to score. A ``Refresher`` remembers the promises of its refreshes; one without any
@@ -17,10 +17,10 @@ from datetime import datetime, timedelta
 
 import pandas as pd
 
-from forecast.config import Settings
-from forecast.errors import HistoryError
-from forecast.schema import DS, REPLICAS, metric_rows
-from scheduler.coverage import (
+from idlegpu.forecast.config import Settings
+from idlegpu.forecast.errors import HistoryError
+from idlegpu.forecast.schema import DS, REPLICAS, metric_rows
+from idlegpu.scheduler.coverage import (
     WIDENED,
     WINDOW,
     Promise,
@@ -29,8 +29,8 @@ from scheduler.coverage import (
     promise_of,
     score,
 )
-from scheduler.replay import forecast_free, profile_of
-from scheduler.types import FreeProfile
+from idlegpu.scheduler.replay import forecast_free, profile_of
+from idlegpu.scheduler.types import FreeProfile
 
 
 @dataclass(frozen=True)

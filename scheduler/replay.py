@@ -12,9 +12,9 @@ from datetime import datetime, timedelta
 import numpy as np
 import pandas as pd
 
-from forecast.capacity import FREE, forecast_pool_usage
-from forecast.config import Settings
-from forecast.schema import (
+from idlegpu.forecast.capacity import FREE, forecast_pool_usage
+from idlegpu.forecast.config import Settings
+from idlegpu.forecast.schema import (
     DS,
     KV_CACHE_USAGE,
     REPLICAS,
@@ -24,7 +24,7 @@ from forecast.schema import (
     metric_rows,
     series_id,
 )
-from scheduler.types import FreeProfile, ServingSignals
+from idlegpu.scheduler.types import FreeProfile, ServingSignals
 
 SERVICE_GPUS = "service_gpus"
 WAITING_PER_REPLICA = "requests_waiting_per_replica"
@@ -116,14 +116,14 @@ def forecast_free(history: pd.DataFrame, settings: Settings, now: datetime, *,
                   **options) -> tuple[pd.Series, pd.DataFrame]:
     """Free GPUs per step and the replica forecast they come from, fitted on the replicas
     before ``now``: every service at the configured confidence, those in ``quantiles`` at
-    their own (a service planned wider, ``scheduler.refresh``).
+    their own (a service planned wider, ``idlegpu.scheduler.refresh``).
 
     Each series is forecast from its own newest sample. A service whose replicas stopped
     being recorded earlier than the others (a metrics gap) is forecast that much further, so
     it still covers the horizon, but by no more than ``max_forecast_age`` (no forecast is
     trusted older than that): beyond, the pool's free GPUs are NaN, a hole the policy admits
     nothing into."""
-    from forecast.models import model_for
+    from idlegpu.forecast.models import model_for
 
     replicas = metric_rows(history, REPLICAS)
     past = replicas[replicas[DS] < pd.Timestamp(now)]

@@ -30,9 +30,9 @@ the job store's attempts.
 - *idle GPU-hours*: the pool's free GPUs (``pool_usage`` FREE: capacity minus headroom minus
   the services) summed over the month; *share used*: held GPU-hours / idle GPU-hours.
 - *forecast accuracy* (``forecast_check``, with a history): the daemon's nightly forecast
-  refresh replayed over the month (``scheduler.refresh.Refresher``, widening included), each
+  refresh replayed over the month (``idlegpu.scheduler.refresh.Refresher``, widening included), each
   evening's forecast scored on its next 24 hours: pooled, and per service the coverage of the
-  admission quantile [strict y < q, plain y <= q], its verdict (``forecast.backtest``:
+  admission quantile [strict y < q, plain y <= q], its verdict (``idlegpu.forecast.backtest``:
   calibrated when strict <= q <= plain), pinball, MAE, the evenings the refresh planned it
   with the wider quantile and the GPU-hours that held back.
 
@@ -55,8 +55,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from forecast.errors import PermanentError
-from forecast.tables import write_csv
+from idlegpu.forecast.errors import PermanentError
+from idlegpu.forecast.tables import write_csv
 
 RUN_COLUMNS = (
     "job_id", "team", "kind", "gpus", "start", "end", "outcome", "gpu_hours", "lost_gpu_hours",
@@ -464,7 +464,7 @@ def daily_usage(runs: pd.DataFrame, months: Sequence[Month], tz: str) -> pd.Data
 
 def idle_by_day(history: pd.DataFrame, settings: Any) -> pd.Series:
     """Idle GPU-hours per local day of the pool (``pool_usage`` FREE summed)."""
-    from forecast.capacity import daily_idle_gpu_hours, pool_usage
+    from idlegpu.forecast.capacity import daily_idle_gpu_hours, pool_usage
 
     daily = daily_idle_gpu_hours(pool_usage(history, settings), settings.pool.timezone)
     return daily["idle_gpu_hours"]
@@ -475,7 +475,8 @@ class JobSizeIdle:
     """Idle capacity of the report month by job size on the pool's nodes (``job_size_idle``)."""
 
     by_size: pd.DataFrame | None
-    """``forecast.nodes.NodeIdle.between`` of the month; None: the pool has no node shapes."""
+    """``idlegpu.forecast.nodes.NodeIdle.between`` of the month; None: the pool has no node
+    shapes."""
     note: str
     """How it was counted (or why it was not)."""
 
@@ -484,8 +485,8 @@ def job_size_idle(history: pd.DataFrame, settings: Any, month: str | Month) -> J
     """The idle GPU-hours of ``month`` usable by 1-, 4-, 8-GPU and multi-node jobs on
     ``pool.nodes`` with the services placed by ``pool.placement`` (the placement replayed over
     the whole history, so the month starts where the replicas really sat)."""
-    from forecast.capacity import pool_usage
-    from forecast.nodes import node_idle
+    from idlegpu.forecast.capacity import pool_usage
+    from idlegpu.forecast.nodes import node_idle
 
     month = Month.parse(month) if isinstance(month, str) else month
     nodes = node_idle(pool_usage(history, settings), settings)
@@ -581,14 +582,14 @@ def forecast_check_days(
     """Replay the daemon's nightly forecast refresh on the local days ``first`` to ``last``
     (dates, both included) and score it, as ``forecast_check`` does for a month.
 
-    Each day at ``daemon.forecast_refresh_hour`` (with a week of history before it), the
-    shared ``scheduler.refresh.Refresher`` (the daemon's and the simulator's refresh; its fits
+    Each day at ``daemon.forecast_refresh_hour`` (with a week of history before it), the shared
+    ``idlegpu.scheduler.refresh.Refresher`` (the daemon's and the simulator's refresh; its fits
     share a cache, as the simulator's do) scores the promises in use, widens the services that
-    under-cover and forecasts from the history before that moment. Every forecast whose next
-    24 hours are in the history is scored on them (``forecast.backtest``: ``score``,
-    ``series_calibration``, ``window_quality``): pooled, per service over the days and per
-    service and evening. ``confidence`` defaults to ``admission.confidence``;
-    ``on_step(done, total)`` after each refresh."""
+    under-cover and forecasts from the history before that moment. Every forecast whose next 24
+    hours are in the history is scored on them (``idlegpu.forecast.backtest``: ``score``,
+    ``series_calibration``, ``window_quality``): pooled, per service over the days and per service
+    and evening. ``confidence`` defaults to ``admission.confidence``; ``on_step(done, total)`` after
+    each refresh."""
     if last < first:
         raise ReportError(f"the last day {last} is before the first {first}; give the days "
                           "oldest first")
@@ -604,11 +605,11 @@ def _replay_check(
     on_step: Callable[[int, int], None] | None,
 ) -> ForecastCheck:
     """``forecast_check`` on the local midnights ``days`` (tz-aware), called ``label``."""
-    from forecast.backtest import CUTOFF, HORIZON, score, series_calibration, window_quality
-    from forecast.capacity import FREE, forecast_pool_usage
-    from forecast.models.base import quantile_column
-    from forecast.schema import DS, REPLICAS, UNIQUE_ID, Y, metric_rows, series_id
-    from scheduler.refresh import Refresher
+    from idlegpu.forecast.backtest import CUTOFF, HORIZON, score, series_calibration, window_quality
+    from idlegpu.forecast.capacity import FREE, forecast_pool_usage
+    from idlegpu.forecast.models.base import quantile_column
+    from idlegpu.forecast.schema import DS, REPLICAS, UNIQUE_ID, Y, metric_rows, series_id
+    from idlegpu.scheduler.refresh import Refresher
 
     if confidence is not None and confidence != settings.admission.confidence:
         admission = settings.admission.model_copy(update={"confidence": confidence})
@@ -955,7 +956,7 @@ COVERAGE_CHART = "Realised coverage per service"
 
 def _job_size_section(report: Report):
     """Idle GPU-hours usable by jobs of each size on the nodes, next to the pool view."""
-    from forecast.nodes import MULTI_NODE
+    from idlegpu.forecast.nodes import MULTI_NODE
 
     sizes = report.job_sizes
     yield ("h2", f"Idle capacity by job size, {report.month.label}")

@@ -39,7 +39,7 @@ over-estimate only costs a later start. The model path applies the same rule whe
 GPU count was never seen in the family (it predicts at the nearest GPU count seen).
 
 Pure: no clock, no I/O, except ``load_runs`` / ``write_runs`` at the edge. ``sample_runs(seed)``
-makes the bundled ``data/sample/runs.csv`` (``python -m scheduler.runtime`` rewrites it).
+makes the bundled ``data/sample/runs.csv`` (``python -m idlegpu.scheduler.runtime`` rewrites it).
 
 Runs file columns: ``family`` (optional: derived from image and step), ``image``, ``step``,
 ``gpus``, ``runtime_s``, ``finished_at`` (ISO 8601, naive = UTC), ``parameters`` (a JSON
@@ -59,11 +59,11 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import pandas as pd
 
-from forecast.errors import PermanentError
-from scheduler.types import UnitSpec, family_of
+from idlegpu.forecast.errors import PermanentError
+from idlegpu.scheduler.types import UnitSpec, family_of
 
 if TYPE_CHECKING:
-    from forecast.config import AdmissionConfig
+    from idlegpu.forecast.config import AdmissionConfig
 
 DEFAULT_RUNTIME_S = 4 * 3600.0
 MIN_HISTORY_RUNS = 3
@@ -389,7 +389,7 @@ def load_runs(path: str | Path) -> pd.DataFrame:
     if not file.is_file():
         raise RunHistoryError(
             f"runs file {file} not found; data/sample/runs.csv is an example "
-            "(python -m scheduler.runtime regenerates it)"
+            "(python -m idlegpu.scheduler.runtime regenerates it)"
         )
     name = file.name.lower()
     try:
@@ -519,7 +519,7 @@ def sample_runs(seed: int = SAMPLE_SEED) -> pd.DataFrame:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m scheduler.runtime [PATH] [SEED]``: rewrite the sample runs file."""
+    """``python -m idlegpu.scheduler.runtime [PATH] [SEED]``: rewrite the sample runs file."""
     args = sys.argv[1:] if argv is None else argv
     path = Path(args[0]) if args else Path("data/sample") / SAMPLE_RUNS
     seed = int(args[1]) if len(args) > 1 else SAMPLE_SEED

@@ -38,7 +38,7 @@ counted in GPU-seconds whatever the size (``shrinks`` counts the shrinks).
 
 **Placement** (``placement``): ``pool`` (the default) counts GPUs for the pool as one bin, as
 above. ``spread`` and ``binpack`` put the cluster on the nodes of ``pool.nodes``: the
-services' replicas are placed step by step by ``forecast.nodes.ServicePlacement`` (the
+services' replicas are placed step by step by ``idlegpu.forecast.nodes.ServicePlacement`` (the
 kube-scheduler's ``LeastAllocated`` or ``MostAllocated`` scoring for scale-ups, the ReplicaSet
 controller's ranking for scale-downs; the state carries over, replicas never move), every
 policy gets a ``NodeView`` of the simulated nodes each step and ``decide(..., nodes=view)``
@@ -63,14 +63,14 @@ from datetime import datetime, timedelta
 import numpy as np
 import pandas as pd
 
-from forecast.capacity import FREE, IN_USE, pool_usage
-from forecast.config import Settings
-from forecast.nodes import STRATEGIES, ServicePlacement
-from forecast.schema import DS, KV_CACHE_USAGE, REPLICAS, UNIQUE_ID, Y, metric_rows
-from scheduler.policy import decide, policy_settings
-from scheduler.refresh import Refresher
-from scheduler.replay import WAITING_PER_REPLICA, serving_pressure
-from scheduler.types import (
+from idlegpu.forecast.capacity import FREE, IN_USE, pool_usage
+from idlegpu.forecast.config import Settings
+from idlegpu.forecast.nodes import STRATEGIES, ServicePlacement
+from idlegpu.forecast.schema import DS, KV_CACHE_USAGE, REPLICAS, UNIQUE_ID, Y, metric_rows
+from idlegpu.scheduler.policy import decide, policy_settings
+from idlegpu.scheduler.refresh import Refresher
+from idlegpu.scheduler.replay import WAITING_PER_REPLICA, serving_pressure
+from idlegpu.scheduler.types import (
     NIGHT_HOURS,
     Action,
     FreeProfile,
@@ -227,7 +227,7 @@ def simulate(
 ) -> SimResult:
     """Run one policy over ``[start, end)``; see the module docstring. ``placement``: ``pool``,
     ``spread`` or ``binpack`` (on ``pool.nodes``; ``deletion_cost``: the scale-downs empty the
-    least-used nodes first, see ``forecast.nodes``)."""
+    least-used nodes first, see ``idlegpu.forecast.nodes``)."""
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
     if placement not in PLACEMENTS:
@@ -421,8 +421,8 @@ def simulate(
                                              "outcome", "gpu_hours", "lost_gpu_hours",
                                              *(["nodes"] if cluster is not None else [])])
     # one definition of each figure, the report's, from the run table the report reads
-    # (scheduler.reports.useful): a report on runs_<policy>.csv gives the same numbers
-    from scheduler.reports import useful as useful_of
+    # (idlegpu.scheduler.reports.useful): a report on runs_<policy>.csv gives the same numbers
+    from idlegpu.scheduler.reports import useful as useful_of
 
     useful = float(useful_of(frame).sum()) if len(frame) else 0.0
     lost = float(frame["lost_gpu_hours"].sum()) if len(frame) else 0.0
@@ -688,7 +688,7 @@ def forecast_profiles_for(
 ) -> dict[datetime, FreeProfile]:
     """The free-GPU profiles the ``forecast`` policy sees: one per evening (and one at the
     start), each fitted only on the history before it, by the daemon's refresh
-    (``scheduler.refresh``: a service whose forecasts in use covered less than promised over
+    (``idlegpu.scheduler.refresh``: a service whose forecasts in use covered less than promised over
     the last week is planned with a wider quantile)."""
     # the nightly refits only read replicas: filter the history once, not at every refit
     replicas = metric_rows(history, REPLICAS)

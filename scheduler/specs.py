@@ -44,13 +44,13 @@ Validation takes the admission limits through pydantic's validation context::
 
     JobRequest.model_validate(data, context={"allowed_registries": [...], "max_gpus_per_job": 64})
 
-and falls back to the defaults of :class:`forecast.config.AdmissionConfig` without it.
+and falls back to the defaults of :class:`idlegpu.forecast.config.AdmissionConfig` without it.
 Files are read with :func:`load_request`, :func:`load_requests` and :func:`load_trace`, texts
 (an API body, YAML or JSON) with :func:`parse_request_text`; every problem is a
 :class:`SpecError` whose message reads ``<file>: <field.path>: <problem>; <fix>``. All of them,
-and :func:`validate_request`, apply ``admission.limits`` (:mod:`scheduler.limits`: sizes, depth,
-aliases, parameters, sweeps, steps, units, rendered sizes) before anything is expanded or
-rendered.
+and :func:`validate_request`, apply ``admission.limits`` (:mod:`idlegpu.scheduler.limits`:
+sizes, depth, aliases, parameters, sweeps, steps, units, rendered sizes) before anything is
+expanded or rendered.
 """
 
 from __future__ import annotations
@@ -87,10 +87,10 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from forecast.config import AdmissionConfig, unknown_field
-from forecast.errors import PermanentError
-from scheduler.limits import LimitError, brief, load_yaml_text, precheck
-from scheduler.types import (
+from idlegpu.forecast.config import AdmissionConfig, unknown_field
+from idlegpu.forecast.errors import PermanentError
+from idlegpu.scheduler.limits import LimitError, brief, load_yaml_text, precheck
+from idlegpu.scheduler.types import (
     REF_KINDS,
     VOLUME_KINDS,
     EnvFromSource,

@@ -67,7 +67,7 @@ class ApiServer:
 
 def api_settings(**api: Any):
     """A one-service pool config with the given ``api:`` section."""
-    from forecast.config import load_config
+    from idlegpu.forecast.config import load_config
 
     return load_config(data={
         "pool": {"name": "test-pool", "total_gpus": 40, "timezone": "UTC"},

@@ -22,7 +22,7 @@ hypothesis_settings.load_profile("ci" if os.environ.get("CI") else "local")
 @pytest.fixture
 def cli(capsys: pytest.CaptureFixture[str]) -> Callable[[list[str]], tuple[int, str, str]]:
     """Run the ``idlegpu`` command in-process: ``cli(args) -> (exit code, stdout, stderr)``."""
-    from scheduler.cli import main
+    from idlegpu.scheduler.cli import main
 
     def run(args: list[str]) -> tuple[int, str, str]:
         try:

@@ -20,10 +20,10 @@ import yaml
 from api_server import ApiServer, MovableClock
 from test_api_plan import HISTORY, NOW, request, settings_for, token
 
-from forecast.sources import read_history
-from scheduler.adapters.store import JobStore
-from scheduler.api import create_app
-from scheduler.api.forecasts import Forecasts
+from idlegpu.forecast.sources import read_history
+from idlegpu.scheduler.adapters.store import JobStore
+from idlegpu.scheduler.api import create_app
+from idlegpu.scheduler.api.forecasts import Forecasts
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -101,9 +101,9 @@ def bulk(store: JobStore, count: int) -> None:
     submit limits cap one request well below 10,000 units): requests of up to 250 members."""
     from test_api_plan import CONFIG
 
-    from forecast.config import load_config
-    from scheduler.adapters.store import AuditEntry
-    from scheduler.specs import expand_units, validate_request
+    from idlegpu.forecast.config import load_config
+    from idlegpu.scheduler.adapters.store import AuditEntry
+    from idlegpu.scheduler.specs import expand_units, validate_request
 
     settings = load_config(data=yaml.safe_load(CONFIG.read_text(encoding="utf-8")))
     per, done, batch = 250, 0, 0

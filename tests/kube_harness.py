@@ -28,11 +28,11 @@ import numpy as np
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from scheduler.adapters.kubernetes import KubernetesCluster
-from scheduler.adapters.store import JobStore
-from scheduler.controller import Controller, PassReport
-from scheduler.specs import expand_units, validate_request
-from scheduler.types import FreeProfile, PolicySettings, ServingSignals
+from idlegpu.scheduler.adapters.kubernetes import KubernetesCluster
+from idlegpu.scheduler.adapters.store import JobStore
+from idlegpu.scheduler.controller import Controller, PassReport
+from idlegpu.scheduler.specs import expand_units, validate_request
+from idlegpu.scheduler.types import FreeProfile, PolicySettings, ServingSignals
 
 REPLAY_START = datetime(2026, 1, 28, 11, 0, tzinfo=UTC)  # 20:00 in Seoul
 GRACE_S = 20  # terminationGracePeriodSeconds of checkpointing jobs here

@@ -3,7 +3,7 @@
     with PromServer.from_history(history, workdir) as prom:
         ... prom.url ...
 
-The history is written as OpenMetrics (``forecast.sources.openmetrics``), loaded with
+The history is written as OpenMetrics (``idlegpu.forecast.sources.openmetrics``), loaded with
 ``promtool tsdb create-blocks-from openmetrics`` into a fresh data directory, and served by
 ``prometheus`` on a free loopback port with no scrape targets. Needs Debian's ``prometheus``
 package (``apt-get install prometheus``), which brings both binaries.
@@ -23,7 +23,7 @@ from typing import Self
 
 import pandas as pd
 
-from forecast.sources.openmetrics import write_openmetrics
+from idlegpu.forecast.sources.openmetrics import write_openmetrics
 
 INSTALL_HINT = (
     "install Debian's Prometheus: apt-get update && DEBIAN_FRONTEND=noninteractive "

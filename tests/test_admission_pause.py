@@ -24,14 +24,14 @@ from test_api_plan import NOW, token
 from test_controller import T0, setup  # noqa: F401 - the fixture
 from test_controller import states as unit_states
 
-import scheduler.adapters.store as store_mod
-from scheduler.adapters.store import AuditEntry, JobStore
-from scheduler.api import create_app
-from scheduler.cli import main
-from scheduler.daemon import Daemon
-from scheduler.ports import JobPhase
-from scheduler.specs import expand_units, validate_request
-from scheduler.types import JobState, ServingSignals
+import idlegpu.scheduler.adapters.store as store_mod
+from idlegpu.scheduler.adapters.store import AuditEntry, JobStore
+from idlegpu.scheduler.api import create_app
+from idlegpu.scheduler.cli import main
+from idlegpu.scheduler.daemon import Daemon
+from idlegpu.scheduler.ports import JobPhase
+from idlegpu.scheduler.specs import expand_units, validate_request
+from idlegpu.scheduler.types import JobState, ServingSignals
 
 V5_TABLES = {"admission_control", "daemon_status", "ended_sessions"}
 
@@ -123,7 +123,7 @@ def test_pause_and_resume_are_audited_and_idempotent(url):
 
 
 def test_replica_statuses_and_ended_sessions(url):
-    from scheduler.adapters.store import DaemonStatus
+    from idlegpu.scheduler.adapters.store import DaemonStatus
 
     with JobStore(url) as store:
         for minute in (0, 1):  # inserted, then updated in place

@@ -16,9 +16,9 @@ import pytest
 import yaml
 from api_server import T0, ApiServer, Client, MovableClock, api_settings, job
 
-from scheduler.adapters.store import SCHEMA_VERSION, AuditEntry, JobStore
-from scheduler.api import create_app
-from scheduler.api.auth import new_token, token_sha256
+from idlegpu.scheduler.adapters.store import SCHEMA_VERSION, AuditEntry, JobStore
+from idlegpu.scheduler.api import create_app
+from idlegpu.scheduler.api.auth import new_token, token_sha256
 
 
 @dataclass

@@ -15,7 +15,7 @@ import requests
 from api_server import free_port
 
 REPO = Path(__file__).resolve().parents[1]
-IDLEGPU = [sys.executable, "-c", "from scheduler.cli import main; main()"]
+IDLEGPU = [sys.executable, "-c", "from idlegpu.scheduler.cli import main; main()"]
 
 
 def test_serve_token_and_run_on_one_machine(tmp_path):

@@ -13,9 +13,9 @@ from api_server import ApiServer, MovableClock, api_settings
 from hypothesis import HealthCheck, given, settings
 from test_limits import request_texts
 
-from scheduler.adapters.store import AuditEntry, JobStore
-from scheduler.api import create_app
-from scheduler.api.auth import new_token, token_sha256
+from idlegpu.scheduler.adapters.store import AuditEntry, JobStore
+from idlegpu.scheduler.api import create_app
+from idlegpu.scheduler.api.auth import new_token, token_sha256
 
 
 @pytest.fixture(scope="module")

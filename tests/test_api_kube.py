@@ -11,8 +11,8 @@ from collections.abc import Iterator
 import pytest
 from api_server import ApiServer, Client, MovableClock, api_settings, job
 
-from scheduler.adapters.store import JobStore
-from scheduler.api import create_app
+from idlegpu.scheduler.adapters.store import JobStore
+from idlegpu.scheduler.api import create_app
 
 
 def sa_token(kube, namespace: str, name: str, *, create: bool = True) -> str:
@@ -115,7 +115,7 @@ def test_an_unreachable_api_server_is_503_not_401(tmp_path):
     import kubernetes
     from api_server import free_port
 
-    from scheduler.api.tokenreview import TokenReviewer
+    from idlegpu.scheduler.api.tokenreview import TokenReviewer
 
     configuration = kubernetes.client.Configuration()
     configuration.host = f"http://127.0.0.1:{free_port()}"  # nothing listens there

@@ -18,12 +18,12 @@ import pytest
 import yaml
 from api_server import IMAGE, ApiServer, Client, MovableClock
 
-from forecast.config import load_config
-from forecast.sources import read_history
-from scheduler.adapters.store import AuditEntry, JobStore
-from scheduler.api import create_app
-from scheduler.api.auth import new_token, token_sha256
-from scheduler.api.forecasts import Forecasts
+from idlegpu.forecast.config import load_config
+from idlegpu.forecast.sources import read_history
+from idlegpu.scheduler.adapters.store import AuditEntry, JobStore
+from idlegpu.scheduler.api import create_app
+from idlegpu.scheduler.api.auth import new_token, token_sha256
+from idlegpu.scheduler.api.forecasts import Forecasts
 
 REPO = Path(__file__).resolve().parents[1]
 HISTORY = REPO / "data/sample/history.parquet"
@@ -259,7 +259,7 @@ def test_prometheus_down_is_a_503(tmp_path):
     store = JobStore(f"sqlite:///{tmp_path / 'down.db'}")
 
     def down(start, end):
-        from forecast.errors import SourceUnavailableError
+        from idlegpu.forecast.errors import SourceUnavailableError
 
         raise SourceUnavailableError("Prometheus at http://localhost:9 refused the connection")
 
@@ -304,8 +304,8 @@ def test_the_wait_reason_speaks_for_the_whole_horizon():
 
     import numpy as np
 
-    from scheduler.plan import plan_ahead
-    from scheduler.types import FreeProfile, PolicySettings, RunningJob, WaitingJob
+    from idlegpu.scheduler.plan import plan_ahead
+    from idlegpu.scheduler.types import FreeProfile, PolicySettings, RunningJob, WaitingJob
 
     t0 = datetime(2026, 1, 28, 9, 0, tzinfo=UTC)  # 18:00 in Seoul
     # 2 h of nothing free, then 12 h of 16 free, then nothing

@@ -11,10 +11,10 @@ import pytest
 import sqlalchemy as sa
 from api_server import T0, api_settings, job
 
-import scheduler.adapters.store as store_mod
-from scheduler.adapters.store import AuditEntry, JobStore
-from scheduler.specs import expand_units, validate_request
-from scheduler.types import JobState
+import idlegpu.scheduler.adapters.store as store_mod
+from idlegpu.scheduler.adapters.store import AuditEntry, JobStore
+from idlegpu.scheduler.specs import expand_units, validate_request
+from idlegpu.scheduler.types import JobState
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

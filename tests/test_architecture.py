@@ -25,13 +25,15 @@ def test_import_contracts_hold():
 
 
 def test_contracts_catch_a_violation(tmp_path):
-    for part in ("forecast", "scheduler", "pyproject.toml"):
-        src = REPO / part
-        (shutil.copytree if src.is_dir() else shutil.copy)(src, tmp_path / part)
-    (tmp_path / "forecast" / "leak.py").write_text(
-        "import scheduler.cli\nimport prometheus_api_client\n"
+    # the copy is laid out as installed (idlegpu/forecast, idlegpu/scheduler), found first
+    # through PYTHONPATH, ahead of the editable install's mapping of the real folders
+    shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
+    for part in ("forecast", "scheduler"):
+        shutil.copytree(REPO / part, tmp_path / "idlegpu" / part)
+    (tmp_path / "idlegpu" / "forecast" / "leak.py").write_text(
+        "import idlegpu.scheduler.cli\nimport prometheus_api_client\n"
     )
     result = lint(tmp_path)
     assert result.returncode != 0
-    assert "forecast.leak -> scheduler.cli" in result.stdout
-    assert "forecast.leak -> prometheus_api_client" in result.stdout
+    assert "idlegpu.forecast.leak -> idlegpu.scheduler.cli" in result.stdout
+    assert "idlegpu.forecast.leak -> prometheus_api_client" in result.stdout

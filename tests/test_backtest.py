@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 from forecast_data import TZ, replica_history
 
-from forecast.backtest import (
+from idlegpu.forecast.backtest import (
     CALIBRATED,
     OVER,
     UNDER,
@@ -17,8 +17,8 @@ from forecast.backtest import (
     verdict,
     window_quality,
 )
-from forecast.errors import HistoryError
-from forecast.models import make_model
+from idlegpu.forecast.errors import HistoryError
+from idlegpu.forecast.models import make_model
 
 
 def test_daily_cutoffs_are_local_evenings_with_an_observed_horizon():
@@ -107,7 +107,7 @@ def test_changing_the_future_does_not_change_a_forecast(name):
 
 
 def test_window_quality_in_gpu_hours():
-    from forecast.config import load_config
+    from idlegpu.forecast.config import load_config
 
     settings = load_config(
         data={

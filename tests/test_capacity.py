@@ -4,7 +4,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from forecast.capacity import (
+from idlegpu.forecast.capacity import (
     daily_idle_gpu_hours,
     hourly_idle_profile,
     idle_depth_summary,
@@ -13,8 +13,8 @@ from forecast.capacity import (
     pool_usage,
     typical_night,
 )
-from forecast.config import load_config
-from forecast.errors import ConfigError, HistoryError
+from idlegpu.forecast.config import load_config
+from idlegpu.forecast.errors import ConfigError, HistoryError
 
 
 def settings(tz="UTC"):

@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 from matplotlib.image import imread
 
-from forecast.sources import read_history
-from scheduler.cli import main
+from idlegpu.forecast.sources import read_history
+from idlegpu.scheduler.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "data" / "sample" / "history.parquet"

@@ -114,7 +114,7 @@ def test_the_dry_run_manifest_and_decisions_show_markup_verbatim(tmp_path, cli):
 
 
 def test_plain_writes_control_characters_out():
-    from scheduler.cli import plain
+    from idlegpu.scheduler.cli import plain
 
     assert plain("a\x1b[2Jb\x07\tc\n") == "a\\x1b[2Jb\\x07\tc\n"
     assert plain(MARKUP) == MARKUP
@@ -123,7 +123,7 @@ def test_plain_writes_control_characters_out():
 def test_the_manifest_keeps_yaml_line_breaks_in_strings():
     import yaml
 
-    from scheduler.cli import manifest_stream
+    from idlegpu.scheduler.cli import manifest_stream
 
     for value in ("\x85", "a\x85b", "a\u2028b\u2029", MARKUP):
         assert yaml.safe_load(manifest_stream([{"v": value, value: 1}])) == {"v": value, value: 1}

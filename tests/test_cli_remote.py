@@ -12,18 +12,18 @@ import requests
 import yaml
 from api_server import ApiServer, MovableClock, api_settings, job
 
-from forecast.errors import PermanentError
-from scheduler.adapters.api_client import (
+from idlegpu.forecast.errors import PermanentError
+from idlegpu.scheduler.adapters.api_client import (
     ApiClient,
     ApiRefused,
     ApiUnavailable,
     Credential,
     find_credential,
 )
-from scheduler.adapters.store import AuditEntry, JobStore
-from scheduler.api import create_app
-from scheduler.api.auth import new_token, token_sha256
-from scheduler.cli import main
+from idlegpu.scheduler.adapters.store import AuditEntry, JobStore
+from idlegpu.scheduler.api import create_app
+from idlegpu.scheduler.api.auth import new_token, token_sha256
+from idlegpu.scheduler.cli import main
 
 
 @pytest.fixture
@@ -184,7 +184,7 @@ def test_an_unreachable_server_is_exit_1_with_what_to_do(tmp_path, capsys, monke
     client = ApiClient(url, Credential("t", "test"), sleep=lambda s: None, timeout_s=2)
     with pytest.raises(ApiUnavailable, match="after 3 tries"):
         client.units()
-    monkeypatch.setattr("scheduler.adapters.api_client.time.sleep", lambda s: None)
+    monkeypatch.setattr("idlegpu.scheduler.adapters.api_client.time.sleep", lambda s: None)
     code, _, err = run(capsys, "submit", str(request_file(tmp_path)), "--server", url)
     assert code == 1 and "--idempotency-key" in err
 

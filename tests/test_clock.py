@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from scheduler.clock import (
+from idlegpu.scheduler.clock import (
     Clock,
     FunctionClock,
     ReplayClock,

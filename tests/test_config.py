@@ -3,9 +3,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from forecast.config import load_config
-from forecast.errors import ConfigError
-from forecast.synthetic import SAMPLE_POOL
+from idlegpu.forecast.config import load_config
+from idlegpu.forecast.errors import ConfigError
+from idlegpu.forecast.synthetic import SAMPLE_POOL
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from forecast.config import MAX_CONFIG_DEPTH, load_config
-from forecast.errors import ConfigError
+from idlegpu.forecast.config import MAX_CONFIG_DEPTH, load_config
+from idlegpu.forecast.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "idlegpu.yaml"

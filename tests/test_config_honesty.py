@@ -15,10 +15,10 @@ import pytest
 import yaml
 from forecast_data import TZ, replica_history
 
-from forecast.calendar import SUNDAY_OR_HOLIDAY, WORKING_DAY, HolidayCalendar, day_types
-from forecast.config import PoolConfig, load_config
-from forecast.errors import ConfigError
-from forecast.models import model_for
+from idlegpu.forecast.calendar import SUNDAY_OR_HOLIDAY, WORKING_DAY, HolidayCalendar, day_types
+from idlegpu.forecast.config import PoolConfig, load_config
+from idlegpu.forecast.errors import ConfigError
+from idlegpu.forecast.models import model_for
 
 REPO = Path(__file__).resolve().parents[1]
 QS = [0.5]
@@ -56,12 +56,12 @@ def error_lines(err: str) -> list[str]:
 @pytest.fixture
 def no_fitting(monkeypatch):
     """Any model fitted fails the test: the checks must come before."""
-    import forecast.models
+    import idlegpu.forecast.models
 
     def refuse(*args, **kwargs):
         raise AssertionError("a model was built before the options were checked")
 
-    monkeypatch.setattr(forecast.models, "model_for", refuse)
+    monkeypatch.setattr(idlegpu.forecast.models, "model_for", refuse)
 
 
 # ------------------------------------------------------------------ the config-in-use line
@@ -219,9 +219,9 @@ def test_holidays_off_kr_and_us_change_the_forecast():
 
 
 def test_gbm_prophet_and_the_analysis_use_the_same_calendar():
-    from forecast.analysis import analyze_pool
-    from forecast.models.gbm_model import GBMForecaster
-    from forecast.models.prophet_model import ProphetForecaster
+    from idlegpu.forecast.analysis import analyze_pool
+    from idlegpu.forecast.models.gbm_model import GBMForecaster
+    from idlegpu.forecast.models.prophet_model import ProphetForecaster
 
     settings = load_config(data=pool_data(holiday_country="KR",
                                           custom_holidays=["2025-11-12"]))

@@ -319,8 +319,8 @@ def test_the_validate_route_expands_without_storing(console_server):
 def test_behind_the_trusted_proxy_the_login_is_automatic(tmp_path):
     from api_server import ApiServer, MovableClock, api_settings
 
-    from scheduler.adapters.store import JobStore
-    from scheduler.api import create_app
+    from idlegpu.scheduler.adapters.store import JobStore
+    from idlegpu.scheduler.api import create_app
 
     store = JobStore(f"sqlite:///{tmp_path / 'proxy.db'}")
     settings = api_settings(trusted_proxies=["127.0.0.1/32"], identities=[
@@ -357,10 +357,10 @@ def test_old_live_signals_are_shown_red(tmp_path, browser):
     from api_server import ApiServer, MovableClock
     from test_api_plan import HISTORY, NOW, settings_for, token
 
-    from forecast.sources import read_history
-    from scheduler.adapters.store import JobStore
-    from scheduler.api import create_app
-    from scheduler.api.forecasts import Forecasts
+    from idlegpu.forecast.sources import read_history
+    from idlegpu.scheduler.adapters.store import JobStore
+    from idlegpu.scheduler.api import create_app
+    from idlegpu.scheduler.api.forecasts import Forecasts
 
     history = read_history(HISTORY)
     history = history[history["ds"] <= pd.Timestamp(NOW) - pd.Timedelta(minutes=20)]

@@ -36,9 +36,16 @@ def test_a_wheel_ships_the_examples_and_the_installed_console_lists_them(tmp_pat
     wanted = {p.name: p.read_bytes() for p in EXAMPLES.glob("*.yaml")}
     assert wanted
     with zipfile.ZipFile(wheel) as archive:
-        shipped = {Path(n).name: archive.read(n) for n in archive.namelist()
+        names = archive.namelist()
+        shipped = {Path(n).name: archive.read(n) for n in names
                    if "/data/share/idlegpu/examples/jobs/" in n}
     assert shipped == wanted
+    # the package under its namespace only: no top-level forecast/ or scheduler/
+    version = wheel.name.split("-")[1]
+    assert {n.split("/")[0] for n in names} == {
+        "idlegpu", f"idlegpu-{version}.data", f"idlegpu-{version}.dist-info"}
+    assert {"idlegpu/forecast/__init__.py", "idlegpu/scheduler/console/templates/base.html",
+            "idlegpu/scheduler/console/static/console.css"} <= set(names)
 
     # installed into an empty virtual environment of its own (pip run for it with --python):
     # never into the environment running the tests, whose idlegpu pip would uninstall first
@@ -59,7 +66,7 @@ def test_a_wheel_ships_the_examples_and_the_installed_console_lists_them(tmp_pat
     probe = (
         "import json, sys\n"
         "sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in repr(f)]\n"
-        "from scheduler.console import routes\n"
+        "from idlegpu.scheduler.console import routes\n"
         "print(json.dumps({'module': routes.__file__, 'checkout': routes.EXAMPLES.is_dir(),\n"
         "                  'examples': routes._examples()}))\n")
     env = {**os.environ, "PYTHONPATH": str(site)}

@@ -27,9 +27,9 @@ from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.ui import Select, WebDriverWait
 from test_api_plan import NOW, settings_for, token
 
-from scheduler.adapters.store import DaemonStatus, JobStore
-from scheduler.api import create_app
-from scheduler.console.session import COOKIE
+from idlegpu.scheduler.adapters.store import DaemonStatus, JobStore
+from idlegpu.scheduler.api import create_app
+from idlegpu.scheduler.console.session import COOKIE
 
 SHOTS = Path(os.environ.get("IDLEGPU_CONSOLE_SHOTS") or tempfile.mkdtemp(prefix="console-shots-"))
 PAUSED = "admission is paused by olga since Wed 28 Jan 17:00 KST: node upgrade tonight"

@@ -29,8 +29,8 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 from test_api_plan import HISTORY, NOW, settings_for
 
-from forecast.sources import read_history
-from scheduler.reports import format_hours, format_money, format_share
+from idlegpu.forecast.sources import read_history
+from idlegpu.scheduler.reports import format_hours, format_money, format_share
 
 REPO = Path(__file__).resolve().parents[1]
 MONTH = "2026-01"
@@ -63,7 +63,7 @@ def night_runs(seed: int = 7) -> pd.DataFrame:
 
 def write_report(root: Path, reports: Path) -> Path:
     """``idlegpu report`` (the CLI in-process) into ``reports/2026-01``; its directory."""
-    from scheduler.cli import main
+    from idlegpu.scheduler.cli import main
 
     runs = root / "runs.csv"
     night_runs().to_csv(runs, index=False)
@@ -131,7 +131,7 @@ def test_logged_out_the_reports_pages_redirect_to_the_login(site):
 
 def test_the_accuracy_page_computes_off_the_request_and_shows_each_services_coverage(site):
     """The first test to ask for the accuracy (of 3 evenings): it is not computed yet."""
-    from scheduler.reports import forecast_check_days
+    from idlegpu.scheduler.reports import forecast_check_days
 
     console, _, driver, _ = site
     login(driver, console.url, console.tokens["olga"], f"/reports/accuracy?days={DAYS}")
@@ -290,7 +290,7 @@ def test_the_files_route_serves_only_the_months_own_files(site):
 def test_a_history_too_short_for_the_window_says_so():
     from jinja2 import Environment, PackageLoader, select_autoescape
 
-    from scheduler.console.report_pages import AccuracyChecks, accuracy_view
+    from idlegpu.scheduler.console.report_pages import AccuracyChecks, accuracy_view
 
     settings = settings_for(Path(tempfile.gettempdir()))
     history = read_history(HISTORY)
@@ -303,7 +303,7 @@ def test_a_history_too_short_for_the_window_says_so():
         time.sleep(0.05)
     assert state.check is None and "does not cover 2026-01-25 to 2026-01-27" in state.error
     assert checks.get(DAYS) is state  # kept for the day: it cannot be made
-    env = Environment(loader=PackageLoader("scheduler.console", "templates"),
+    env = Environment(loader=PackageLoader("idlegpu.scheduler.console", "templates"),
                       autoescape=select_autoescape(["html"]))
     view = accuracy_view(state, settings, lambda when, seconds=False: str(when))
     view.update(ahead=0, finished_at=None, query="")
@@ -312,8 +312,8 @@ def test_a_history_too_short_for_the_window_says_so():
 
 
 def test_an_accuracy_that_failed_for_a_passing_reason_is_tried_again():
-    from forecast.errors import SourceUnavailableError
-    from scheduler.console.report_pages import AccuracyChecks
+    from idlegpu.forecast.errors import SourceUnavailableError
+    from idlegpu.scheduler.console.report_pages import AccuracyChecks
 
     calls = []
 

@@ -6,12 +6,12 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 import pytest
 
-from forecast.errors import TemporaryError
-from scheduler.adapters.store import JobStore
-from scheduler.controller import Controller
-from scheduler.ports import ClusterJob, JobPhase, StopKind
-from scheduler.specs import expand_units, validate_request
-from scheduler.types import FreeProfile, JobState, PolicySettings, ServingSignals
+from idlegpu.forecast.errors import TemporaryError
+from idlegpu.scheduler.adapters.store import JobStore
+from idlegpu.scheduler.controller import Controller
+from idlegpu.scheduler.ports import ClusterJob, JobPhase, StopKind
+from idlegpu.scheduler.specs import expand_units, validate_request
+from idlegpu.scheduler.types import FreeProfile, JobState, PolicySettings, ServingSignals
 
 T0 = datetime(2026, 1, 28, 11, 0, tzinfo=UTC)  # 20:00 in Seoul
 H = timedelta(hours=1)
@@ -373,7 +373,7 @@ def test_a_unit_no_node_can_place_fails_after_the_cap(setup):
 
 def test_the_daemon_rechecks_each_unit_before_creating_its_job(setup):
     store, cluster, signals, controller, _ = setup
-    from scheduler.specs import SpecError
+    from idlegpu.scheduler.specs import SpecError
 
     def refuse_datagen(row):
         if row.kind == "datagen":

@@ -11,13 +11,13 @@ import pandas as pd
 import pytest
 from test_regimes import pool
 
-from forecast.capacity import FREE, forecast_pool_usage
-from forecast.config import load_config
-from forecast.synthetic import generate_pool_history
-from scheduler.coverage import Promise, binomial_cdf, coverage_bound, in_use, score
-from scheduler.daemon import Daemon, ForecastProvider
-from scheduler.refresh import Refresher
-from scheduler.replay import forecast_free
+from idlegpu.forecast.capacity import FREE, forecast_pool_usage
+from idlegpu.forecast.config import load_config
+from idlegpu.forecast.synthetic import generate_pool_history
+from idlegpu.scheduler.coverage import Promise, binomial_cdf, coverage_bound, in_use, score
+from idlegpu.scheduler.daemon import Daemon, ForecastProvider
+from idlegpu.scheduler.refresh import Refresher
+from idlegpu.scheduler.replay import forecast_free
 
 REPO = Path(__file__).resolve().parents[1]
 TZ = "Asia/Seoul"

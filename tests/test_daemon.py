@@ -8,8 +8,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from test_controller import T0, setup  # noqa: F401  (the fixture)
 
-from scheduler.clock import ReplayClock
-from scheduler.daemon import Daemon, wait_until
+from idlegpu.scheduler.clock import ReplayClock
+from idlegpu.scheduler.daemon import Daemon, wait_until
 
 
 def test_scheduled_passes_metrics_and_health(setup):  # noqa: F811
@@ -142,7 +142,7 @@ def test_a_replay_writes_last_months_report_on_the_replayed_1st(setup):  # noqa:
 def test_the_forecast_is_refreshed_when_a_refresh_hour_passed_and_failures_keep_it(setup):  # noqa: F811
     from datetime import timedelta
 
-    from forecast.errors import SourceUnavailableError
+    from idlegpu.forecast.errors import SourceUnavailableError
 
     _, _, _, controller, _ = setup
     made: list[datetime] = []
@@ -182,9 +182,9 @@ def test_night_only_mode_offers_nothing_by_day():
     import numpy as np
     import pandas as pd
 
-    from forecast.config import load_config
-    from forecast.sources import read_history
-    from scheduler.daemon import ForecastProvider
+    from idlegpu.forecast.config import load_config
+    from idlegpu.forecast.sources import read_history
+    from idlegpu.scheduler.daemon import ForecastProvider
 
     settings = load_config(REPO / "idlegpu.yaml")
     night = settings.model_copy(update={"daemon": settings.daemon.model_copy(
@@ -206,8 +206,8 @@ def test_the_daemon_writes_last_months_report_from_the_store(tmp_path, setup):  
     import csv
     from datetime import timedelta
 
-    from forecast.config import load_config
-    from scheduler.daemon import write_last_month_report
+    from idlegpu.forecast.config import load_config
+    from idlegpu.scheduler.daemon import write_last_month_report
 
     store, _, _, controller, _ = setup
     settings = load_config(REPO / "idlegpu.yaml")
@@ -231,7 +231,7 @@ def test_the_daemon_writes_last_months_report_from_the_store(tmp_path, setup):  
 def test_a_pass_that_cannot_run_is_counted_and_turns_health_red(setup):  # noqa: F811
     from datetime import timedelta
 
-    from scheduler.adapters.store import StoreUnavailableError
+    from idlegpu.scheduler.adapters.store import StoreUnavailableError
 
     store, _, _, controller, _ = setup
     clock = {"now": T0}
@@ -306,7 +306,7 @@ def test_a_standby_runs_no_pass_but_keeps_its_forecast_and_is_healthy(setup):  #
 
 
 def test_a_standby_that_becomes_leader_refreshes_before_its_first_pass(setup):  # noqa: F811
-    from forecast.errors import SourceUnavailableError
+    from idlegpu.forecast.errors import SourceUnavailableError
 
     _, cluster, _, controller, _ = setup
     clock = {"now": T0}

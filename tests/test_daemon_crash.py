@@ -23,10 +23,10 @@ from pathlib import Path
 import pytest
 from fake_kube import FakeKube
 
-from scheduler.adapters.kubernetes import job_name
-from scheduler.adapters.store import JobStore
-from scheduler.daemon import wait_until
-from scheduler.types import JobState
+from idlegpu.scheduler.adapters.kubernetes import job_name
+from idlegpu.scheduler.adapters.store import JobStore
+from idlegpu.scheduler.daemon import wait_until
+from idlegpu.scheduler.types import JobState
 
 REPO = Path(__file__).resolve().parents[1]
 NS = "idlegpu-jobs"
@@ -56,7 +56,8 @@ def start_daemon(tmp_path: Path, kubeconfig: Path, store: str, log_name: str):
     }
     log = (tmp_path / log_name).open("w")
     return subprocess.Popen(
-        [sys.executable, "-m", "scheduler.cli", "run", "--config", str(REPO / "idlegpu.yaml"),
+        [sys.executable, "-m", "idlegpu.scheduler.cli", "run",
+         "--config", str(REPO / "idlegpu.yaml"),
          "--history", str(REPO / "data/sample/history.parquet"), "--now", EVENING,
          "--speed", "60", "--store", store, "--runs", str(REPO / "data/sample/runs.csv")],
         cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT,

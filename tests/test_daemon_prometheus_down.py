@@ -44,19 +44,19 @@ from kubernetes.client.exceptions import ApiException
 from prom_server import start_scraping
 from test_vllm_signals import TEMPLATES, Exporter, vllm_pages
 
-from forecast.config import load_config
-from scheduler.adapters.kubernetes import (
+from idlegpu.forecast.config import load_config
+from idlegpu.scheduler.adapters.kubernetes import (
     ANN_STOP_KIND,
     ANN_STOP_REASON,
     ANN_STOPPED_AT,
     KubernetesCluster,
 )
-from scheduler.adapters.store import JobStore
-from scheduler.adapters.vllm import PrometheusSignals
-from scheduler.controller import Controller, PassReport
-from scheduler.daemon import Daemon, wait_until
-from scheduler.specs import expand_units, validate_request
-from scheduler.types import Action, FreeProfile, JobState, PolicySettings
+from idlegpu.scheduler.adapters.store import JobStore
+from idlegpu.scheduler.adapters.vllm import PrometheusSignals
+from idlegpu.scheduler.controller import Controller, PassReport
+from idlegpu.scheduler.daemon import Daemon, wait_until
+from idlegpu.scheduler.specs import expand_units, validate_request
+from idlegpu.scheduler.types import Action, FreeProfile, JobState, PolicySettings
 
 priority_classes = kube_harness.priority_classes  # the Jobs' PriorityClass (fixture)
 

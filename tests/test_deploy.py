@@ -90,7 +90,7 @@ def test_both_namespaces_enforce_the_restricted_pod_security_standard():
 
 
 def test_the_deployed_config_is_the_sample_pool_run_in_cluster(monkeypatch):
-    from forecast.config import ENV_PREFIX, load_config
+    from idlegpu.forecast.config import ENV_PREFIX, load_config
 
     for name in [n for n in os.environ if n.startswith(ENV_PREFIX)]:
         monkeypatch.delenv(name)
@@ -130,7 +130,7 @@ def test_the_deployed_config_is_the_sample_pool_run_in_cluster(monkeypatch):
 
 
 def test_secrets_reach_the_daemon_only_through_the_environment():
-    from forecast.config import PrometheusConfig
+    from idlegpu.forecast.config import PrometheusConfig
 
     env = {e["name"]: e for e in daemon_container()["env"]}
     assert "bearer_token" in PrometheusConfig.model_fields  # IDLEGPU_PROMETHEUS__BEARER_TOKEN
@@ -304,7 +304,7 @@ def test_idlegpu_system_admits_only_prometheus_and_the_daemon():
 
 def inference_namespace() -> str:
     """The vLLM Deployments' namespace, as the deployed config's replicas query names it."""
-    from forecast.config import load_config
+    from idlegpu.forecast.config import load_config
 
     query = load_config(DEPLOY / "idlegpu.yaml").query_templates["replicas"].query
     (namespace,) = re.findall(r'namespace="([^"]+)"', query)
@@ -338,7 +338,7 @@ def test_grafana_dashboard_uses_the_daemon_metrics():
 
 
 def test_the_job_api_runs_two_replicas_on_the_daemons_store_and_config(monkeypatch):
-    from forecast.config import ENV_PREFIX, load_config
+    from idlegpu.forecast.config import ENV_PREFIX, load_config
 
     for name in [n for n in os.environ if n.startswith(ENV_PREFIX)]:
         monkeypatch.delenv(name)

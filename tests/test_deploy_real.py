@@ -306,7 +306,7 @@ def test_the_node_view_with_a_real_token(daemon_api):
     deployed ClusterRole alone; the same token may not change a node."""
     from kubernetes import client
 
-    from scheduler.adapters.kubernetes import KubernetesCluster
+    from idlegpu.scheduler.adapters.kubernetes import KubernetesCluster
 
     view = KubernetesCluster(daemon_api, namespace=JOBS, retries=0).nodes(NOW)
     assert view.observed_at == NOW  # a control plane without kubelets may have no node
@@ -362,9 +362,9 @@ def test_the_job_api_authenticates_researchers_with_its_deployed_rbac(
     import requests
     from api_server import ApiServer, MovableClock, api_settings
 
-    from scheduler.adapters.store import JobStore
-    from scheduler.api import create_app
-    from scheduler.api.tokenreview import TokenReviewer
+    from idlegpu.scheduler.adapters.store import JobStore
+    from idlegpu.scheduler.api import create_app
+    from idlegpu.scheduler.api.tokenreview import TokenReviewer
 
     kube = kube_control_plane
     api_token = kube.kubectl("create", "token", API_ACCOUNT, "-n", SYSTEM,
@@ -402,9 +402,9 @@ def test_the_job_api_authenticates_researchers_with_its_deployed_rbac(
 
 def _daemon_job() -> dict[str, Any]:
     """The Job the daemon builds for a unit, from the deployed config's cluster: section."""
-    from forecast.config import load_config
-    from scheduler.adapters.kubernetes import KubernetesCluster
-    from scheduler.types import UnitSpec
+    from idlegpu.forecast.config import load_config
+    from idlegpu.scheduler.adapters.kubernetes import KubernetesCluster
+    from idlegpu.scheduler.types import UnitSpec
 
     settings = load_config(DEPLOY / "idlegpu.yaml")
     c = settings.cluster

@@ -14,12 +14,18 @@ from hypothesis import given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from forecast.config import load_config
-from scheduler.policy import decide
-from scheduler.reports import useful
-from scheduler.simulate import SimJob, simulate, trace_jobs
-from scheduler.specs import SpecError, TraceEntry, expand_units, resize_unit, validate_request
-from scheduler.types import (
+from idlegpu.forecast.config import load_config
+from idlegpu.scheduler.policy import decide
+from idlegpu.scheduler.reports import useful
+from idlegpu.scheduler.simulate import SimJob, simulate, trace_jobs
+from idlegpu.scheduler.specs import (
+    SpecError,
+    TraceEntry,
+    expand_units,
+    resize_unit,
+    validate_request,
+)
+from idlegpu.scheduler.types import (
     Action,
     FreeProfile,
     PolicySettings,
@@ -91,7 +97,7 @@ def test_min_gpus_errors_name_the_field_and_the_fix(over, field, words):
 
 
 def test_the_elastic_example_is_valid_and_elastic():
-    from scheduler.specs import load_request
+    from idlegpu.scheduler.specs import load_request
     units = expand_units(load_request(REPO / "examples/jobs/sft-elastic.yaml"))
     assert units and all(u.min_gpus is not None and u.min_gpus < u.gpus for u in units
                          if u.step == "sft")
@@ -343,8 +349,8 @@ def test_an_elastic_job_whose_window_closes_shrinks_to_what_stays_free():
 
 
 def test_the_daemon_rechecks_min_gpus_on_a_stored_unit():
-    from forecast.config import AdmissionConfig
-    from scheduler.specs import recheck_unit
+    from idlegpu.forecast.config import AdmissionConfig
+    from idlegpu.scheduler.specs import recheck_unit
 
     (unit,) = expand_units(validate_request(request()))
     recheck_unit(unit, "alignment", AdmissionConfig())
@@ -380,7 +386,7 @@ def test_a_shrunk_job_stops_before_its_smaller_window_closes_or_stops_now_withou
        st.integers(1, 40))
 @hsettings(max_examples=300, deadline=None)
 def test_a_cover_frees_the_need_exactly_when_it_shrinks_and_never_costs_more(jobs, need):
-    from scheduler.policy import _cover, _shrink_cost, _stop_cost, _victims
+    from idlegpu.scheduler.policy import _cover, _shrink_cost, _stop_cost, _victims
 
     running_jobs = [running(f"j{i}", g, since_ckpt_h=h, min_gpus=max(1, g // 2) if e else None,
                             priority=p) for i, (g, h, e, p) in enumerate(jobs)]

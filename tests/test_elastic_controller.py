@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from test_controller import T0, MemoryCluster, Signals
 
-from scheduler.adapters.store import AttemptOutcome, JobStore, TransitionRefusedError
-from scheduler.controller import Controller
-from scheduler.ports import JobPhase, StopKind
-from scheduler.specs import expand_units, validate_request
-from scheduler.types import EventKind, FreeProfile, JobState, PolicySettings, ServingSignals
+from idlegpu.scheduler.adapters.store import AttemptOutcome, JobStore, TransitionRefusedError
+from idlegpu.scheduler.controller import Controller
+from idlegpu.scheduler.ports import JobPhase, StopKind
+from idlegpu.scheduler.specs import expand_units, validate_request
+from idlegpu.scheduler.types import EventKind, FreeProfile, JobState, PolicySettings, ServingSignals
 
 MIN = timedelta(minutes=1)
 ELASTIC = {
@@ -87,7 +87,7 @@ def test_a_live_shortfall_shrinks_the_job_and_its_next_attempt_runs_on_fewer_gpu
     assert store.team_gpu_hours(T0 + 83 * MIN, 86400) == {
         "alignment": pytest.approx((8 * 21 + 5 * 61) / 60)}
     # the monthly report's run table counts each attempt at the GPUs it held
-    from scheduler.reports import runs_from_store
+    from idlegpu.scheduler.reports import runs_from_store
     runs = runs_from_store(store, T0 + 90 * MIN)
     assert list(zip(runs["gpus"], runs["outcome"], strict=True)) == [(8, "stopped"),
                                                                      (5, "finished")]
@@ -165,7 +165,7 @@ def test_a_cancel_during_a_shrink_cancels_instead_of_restarting(setup):
 def test_a_version_2_store_gains_shrink_to_and_keeps_its_units(tmp_path, monkeypatch):
     import sqlalchemy as sa
 
-    from scheduler.adapters import store as store_mod
+    from idlegpu.scheduler.adapters import store as store_mod
 
     url = f"sqlite:///{tmp_path / 'old.db'}"
     with monkeypatch.context() as m:

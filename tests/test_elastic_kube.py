@@ -12,8 +12,8 @@ import numpy as np
 from kube_harness import request, submit
 from kubernetes.client.exceptions import ApiException
 
-from scheduler.adapters.store import AttemptOutcome
-from scheduler.types import Action, JobState
+from idlegpu.scheduler.adapters.store import AttemptOutcome
+from idlegpu.scheduler.types import Action, JobState
 
 pool, priority_classes = kube_harness.pool, kube_harness.priority_classes
 

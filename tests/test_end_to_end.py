@@ -28,11 +28,11 @@ from fake_kube import FakeKube
 from kube_harness import record_requests, submit
 from kubernetes.client.exceptions import ApiException
 
-from scheduler.adapters.kubernetes import KubernetesCluster
-from scheduler.adapters.store import JobStore
-from scheduler.controller import Controller
-from scheduler.specs import expand_units, validate_request
-from scheduler.types import FreeProfile, JobState, PolicySettings, ServingSignals
+from idlegpu.scheduler.adapters.kubernetes import KubernetesCluster
+from idlegpu.scheduler.adapters.store import JobStore
+from idlegpu.scheduler.controller import Controller
+from idlegpu.scheduler.specs import expand_units, validate_request
+from idlegpu.scheduler.types import FreeProfile, JobState, PolicySettings, ServingSignals
 
 # the daemon on simulated GPU nodes of each test (fixtures of tests/kube_harness.py)
 pool, priority_classes = kube_harness.pool, kube_harness.priority_classes

@@ -13,9 +13,9 @@ import pytest
 import requests
 from prom_server import serve_openmetrics
 
-from forecast.config import load_config
-from forecast.sources import prometheus
-from forecast.sources.prometheus import decode_matrix, fetch_history
+from idlegpu.forecast.config import load_config
+from idlegpu.forecast.sources import prometheus
+from idlegpu.forecast.sources.prometheus import decode_matrix, fetch_history
 
 T0 = 1_735_689_600  # 2025-01-01T00:00:00Z
 STEP = 60

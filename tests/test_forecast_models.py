@@ -5,10 +5,10 @@ import pandas as pd
 import pytest
 from forecast_data import TZ, continuous_history, daily_pattern, replica_history
 
-from forecast.config import load_config
-from forecast.errors import HistoryError
-from forecast.models import make_model, model_for, quantile_columns
-from forecast.models.auto import AutoForecaster
+from idlegpu.forecast.config import load_config
+from idlegpu.forecast.errors import HistoryError
+from idlegpu.forecast.models import make_model, model_for, quantile_columns
+from idlegpu.forecast.models.auto import AutoForecaster
 
 QS = [0.1, 0.5, 0.9]
 

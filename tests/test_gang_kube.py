@@ -18,7 +18,7 @@ from kube_harness import request, submit
 from kubernetes.client.exceptions import ApiException
 from test_end_to_end import daemon_credentials
 
-from scheduler.types import Action, EventKind, JobState
+from idlegpu.scheduler.types import Action, EventKind, JobState
 
 pool, priority_classes = kube_harness.pool, kube_harness.priority_classes
 inference = kube_harness.inference
@@ -226,12 +226,12 @@ def test_a_planned_stop_stops_the_whole_gang_and_the_resume_restarts_it_from_the
 
 def test_jobset_is_detected_through_discovery_and_the_log_says_indexed_jobs_are_used(
         kube_control_plane, caplog) -> None:
-    from scheduler.adapters.kubernetes import KubernetesCluster
+    from idlegpu.scheduler.adapters.kubernetes import KubernetesCluster
 
     client = kube_control_plane.api_client()
     cluster = KubernetesCluster(client, namespace="default")
     assert cluster.jobset_available() is False  # a bare 1.36 control plane serves none
-    with caplog.at_level("INFO", logger="scheduler.adapters.kubernetes"):
+    with caplog.at_level("INFO", logger="idlegpu.scheduler.adapters.kubernetes"):
         cluster._say_which_gang_api()
     assert "multi-node units run as Indexed Jobs with a headless Service (no JobSet API" in (
         caplog.text)
@@ -253,7 +253,7 @@ def test_jobset_is_detected_through_discovery_and_the_log_says_indexed_jobs_are_
             time.sleep(0.3)
         fresh = KubernetesCluster(client, namespace="default")
         caplog.clear()
-        with caplog.at_level("INFO", logger="scheduler.adapters.kubernetes"):
+        with caplog.at_level("INFO", logger="idlegpu.scheduler.adapters.kubernetes"):
             fresh._say_which_gang_api()
         assert "the JobSet API (jobset.x-k8s.io) is installed, but multi-node units run as " \
                "Indexed Jobs" in caplog.text

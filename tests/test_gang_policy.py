@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from test_nodes import FRESH, GI, SETTINGS, T0, H, profile  # the node tests' pool and clock
 
-from scheduler.policy import decide
-from scheduler.types import (
+from idlegpu.scheduler.policy import decide
+from idlegpu.scheduler.types import (
     Action,
     FreeProfile,
     NodeState,
@@ -117,12 +117,12 @@ def test_the_controller_rolls_back_a_gang_not_all_bound_and_fails_it_after_the_a
 
     from test_controller import MemoryCluster, Signals
 
-    from forecast.config import NodeShape
-    from scheduler.adapters.store import JobStore
-    from scheduler.controller import Controller
-    from scheduler.ports import JobPhase
-    from scheduler.specs import expand_units, validate_request
-    from scheduler.types import JobState
+    from idlegpu.forecast.config import NodeShape
+    from idlegpu.scheduler.adapters.store import JobStore
+    from idlegpu.scheduler.controller import Controller
+    from idlegpu.scheduler.ports import JobPhase
+    from idlegpu.scheduler.specs import expand_units, validate_request
+    from idlegpu.scheduler.types import JobState
 
     store = JobStore(f"sqlite:///{tmp_path / 'jobs.db'}")
     data = {"name": "pretrain", "team": "nlp", "kind": "training",

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from forecast.config import AdmissionConfig, NodeShape
-from scheduler.adapters.store import spec_from_json, spec_to_json
-from scheduler.specs import (
+from idlegpu.forecast.config import AdmissionConfig, NodeShape
+from idlegpu.scheduler.adapters.store import spec_from_json, spec_to_json
+from idlegpu.scheduler.specs import (
     SpecError,
     expand_units,
     load_request,
@@ -136,10 +136,10 @@ def test_the_job_api_checks_and_splits_against_the_pools_node_shapes(tmp_path):
     """The job API (a real uvicorn server) validates with the server's pool.nodes."""
     from api_server import ApiServer, Client, MovableClock
 
-    from forecast.config import load_config
-    from scheduler.adapters.store import AuditEntry, JobStore
-    from scheduler.api import create_app
-    from scheduler.api.auth import new_token, token_sha256
+    from idlegpu.forecast.config import load_config
+    from idlegpu.scheduler.adapters.store import AuditEntry, JobStore
+    from idlegpu.scheduler.api import create_app
+    from idlegpu.scheduler.api.auth import new_token, token_sha256
 
     settings = load_config(data={
         "pool": {"name": "test-pool", "total_gpus": 64, "timezone": "UTC",

@@ -15,19 +15,19 @@ import pandas as pd
 import pytest
 from test_controller import REQUEST, MemoryCluster
 
-from forecast.capacity import FREE, pool_usage
-from forecast.config import load_config
-from forecast.sources import read_history
-from scheduler.adapters.store import JobStore
-from scheduler.controller import Controller
-from scheduler.daemon import ForecastProvider
-from scheduler.policy import decide, policy_settings
-from scheduler.ports import JobPhase
-from scheduler.replay import HistorySignals, forecast_profile
-from scheduler.runtime import RuntimeEstimator, load_runs
-from scheduler.simulate import POLICIES, forecast_profiles_for, simulate, trace_jobs
-from scheduler.specs import expand_units, load_trace, validate_request
-from scheduler.types import Action, ServingSignals
+from idlegpu.forecast.capacity import FREE, pool_usage
+from idlegpu.forecast.config import load_config
+from idlegpu.forecast.sources import read_history
+from idlegpu.scheduler.adapters.store import JobStore
+from idlegpu.scheduler.controller import Controller
+from idlegpu.scheduler.daemon import ForecastProvider
+from idlegpu.scheduler.policy import decide, policy_settings
+from idlegpu.scheduler.ports import JobPhase
+from idlegpu.scheduler.replay import HistorySignals, forecast_profile
+from idlegpu.scheduler.runtime import RuntimeEstimator, load_runs
+from idlegpu.scheduler.simulate import POLICIES, forecast_profiles_for, simulate, trace_jobs
+from idlegpu.scheduler.specs import expand_units, load_trace, validate_request
+from idlegpu.scheduler.types import Action, ServingSignals
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "data" / "sample"
@@ -232,7 +232,7 @@ def test_decide_admits_nothing_into_a_hole_and_stops_nothing_for_it(holey, setti
             ends = d.stop_by or now + timedelta(seconds=job.runtime_s)
             assert ends + timedelta(seconds=config.grace_s) <= hole_at, (now, d)
     # a running job right before the hole: nothing stops it for the hole (it is no demand)
-    from scheduler.types import RunningJob
+    from idlegpu.scheduler.types import RunningJob
 
     running = RunningJob("r", "t", 8, 0, at(LONG_END), True, 6 * 3600,
                          last_checkpoint_at=at(LONG_END))

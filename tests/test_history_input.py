@@ -10,9 +10,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from forecast.errors import HistoryError
-from forecast.schema import validate_history
-from forecast.sources import read_history
+from idlegpu.forecast.errors import HistoryError
+from idlegpu.forecast.schema import validate_history
+from idlegpu.forecast.sources import read_history
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "data" / "sample" / "history.parquet"
@@ -70,8 +70,8 @@ def test_analyze_refuses_negative_replicas_instead_of_counting_them_idle(tmp_pat
     frame.loc[frame.index[replicas][:100], "y"] = -5.0
     path = tmp_path / "negative.csv"
     frame.to_csv(path, index=False)
-    done = subprocess.run([sys.executable, "-m", "scheduler.cli", "analyze", "-c", str(CONFIG),
-                           "-H", str(path)], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-m", "idlegpu.scheduler.cli", "analyze",
+                           "-c", str(CONFIG), "-H", str(path)], capture_output=True, text=True,
                           timeout=300, check=False)
     assert done.returncode != 0
     assert "Traceback" not in done.stderr + done.stdout

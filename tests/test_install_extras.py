@@ -20,7 +20,7 @@ class _Absent:
             raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
         return None
 sys.meta_path.insert(0, _Absent())
-from scheduler.cli import main
+from idlegpu.scheduler.cli import main
 main(sys.argv[1:])
 """
 

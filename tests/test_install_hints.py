@@ -6,13 +6,13 @@ import builtins
 
 import pytest
 
-from forecast.errors import PermanentError
+from idlegpu.forecast.errors import PermanentError
 
 
 @pytest.mark.parametrize("module, loader, blocked", [
-    ("forecast.models.mstl_model", "_import_mstl", "statsmodels"),
-    ("forecast.models.gbm_model", "_import_hgb", "sklearn"),
-    ("forecast.models.prophet_model", "_import_prophet", "prophet"),
+    ("idlegpu.forecast.models.mstl_model", "_import_mstl", "statsmodels"),
+    ("idlegpu.forecast.models.gbm_model", "_import_hgb", "sklearn"),
+    ("idlegpu.forecast.models.prophet_model", "_import_prophet", "prophet"),
 ])
 def test_a_missing_reference_model_says_pip_install_the_models_extra(module, loader, blocked,
                                                                     monkeypatch):

@@ -13,17 +13,17 @@ from pathlib import Path
 
 import pytest
 
-from forecast.config import AdmissionConfig, load_config
-from forecast.errors import ConfigError
-from scheduler.adapters.store import JobStore, spec_from_json, spec_to_json
-from scheduler.specs import (
+from idlegpu.forecast.config import AdmissionConfig, load_config
+from idlegpu.forecast.errors import ConfigError
+from idlegpu.scheduler.adapters.store import JobStore, spec_from_json, spec_to_json
+from idlegpu.scheduler.specs import (
     RECHECK_PREFIX,
     SpecError,
     expand_units,
     recheck_unit,
     validate_request,
 )
-from scheduler.types import EnvFromSource, EnvKeyRef, UnitSpec, UnitVolume
+from idlegpu.scheduler.types import EnvFromSource, EnvKeyRef, UnitSpec, UnitVolume
 
 REPO = Path(__file__).resolve().parents[1]
 IMAGE = "registry.example.com/research/trainer:1.4.2"

@@ -29,15 +29,15 @@ import pytest
 from kube_harness import record_requests
 from kubernetes.client.exceptions import ApiException
 
-from forecast.errors import PermanentError
-from scheduler.adapters.kubernetes import (
+from idlegpu.forecast.errors import PermanentError
+from idlegpu.scheduler.adapters.kubernetes import (
     ClusterPermissionError,
     ClusterRejectedError,
     JobConflictError,
     KubernetesCluster,
 )
-from scheduler.ports import JobPhase, StopKind
-from scheduler.types import UnitSpec
+from idlegpu.scheduler.ports import JobPhase, StopKind
+from idlegpu.scheduler.types import UnitSpec
 
 priority_classes = kube_harness.priority_classes  # the Jobs' best-effort PriorityClass (fixture)
 

@@ -26,9 +26,9 @@ import pytest
 import yaml
 from kubernetes.client.exceptions import ApiException
 
-from scheduler.adapters.kubernetes import ANN_UNIT_ID, LABEL_ATTEMPT, SELECTOR
-from scheduler.adapters.store import JobStore
-from scheduler.types import JobState
+from idlegpu.scheduler.adapters.kubernetes import ANN_UNIT_ID, LABEL_ATTEMPT, SELECTOR
+from idlegpu.scheduler.adapters.store import JobStore
+from idlegpu.scheduler.types import JobState
 
 REPO = Path(__file__).resolve().parents[1]
 EVENING = "2026-01-28T20:00:00+09:00"
@@ -59,7 +59,7 @@ class Replica:
                "IDLEGPU_DAEMON__METRICS_PORT": str(self.port)}
         self._log = self.log_path.open("w")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "scheduler.cli", "run", "--config", str(config),
+            [sys.executable, "-m", "idlegpu.scheduler.cli", "run", "--config", str(config),
              "--history", str(REPO / "data/sample/history.parquet"), "--now", EVENING,
              "--speed", "60", "--store", store, "--runs", str(REPO / "data/sample/runs.csv")],
             cwd=workdir, env=env, stdout=self._log, stderr=subprocess.STDOUT,

@@ -1,4 +1,4 @@
-"""Leader election (``scheduler.adapters.lease``) on a REAL kube-apiserver's Leases.
+"""Leader election (``idlegpu.scheduler.adapters.lease``) on a REAL kube-apiserver's Leases.
 
 Short timings keep it quick: a 3 s lease, a 2 s renew deadline, a 0.5 s retry period (the
 daemon's defaults are 15/10/2; the algorithm is the same)."""
@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from scheduler.adapters.lease import LeaderElector
+from idlegpu.scheduler.adapters.lease import LeaderElector
 
 DURATION, DEADLINE, RETRY = 3.0, 2.0, 0.5
 JITTERED = RETRY * 2.2  # the longest wait between a candidate's tries

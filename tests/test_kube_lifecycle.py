@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 from kube_harness import REPLAY_START, request, submit
 
-from scheduler.adapters.kubernetes import KubernetesCluster
-from scheduler.controller import Controller
-from scheduler.specs import expand_units, validate_request
-from scheduler.types import JobState
+from idlegpu.scheduler.adapters.kubernetes import KubernetesCluster
+from idlegpu.scheduler.controller import Controller
+from idlegpu.scheduler.specs import expand_units, validate_request
+from idlegpu.scheduler.types import JobState
 
 # the daemon on simulated GPU nodes of each test (fixtures of tests/kube_harness.py)
 pool, priority_classes = kube_harness.pool, kube_harness.priority_classes
@@ -236,8 +236,8 @@ def test_two_daemons_in_one_namespace_never_touch_each_others_jobs(pool) -> None
 
 
 def test_a_pvc_off_the_teams_allow_list_is_refused_at_submit_and_by_the_daemon(pool) -> None:
-    from forecast.config import AdmissionConfig
-    from scheduler.specs import SpecError, recheck_unit
+    from idlegpu.forecast.config import AdmissionConfig
+    from idlegpu.scheduler.specs import SpecError, recheck_unit
 
     daemon, sim = pool()
     data = request("mounts", volumes=[{"name": "data", "mount_path": "/data",

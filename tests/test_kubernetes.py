@@ -19,8 +19,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from fake_kube import FakeKube
 
-from forecast.errors import PermanentError, TemporaryError
-from scheduler.adapters.kubernetes import (
+from idlegpu.forecast.errors import PermanentError, TemporaryError
+from idlegpu.scheduler.adapters.kubernetes import (
     ClusterUnavailableError,
     KubernetesCluster,
     UnsafeManifestError,
@@ -28,8 +28,8 @@ from scheduler.adapters.kubernetes import (
     job_name,
     label_value,
 )
-from scheduler.ports import Cluster, JobPhase, StopKind
-from scheduler.types import EnvFromSource, EnvKeyRef, UnitSpec, UnitVolume
+from idlegpu.scheduler.ports import Cluster, JobPhase, StopKind
+from idlegpu.scheduler.types import EnvFromSource, EnvKeyRef, UnitSpec, UnitVolume
 
 NS = "research"
 NOW = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
@@ -321,8 +321,8 @@ def test_the_sft_volumes_example_becomes_a_valid_job(cluster: KubernetesCluster)
     the pod security check accept, with every volume and reference in place."""
     from pathlib import Path
 
-    from forecast.config import AdmissionConfig
-    from scheduler.specs import expand_units, load_request, recheck_unit
+    from idlegpu.forecast.config import AdmissionConfig
+    from idlegpu.scheduler.specs import expand_units, load_request, recheck_unit
 
     kubernetes_validate = pytest.importorskip("kubernetes_validate")
     admission = AdmissionConfig(team_volumes={
@@ -361,7 +361,7 @@ def test_apply_survives_a_lost_create_response(kube: FakeKube,
 def test_dry_run_makes_no_api_call(kube: FakeKube, caplog: pytest.LogCaptureFixture) -> None:
     """fake API server: counting requests on the server's side (a dry run sends none)."""
     cluster = cluster_for(kube, dry_run=True)
-    with caplog.at_level(logging.INFO, logger="scheduler.adapters.kubernetes"):
+    with caplog.at_level(logging.INFO, logger="idlegpu.scheduler.adapters.kubernetes"):
         name = cluster.apply("req7-0-1", 1, make_spec(), team="nlp", stop_by=None, now=NOW)
         cluster.stop(name, reason="test", kind=StopKind.PREEMPT, now=NOW)
     assert name == "idlegpu-req7-0-1-a1"

@@ -22,8 +22,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from forecast.config import AdmissionConfig, RequestLimits
-from scheduler.specs import (
+from idlegpu.forecast.config import AdmissionConfig, RequestLimits
+from idlegpu.scheduler.specs import (
     JobRequest,
     SpecError,
     expand_units,

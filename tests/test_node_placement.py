@@ -1,11 +1,11 @@
-"""The placement model (forecast.nodes) and the simulator on nodes (spread vs bin-pack)."""
+"""The placement model (idlegpu.forecast.nodes) and the simulator on nodes (spread vs bin-pack)."""
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from forecast.config import load_config
-from forecast.nodes import (
+from idlegpu.forecast.config import load_config
+from idlegpu.forecast.nodes import (
     BINPACK,
     SPREAD,
     ServicePlacement,
@@ -13,7 +13,7 @@ from forecast.nodes import (
     usable_gpus,
     whole_free_nodes,
 )
-from scheduler.simulate import SimJob, simulate
+from idlegpu.scheduler.simulate import SimJob, simulate
 
 TZ = "Asia/Seoul"
 START = pd.Timestamp("2026-01-05 00:00", tz=TZ)  # a Monday
@@ -302,7 +302,7 @@ def test_analyze_without_node_shapes_says_so_and_keeps_its_output(tmp_path, cli)
 
 
 def test_the_report_has_the_idle_capacity_by_job_size(tmp_path, pool):
-    from scheduler.reports import build_report, job_size_idle, render_markdown
+    from idlegpu.scheduler.reports import build_report, job_size_idle, render_markdown
 
     settings, history = pool
     runs = run(pool, "oracle", [job(f"e{i}", 8, 6) for i in range(4)], SPREAD).runs

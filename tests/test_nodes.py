@@ -6,12 +6,12 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 from test_controller import REQUEST, MemoryCluster, Signals
 
-from forecast.errors import PermanentError, TemporaryError
-from scheduler.adapters.store import JobStore
-from scheduler.controller import Controller
-from scheduler.policy import decide
-from scheduler.specs import expand_units, validate_request
-from scheduler.types import (
+from idlegpu.forecast.errors import PermanentError, TemporaryError
+from idlegpu.scheduler.adapters.store import JobStore
+from idlegpu.scheduler.controller import Controller
+from idlegpu.scheduler.policy import decide
+from idlegpu.scheduler.specs import expand_units, validate_request
+from idlegpu.scheduler.types import (
     Action,
     FreeProfile,
     NodeState,
@@ -145,7 +145,7 @@ def test_pool_nodes_describe_the_node_shapes():
     import pytest
     from pydantic import ValidationError
 
-    from forecast.config import PoolConfig
+    from idlegpu.forecast.config import PoolConfig
 
     pool = PoolConfig(total_gpus=40, nodes=[
         {"gpus": 8, "cpu": 96, "memory": "1Ti", "labels": {"gpu": "h100"}, "count": 4},
@@ -267,7 +267,7 @@ def test_no_queue_no_node_view_read(tmp_path):
 
 
 def test_taints_our_jobs_do_not_tolerate_keep_a_node_out():
-    from scheduler.adapters.kubernetes import _tolerated
+    from idlegpu.scheduler.adapters.kubernetes import _tolerated
 
     gpu = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
     assert not _tolerated(gpu, [])
@@ -282,7 +282,7 @@ def test_taints_our_jobs_do_not_tolerate_keep_a_node_out():
 
 
 def test_the_adapter_counts_requests_as_the_scheduler_does():
-    from scheduler.adapters.kubernetes import _pod_requests, _quantity
+    from idlegpu.scheduler.adapters.kubernetes import _pod_requests, _quantity
 
     assert _quantity("500m") == 0.5 and _quantity("1Ti") == 2**40 and _quantity("1e3") == 1000
     assert _quantity("1056276Ki") == 1056276 * 1024 and _quantity("junk") == 0
@@ -304,7 +304,7 @@ def test_no_usable_node_says_so():
 
 
 def test_a_dry_run_without_a_cluster_has_no_node_view(tmp_path):
-    from scheduler.adapters.kubernetes import KubernetesCluster
+    from idlegpu.scheduler.adapters.kubernetes import KubernetesCluster
 
     assert KubernetesCluster(None, namespace="research", dry_run=True).nodes() is None
     store, cluster, controller = _daemon(tmp_path, NodeView(()))

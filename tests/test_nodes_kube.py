@@ -17,7 +17,7 @@ import kube_harness
 import kubernetes
 from kube_harness import request, submit
 
-from scheduler.types import Action, JobState
+from idlegpu.scheduler.types import Action, JobState
 
 pool, priority_classes = kube_harness.pool, kube_harness.priority_classes
 inference = kube_harness.inference

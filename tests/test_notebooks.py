@@ -94,13 +94,13 @@ def test_notebooks_are_committed_without_outputs(name):
 def test_notebook_uses_only_public_package_api(name):
     notebook = nbformat.read(NOTEBOOKS / name, as_version=4)
     source = "\n".join(c.source for c in notebook.cells if c.cell_type == "code")
-    imports = re.findall(r"^\s*(?:from|import)\s+((?:forecast|scheduler)[\w.]*)(.*)$", source,
-                         re.MULTILINE)
+    imports = re.findall(r"^\s*(?:from|import)\s+(idlegpu\.(?:forecast|scheduler)[\w.]*)(.*)$",
+                         source, re.MULTILINE)
     assert imports, "the notebook should build on the package"
     for module, rest in imports:
         assert not any(part.startswith("_") for part in module.split(".")), module
         assert not re.search(r"\b_\w+", rest), f"private name imported: {module}{rest}"
-    assert "scheduler.cli" not in source
+    assert "idlegpu.scheduler.cli" not in source
 
 
 def _text(output) -> str:

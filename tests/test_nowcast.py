@@ -6,9 +6,9 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 import pytest
 
-from forecast.config import AdmissionConfig
-from scheduler.policy import decide, nowcast, policy_settings
-from scheduler.types import Action, FreeProfile, PolicySettings, ServingSignals, WaitingJob
+from idlegpu.forecast.config import AdmissionConfig
+from idlegpu.scheduler.policy import decide, nowcast, policy_settings
+from idlegpu.scheduler.types import Action, FreeProfile, PolicySettings, ServingSignals, WaitingJob
 
 T0 = datetime(2018, 4, 11, 4, 0, tzinfo=UTC)  # 21:00 in Los Angeles
 STEP = 300

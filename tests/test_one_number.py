@@ -10,12 +10,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from forecast.config import load_config
-from forecast.sources import read_history
-from scheduler.plan import planning_estimate
-from scheduler.reports import build_report, render_markdown, useful, validate_runs
-from scheduler.simulate import simulate, trace_jobs
-from scheduler.specs import load_trace
+from idlegpu.forecast.config import load_config
+from idlegpu.forecast.sources import read_history
+from idlegpu.scheduler.plan import planning_estimate
+from idlegpu.scheduler.reports import build_report, render_markdown, useful, validate_runs
+from idlegpu.scheduler.simulate import simulate, trace_jobs
+from idlegpu.scheduler.specs import load_trace
 
 REPO = Path(__file__).resolve().parents[1]
 

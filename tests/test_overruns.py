@@ -8,8 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from test_simulate import at, job, pool
 
-import scheduler.simulate as sim
-from scheduler.types import Overruns
+import idlegpu.scheduler.simulate as sim
+from idlegpu.scheduler.types import Overruns
 
 E = 3600.0
 
@@ -124,11 +124,11 @@ def test_the_daemon_learns_the_overruns_from_the_stores_finished_units(tmp_path)
 
     from test_controller import REQUEST, T0, MemoryCluster, Signals
 
-    from scheduler.adapters.store import JobStore
-    from scheduler.controller import Controller
-    from scheduler.ports import JobPhase
-    from scheduler.specs import expand_units, validate_request
-    from scheduler.types import FreeProfile, PolicySettings
+    from idlegpu.scheduler.adapters.store import JobStore
+    from idlegpu.scheduler.controller import Controller
+    from idlegpu.scheduler.ports import JobPhase
+    from idlegpu.scheduler.specs import expand_units, validate_request
+    from idlegpu.scheduler.types import FreeProfile, PolicySettings
 
     raw = {**REQUEST, "sweep": {"shard": list(range(8))}}
     request = validate_request(raw)

@@ -6,8 +6,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from scheduler.plan import plan_ahead
-from scheduler.types import FreeProfile, PolicySettings, WaitingJob
+from idlegpu.scheduler.plan import plan_ahead
+from idlegpu.scheduler.types import FreeProfile, PolicySettings, WaitingJob
 
 REPO = Path(__file__).resolve().parents[1]
 T0 = datetime(2026, 1, 28, 9, 0, tzinfo=UTC)  # 18:00 in Seoul
@@ -70,7 +70,7 @@ def test_plan_command_on_the_sample(tmp_path, cli):
 
 
 def test_plan_without_now_starts_right_after_the_newest_sample(tmp_path, cli):
-    from forecast.sources import read_history
+    from idlegpu.forecast.sources import read_history
 
     history = read_history(REPO / "data/sample/history.parquet")
     last = history[history["ds"] < pd.Timestamp("2026-01-20T09:00:00Z")]
@@ -89,7 +89,7 @@ def test_plan_without_now_starts_right_after_the_newest_sample(tmp_path, cli):
 def test_plan_from_the_store_counts_what_already_runs(tmp_path, cli):
     from datetime import datetime
 
-    from scheduler.adapters.store import JobStore
+    from idlegpu.scheduler.adapters.store import JobStore
 
     store = f"sqlite:///{tmp_path / 'jobs.db'}"
     for name in ("pretrain.yaml", "datagen.yaml"):

@@ -1,5 +1,5 @@
-"""Why a unit waits, for the whole night (``scheduler.plan.wait_reason``): one constructed plan
-per kind of reason, each said once and in words, with its times in the plan's zone; and the
+"""Why a unit waits, for the whole night (``idlegpu.scheduler.plan.wait_reason``): one constructed
+plan per kind of reason, each said once and in words, with its times in the plan's zone; and the
 plan over the queue's head (``plan_ahead``'s ``head``) equal to the plan over all of it."""
 
 from datetime import UTC, datetime, timedelta
@@ -8,8 +8,8 @@ from zoneinfo import ZoneInfo
 import numpy as np
 import pytest
 
-from scheduler.plan import plan_ahead
-from scheduler.types import FreeProfile, PolicySettings, RunningJob, WaitingJob
+from idlegpu.scheduler.plan import plan_ahead
+from idlegpu.scheduler.types import FreeProfile, PolicySettings, RunningJob, WaitingJob
 
 T0 = datetime(2026, 1, 28, 9, 0, tzinfo=UTC)  # Wed 18:00 in Seoul
 SEOUL = ZoneInfo("Asia/Seoul")

@@ -8,10 +8,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from forecast.capacity import pool_usage
-from forecast.config import load_config
-from forecast.errors import ConfigError
-from forecast.planning import (
+from idlegpu.forecast.capacity import pool_usage
+from idlegpu.forecast.config import load_config
+from idlegpu.forecast.errors import ConfigError
+from idlegpu.forecast.planning import (
     RIGHTSIZING_COLUMNS,
     autoscaling_summary,
     night_demand,

@@ -8,8 +8,8 @@ from hypothesis import given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from scheduler.policy import decide
-from scheduler.types import (
+from idlegpu.scheduler.policy import decide
+from idlegpu.scheduler.types import (
     Action,
     FreeProfile,
     PolicySettings,

@@ -17,13 +17,18 @@ import requests
 import yaml
 from prom_server import free_port
 
-from forecast.config import load_config
-from forecast.errors import ConfigError, HistoryError, SourceUnavailableError
-from forecast.schema import SERVICE_METRICS, series_id
-from forecast.sources import read_history
-from forecast.sources.openmetrics import openmetrics_text
-from forecast.sources.prometheus import align_range, counter_rate, fetch_history, plan_chunks
-from scheduler.cli import main
+from idlegpu.forecast.config import load_config
+from idlegpu.forecast.errors import ConfigError, HistoryError, SourceUnavailableError
+from idlegpu.forecast.schema import SERVICE_METRICS, series_id
+from idlegpu.forecast.sources import read_history
+from idlegpu.forecast.sources.openmetrics import openmetrics_text
+from idlegpu.forecast.sources.prometheus import (
+    align_range,
+    counter_rate,
+    fetch_history,
+    plan_chunks,
+)
+from idlegpu.scheduler.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
 STEP = 300

@@ -36,7 +36,7 @@ COMMANDS = _commands_table()
 def test_the_table_lists_every_command_the_cli_has():
     import typer.main
 
-    from scheduler.cli import app
+    from idlegpu.scheduler.cli import app
 
     listed = {c[0] for c in COMMANDS}
     commands = set(typer.main.get_command(app).commands)

@@ -11,10 +11,10 @@ import pandas as pd
 import pytest
 import yaml
 
-from forecast.config import load_config
-from forecast.sources import read_history
-from scheduler.cli import main
-from scheduler.specs import load_trace
+from idlegpu.forecast.config import load_config
+from idlegpu.forecast.sources import read_history
+from idlegpu.scheduler.cli import main
+from idlegpu.scheduler.specs import load_trace
 
 REPO = Path(__file__).resolve().parents[1]
 POOL_DIR = REPO / "data" / "real" / "pool"

@@ -14,9 +14,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from forecast.models.base import prepare_series
-from forecast.schema import validate_history
-from forecast.sources import read_history
+from idlegpu.forecast.models.base import prepare_series
+from idlegpu.forecast.schema import validate_history
+from idlegpu.forecast.sources import read_history
 
 REPO = Path(__file__).resolve().parents[1]
 REAL = REPO / "data" / "real"
@@ -60,7 +60,7 @@ def test_every_trace_is_documented_and_small():
 def test_history_is_valid_with_the_documented_span_and_step(name):
     trace = ft.BY_NAME[name]
     first, last, step, rows, missing = DOCUMENTED[name]
-    history = read_history(REAL / trace.csv)  # validates (forecast.schema)
+    history = read_history(REAL / trace.csv)  # validates (idlegpu.forecast.schema)
     assert list(history.columns) == ["unique_id", "ds", "y"]
     assert sorted(history["unique_id"].unique()) == [f"{name}/replicas", f"{name}/request_rate"]
     series = {s.uid: s for s in prepare_series(history)}

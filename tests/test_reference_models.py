@@ -14,11 +14,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from forecast.errors import HistoryError, PermanentError
-from forecast.models.gbm_model import GBMForecaster
-from forecast.models.mstl_model import MSTLForecaster
-from forecast.models.prophet_model import ProphetForecaster
-from forecast.schema import validate_history
+from idlegpu.forecast.errors import HistoryError, PermanentError
+from idlegpu.forecast.models.gbm_model import GBMForecaster
+from idlegpu.forecast.models.mstl_model import MSTLForecaster
+from idlegpu.forecast.models.prophet_model import ProphetForecaster
+from idlegpu.forecast.schema import validate_history
 
 TZ = "Asia/Seoul"
 STEP = pd.Timedelta(minutes=15)

@@ -1,6 +1,6 @@
 """``auto`` under regime changes: a launch (+40 % step), a surge (+20 %/day for three days),
 ordinary and quiet days that must not be mistaken for one. The synthetic pools come from
-``forecast.synthetic`` (the sample's four services with room to grow), as in
+``idlegpu.forecast.synthetic`` (the sample's four services with room to grow), as in
 bench/regime_bench.py; the bounds asserted are the figures measured, with margin."""
 
 import dataclasses
@@ -10,9 +10,9 @@ import pandas as pd
 import pytest
 from forecast_data import TZ, replica_history
 
-from forecast.models import make_model
-from forecast.models.auto import AutoForecaster
-from forecast.synthetic import SAMPLE_POOL, generate_pool_history
+from idlegpu.forecast.models import make_model
+from idlegpu.forecast.models.auto import AutoForecaster
+from idlegpu.forecast.synthetic import SAMPLE_POOL, generate_pool_history
 
 STATIC = {"level_band": None, "aci_gamma": None}  # auto without its regime handling
 SHIFTS = {

@@ -5,8 +5,8 @@ from datetime import UTC, datetime, timedelta
 import pandas as pd
 import pytest
 
-from forecast.config import load_config
-from scheduler.replay import HistorySignals
+from idlegpu.forecast.config import load_config
+from idlegpu.scheduler.replay import HistorySignals
 
 T0 = datetime(2026, 1, 28, 11, 0, tzinfo=UTC)
 
@@ -50,7 +50,7 @@ def test_gpus_held_by_our_jobs_are_not_idle(source):
 
 
 def test_a_profile_made_just_after_a_sample_covers_the_moment_it_was_made():
-    from scheduler.replay import profile_of
+    from idlegpu.scheduler.replay import profile_of
 
     start = pd.Timestamp("2026-01-28T08:05:00Z")  # the forecast after a sample at 08:00
     free = pd.Series([12.0, 10.0, 8.0], index=pd.date_range(start, periods=3, freq="5min"))

@@ -10,8 +10,8 @@ import pandas as pd
 import typer.main
 from test_reports import run
 
-from scheduler.cli import app
-from scheduler.reports import validate_runs
+from idlegpu.scheduler.cli import app
+from idlegpu.scheduler.reports import validate_runs
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -1,8 +1,8 @@
 """The monthly report's forecast check: per service, the realised coverage of the nightly
-q0.9 forecasts, its verdict, and the evenings the daemon's refresh (``scheduler.refresh``,
+q0.9 forecasts, its verdict, and the evenings the daemon's refresh (``idlegpu.scheduler.refresh``,
 replayed) planned it wider; rendered as a table, a chart and plain words.
 
-The pool is the synthetic one of test_regimes (``forecast.synthetic``, room to grow), stable
+The pool is the synthetic one of test_regimes (``idlegpu.forecast.synthetic``, room to grow), stable
 except ``code``, whose traffic steps up +40 % on Monday 2025-12-08 at 09:00; the bounds
 asserted are the figures measured, with margin."""
 
@@ -16,10 +16,10 @@ import pandas as pd
 import pytest
 from test_coverage import grown_pool_config
 
-from forecast.config import load_config
-from forecast.synthetic import SAMPLE_POOL, generate_pool_history
-from scheduler.refresh import Refresher
-from scheduler.reports import (
+from idlegpu.forecast.config import load_config
+from idlegpu.forecast.synthetic import SAMPLE_POOL, generate_pool_history
+from idlegpu.scheduler.refresh import Refresher
+from idlegpu.scheduler.reports import (
     COVERAGE_CHART,
     DAILY_COVERAGE_COLUMNS,
     SERVICE_COVERAGE_COLUMNS,

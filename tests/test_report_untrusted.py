@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 from test_reports import TZ, run
 
-from scheduler.reports import build_report, validate_runs, write_report
+from idlegpu.scheduler.reports import build_report, validate_runs, write_report
 
 EVIL = ("a$b^{$c", "<script>alert(1)</script>", "<img src=x onerror=alert(1)>", "=1+1",
         "under_score*star~strike~")

@@ -10,9 +10,9 @@ from zoneinfo import ZoneInfo
 import pandas as pd
 import pytest
 
-from forecast.config import ReportConfig, load_config
-from forecast.errors import PermanentError
-from scheduler.reports import (
+from idlegpu.forecast.config import ReportConfig, load_config
+from idlegpu.forecast.errors import PermanentError
+from idlegpu.scheduler.reports import (
     RUN_COLUMNS,
     SUMMARY_COLUMNS,
     Month,
@@ -385,9 +385,9 @@ def test_runs_from_store_maps_attempts():
 def test_forecast_accuracy_of_a_month_uses_only_the_past():
     from pathlib import Path
 
-    from forecast.config import load_config
-    from forecast.sources import read_history
-    from scheduler.reports import ReportError, forecast_accuracy
+    from idlegpu.forecast.config import load_config
+    from idlegpu.forecast.sources import read_history
+    from idlegpu.scheduler.reports import ReportError, forecast_accuracy
 
     repo = Path(__file__).resolve().parents[1]
     settings = load_config(repo / "idlegpu.yaml")

@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from forecast.config import AdmissionConfig
-from scheduler.runtime import (
+from idlegpu.forecast.config import AdmissionConfig
+from idlegpu.scheduler.runtime import (
     RUN_COLUMNS,
     RunHistoryError,
     RuntimeEstimator,
@@ -20,7 +20,7 @@ from scheduler.runtime import (
     sample_runs,
     write_runs,
 )
-from scheduler.types import UnitSpec
+from idlegpu.scheduler.types import UnitSpec
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE_RUNS = REPO / "data" / "sample" / "runs.csv"

@@ -4,9 +4,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from forecast.errors import HistoryError
-from forecast.schema import infer_step, split_series_id, validate_history
-from forecast.sources import read_history, write_history
+from idlegpu.forecast.errors import HistoryError
+from idlegpu.forecast.schema import infer_step, split_series_id, validate_history
+from idlegpu.forecast.sources import read_history, write_history
 
 
 def frame(n=5, uid="chat/replicas"):

@@ -23,12 +23,12 @@ from prom_server import backfill, free_port, stop_process
 from test_controller import T0, setup  # noqa: F401  (the controller fixture)
 from urllib3.exceptions import InsecureRequestWarning
 
-from forecast import redact as redact_module
-from forecast.config import load_config
-from forecast.errors import ConfigError
-from forecast.redact import redact
-from forecast.sources.prometheus import fetch_history
-from scheduler.adapters.vllm import PrometheusSignals
+from idlegpu.forecast import redact as redact_module
+from idlegpu.forecast.config import load_config
+from idlegpu.forecast.errors import ConfigError
+from idlegpu.forecast.redact import redact
+from idlegpu.forecast.sources.prometheus import fetch_history
+from idlegpu.scheduler.adapters.vllm import PrometheusSignals
 
 REPO = Path(__file__).resolve().parents[1]
 IDLEGPU = Path(sys.executable).with_name("idlegpu")
@@ -152,7 +152,7 @@ def test_the_daemon_and_a_pass_never_log_the_password_or_the_token(tmp_path):
 def test_a_daemon_pass_with_log_capture(setup, tmp_path, caplog):  # noqa: F811
     """In process: the Daemon's refresh and passes over PrometheusSignals and fetch_history
     log the outage; captured, no record holds the password or the token."""
-    from scheduler.daemon import Daemon
+    from idlegpu.scheduler.daemon import Daemon
 
     url, shown = _secret_url()
     settings = load_config(_config(tmp_path, url))

@@ -5,9 +5,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from forecast.config import load_config
-from scheduler.reports import useful
-from scheduler.simulate import SimJob, simulate
+from idlegpu.forecast.config import load_config
+from idlegpu.scheduler.reports import useful
+from idlegpu.scheduler.simulate import SimJob, simulate
 
 TZ = "Asia/Seoul"
 START = pd.Timestamp("2026-01-05 00:00", tz=TZ)  # a Monday
@@ -113,10 +113,10 @@ def test_the_oracle_is_an_upper_bound_on_the_sample(days):
     the oracle, and none more than the physical limit."""
     from pathlib import Path
 
-    from forecast.sources import read_history
-    from scheduler.runtime import RuntimeEstimator, load_runs
-    from scheduler.simulate import POLICIES, trace_jobs
-    from scheduler.specs import load_trace
+    from idlegpu.forecast.sources import read_history
+    from idlegpu.scheduler.runtime import RuntimeEstimator, load_runs
+    from idlegpu.scheduler.simulate import POLICIES, trace_jobs
+    from idlegpu.scheduler.specs import load_trace
 
     repo = Path(__file__).resolve().parents[1]
     settings = load_config(repo / "idlegpu.yaml")

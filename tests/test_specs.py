@@ -14,10 +14,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from forecast.config import AdmissionConfig
-from forecast.errors import PermanentError
-from scheduler import sample_jobs
-from scheduler.specs import (
+from idlegpu.forecast.config import AdmissionConfig
+from idlegpu.forecast.errors import PermanentError
+from idlegpu.scheduler import sample_jobs
+from idlegpu.scheduler.specs import (
     JobRequest,
     SpecError,
     TraceEntry,

@@ -18,9 +18,9 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from forecast.errors import PermanentError, TemporaryError
-from scheduler.adapters import store as store_mod
-from scheduler.adapters.store import (
+from idlegpu.forecast.errors import PermanentError, TemporaryError
+from idlegpu.scheduler.adapters import store as store_mod
+from idlegpu.scheduler.adapters.store import (
     METADATA,
     SCHEMA_VERSION,
     SCHEMA_VERSION_TABLE,
@@ -35,7 +35,7 @@ from scheduler.adapters.store import (
     spec_from_json,
     spec_to_json,
 )
-from scheduler.types import EventKind, JobState, UnitSpec
+from idlegpu.scheduler.types import EventKind, JobState, UnitSpec
 
 T0 = datetime(2026, 1, 28, 11, 0, tzinfo=UTC)
 H = timedelta(hours=1)
@@ -730,7 +730,7 @@ test_store_state_machine = StoreMachine.TestCase
 
 
 def test_a_unit_past_its_estimate_has_work_left_from_the_overruns(store):
-    from scheduler.types import Overruns
+    from idlegpu.scheduler.types import Overruns
 
     rid = submit(store, [spec(0, m, gpus=2, checkpointable=False) for m in range(7)])
     # six finished units ran twice their 3 h estimate: 2 h admitted, then 6 h

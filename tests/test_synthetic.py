@@ -7,17 +7,17 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from forecast.capacity import (
+from idlegpu.forecast.capacity import (
     hourly_idle_profile,
     idle_depth_summary,
     nightly_idle,
     pool_usage,
     typical_night,
 )
-from forecast.config import load_config
-from forecast.schema import validate_history
-from forecast.sources import read_history, write_history
-from forecast.synthetic import SAMPLE_POOL, generate_pool_history
+from idlegpu.forecast.config import load_config
+from idlegpu.forecast.schema import validate_history
+from idlegpu.forecast.sources import read_history, write_history
+from idlegpu.forecast.synthetic import SAMPLE_POOL, generate_pool_history
 
 REPO = Path(__file__).resolve().parents[1]
 COMMITTED = REPO / "data" / "sample" / "history.parquet"

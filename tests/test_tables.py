@@ -1,4 +1,4 @@
-"""Every CSV we write follows one convention (forecast.tables): times as ISO 8601 with the
+"""Every CSV we write follows one convention (idlegpu.forecast.tables): times as ISO 8601 with the
 offset, to the second; plain decimals; text that cannot run as a spreadsheet formula."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from forecast.tables import csv_ready, write_csv
+from idlegpu.forecast.tables import csv_ready, write_csv
 
 REPO = Path(__file__).resolve().parents[1]
 OFFSET_TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d\d:\d\d$")

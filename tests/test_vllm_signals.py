@@ -15,10 +15,10 @@ import pytest
 from prom_server import free_port, serve_openmetrics, start_scraping
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
-from forecast.config import Settings, load_config
-from forecast.errors import TemporaryError
-from forecast.sources.openmetrics import openmetrics_text
-from scheduler.adapters.vllm import (
+from idlegpu.forecast.config import Settings, load_config
+from idlegpu.forecast.errors import TemporaryError
+from idlegpu.forecast.sources.openmetrics import openmetrics_text
+from idlegpu.scheduler.adapters.vllm import (
     KV_METRIC,
     KV_METRIC_OLD,
     MetricsEndpointSignals,
@@ -28,7 +28,7 @@ from scheduler.adapters.vllm import (
     parse_vllm_metrics,
     vector_selectors,
 )
-from scheduler.ports import SignalSource
+from idlegpu.scheduler.ports import SignalSource
 
 START = pd.Timestamp("2026-01-05T00:00:00Z")
 STEP = 60

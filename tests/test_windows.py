@@ -4,9 +4,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from forecast.capacity import forecast_pool_usage, idle_windows, windows_frame
-from forecast.config import load_config
-from forecast.errors import ConfigError
+from idlegpu.forecast.capacity import forecast_pool_usage, idle_windows, windows_frame
+from idlegpu.forecast.config import load_config
+from idlegpu.forecast.errors import ConfigError
 
 T0 = pd.Timestamp("2026-01-28T11:00Z")  # 20:00 in Seoul
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from importlib import import_module
 
-from forecast.calendar import HolidayCalendar
-from forecast.config import Settings
-from forecast.models.base import (
+from idlegpu.forecast.calendar import HolidayCalendar
+from idlegpu.forecast.config import Settings
+from idlegpu.forecast.models.base import (
     DEFAULT_QUANTILES,
     MODEL,
     Forecaster,
@@ -19,15 +19,15 @@ from forecast.models.base import (
     quantile_columns,
     validate_quantiles,
 )
-from forecast.schema import REPLICAS, series_id
+from idlegpu.forecast.schema import REPLICAS, series_id
 
 # name -> (module, class); heavy libraries load only when their model is used
 MODELS = {
-    "auto": ("forecast.models.auto", "AutoForecaster"),
-    "seasonal_naive": ("forecast.models.naive", "SeasonalNaiveForecaster"),
-    "prophet": ("forecast.models.prophet_model", "ProphetForecaster"),
-    "statsmodels": ("forecast.models.mstl_model", "MSTLForecaster"),
-    "gbm": ("forecast.models.gbm_model", "GBMForecaster"),
+    "auto": ("idlegpu.forecast.models.auto", "AutoForecaster"),
+    "seasonal_naive": ("idlegpu.forecast.models.naive", "SeasonalNaiveForecaster"),
+    "prophet": ("idlegpu.forecast.models.prophet_model", "ProphetForecaster"),
+    "statsmodels": ("idlegpu.forecast.models.mstl_model", "MSTLForecaster"),
+    "gbm": ("idlegpu.forecast.models.gbm_model", "GBMForecaster"),
 }
 MODEL_NAMES = tuple(MODELS)
 

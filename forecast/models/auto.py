@@ -44,8 +44,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from forecast.calendar import WORKING_DAY, day_types
-from forecast.models.base import (
+from idlegpu.forecast.calendar import WORKING_DAY, day_types
+from idlegpu.forecast.models.base import (
     DAY,
     WEEK,
     Series,

@@ -15,9 +15,9 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import pandas as pd
 
-from forecast.calendar import HolidayCalendar
-from forecast.errors import HistoryError
-from forecast.schema import DS, UNIQUE_ID, Y
+from idlegpu.forecast.calendar import HolidayCalendar
+from idlegpu.forecast.errors import HistoryError
+from idlegpu.forecast.schema import DS, UNIQUE_ID, Y
 
 MODEL = "model"
 DEFAULT_QUANTILES = (0.5, 0.9, 0.95)

@@ -7,7 +7,7 @@ lead time. Features (local calendar of ``timezone``):
 - slot of day: minutes since local midnight;
 - day of week (0 = Monday);
 - day type: working day / Saturday / Sunday or public holiday of ``holiday_country``
-  (``forecast.calendar.day_types``);
+  (``idlegpu.forecast.calendar.day_types``);
 - ``y(t - 7 days)`` and ``y(t - 14 days)`` on the regular grid (NaN where missing: scikit-learn's
   HistGradientBoosting learns where missing values go).
 
@@ -42,9 +42,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from forecast.calendar import day_types
-from forecast.errors import PermanentError
-from forecast.models.base import (
+from idlegpu.forecast.calendar import day_types
+from idlegpu.forecast.errors import PermanentError
+from idlegpu.forecast.models.base import (
     DAY,
     WEEK,
     Series,

@@ -38,8 +38,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from forecast.errors import HistoryError, PermanentError
-from forecast.models.base import (
+from idlegpu.forecast.errors import HistoryError, PermanentError
+from idlegpu.forecast.models.base import (
     DAY,
     WEEK,
     Series,

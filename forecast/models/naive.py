@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from forecast.models.base import (
+from idlegpu.forecast.models.base import (
     WEEK,
     Series,
     SeriesForecaster,

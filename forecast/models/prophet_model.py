@@ -38,8 +38,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from forecast.errors import PermanentError
-from forecast.models.base import (
+from idlegpu.forecast.errors import PermanentError
+from idlegpu.forecast.models.base import (
     DAY,
     Series,
     SeriesForecaster,

@@ -10,8 +10,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from forecast.errors import HistoryError
-from forecast.schema import DS, UNIQUE_ID, Y, validate_history
+from idlegpu.forecast.errors import HistoryError
+from idlegpu.forecast.schema import DS, UNIQUE_ID, Y, validate_history
 
 _CSV_SUFFIXES = (".csv", ".csv.gz", ".csv.bz2", ".csv.zst", ".csv.xz")
 

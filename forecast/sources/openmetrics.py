@@ -39,8 +39,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from forecast.errors import HistoryError
-from forecast.schema import (
+from idlegpu.forecast.errors import HistoryError
+from idlegpu.forecast.schema import (
     DS,
     GENERATION_TOKENS_PER_S,
     KV_CACHE_USAGE,
@@ -56,7 +56,7 @@ from forecast.schema import (
 )
 
 if TYPE_CHECKING:
-    from forecast.config import Settings
+    from idlegpu.forecast.config import Settings
 
 __all__ = ["FAMILIES", "Family", "iter_openmetrics", "openmetrics_text", "write_openmetrics"]
 

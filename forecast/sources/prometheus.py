@@ -39,10 +39,10 @@ from requests.adapters import HTTPAdapter
 from urllib3.exceptions import ReadTimeoutError
 from urllib3.util.retry import Retry
 
-from forecast.config import MetricQuery, Settings
-from forecast.errors import ConfigError, IdlegpuError, SourceUnavailableError
-from forecast.redact import redact, warn_unverified_tls
-from forecast.schema import (
+from idlegpu.forecast.config import MetricQuery, Settings
+from idlegpu.forecast.errors import ConfigError, IdlegpuError, SourceUnavailableError
+from idlegpu.forecast.redact import redact, warn_unverified_tls
+from idlegpu.forecast.schema import (
     DS,
     LIVE_METRICS,
     UNIQUE_ID,

@@ -24,7 +24,7 @@ from typing import Any
 
 import requests
 
-from forecast.errors import PermanentError, TemporaryError
+from idlegpu.forecast.errors import PermanentError, TemporaryError
 
 API_VERSION = "v1"
 TOKEN_ENV = "IDLEGPU_TOKEN"
@@ -82,7 +82,7 @@ def find_credential(token_file: Path | None = None, *,
 def kubeconfig_bearer_token() -> str | None:
     """The bearer token of the current kubeconfig context, if it has one (a token, or an exec
     plugin that yields one); None when there is no kubeconfig or it holds client certificates."""
-    from scheduler.adapters.kubernetes import load_client_configuration
+    from idlegpu.scheduler.adapters.kubernetes import load_client_configuration
 
     try:
         # $KUBECONFIG as it is now (the client library reads it once, when first imported)

@@ -68,9 +68,16 @@ import kubernetes
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from forecast.errors import PermanentError, TemporaryError
-from scheduler.ports import ClusterJob, JobPhase, JobRejectedError, StopKind
-from scheduler.types import EnvFromSource, EnvKeyRef, NodeState, NodeView, UnitSpec, UnitVolume
+from idlegpu.forecast.errors import PermanentError, TemporaryError
+from idlegpu.scheduler.ports import ClusterJob, JobPhase, JobRejectedError, StopKind
+from idlegpu.scheduler.types import (
+    EnvFromSource,
+    EnvKeyRef,
+    NodeState,
+    NodeView,
+    UnitSpec,
+    UnitVolume,
+)
 
 log = logging.getLogger(__name__)
 
@@ -537,7 +544,7 @@ class KubernetesCluster:
                     if var["name"] not in taken]
 
         if gang:
-            from scheduler.specs import memory_per_node
+            from idlegpu.scheduler.specs import memory_per_node
 
             resources = {"cpu": _quantity_cpu(spec.cpu_per_node),
                          "memory": memory_per_node(spec)}

@@ -25,7 +25,8 @@ The semantics are client-go's ``tools/leaderelection`` (the record is the Lease'
 * Release (shutdown): the holder clears ``holderIdentity`` and sets ``leaseDurationSeconds``
   to 1, so a candidate acquires at its next try instead of waiting out the lease.
 
-This module and ``scheduler.adapters.kubernetes`` are the only ones importing ``kubernetes``.
+This module and ``idlegpu.scheduler.adapters.kubernetes`` are the only ones importing
+``kubernetes``.
 """
 
 from __future__ import annotations
@@ -140,7 +141,7 @@ class LeaderElector:
                     in_cluster: bool = False, **kw: Any) -> LeaderElector:
         """Build from a kubeconfig file and context, or the pod's service account (as
         ``KubernetesCluster.from_config``)."""
-        from scheduler.adapters.kubernetes import load_client_configuration
+        from idlegpu.scheduler.adapters.kubernetes import load_client_configuration
 
         return cls(kubernetes.client.ApiClient(
             load_client_configuration(kubeconfig, context, in_cluster)), **kw)

@@ -94,8 +94,8 @@ import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Connection, Engine
 
-from forecast.errors import PermanentError, TemporaryError
-from scheduler.types import EventKind, JobState, Overruns, RunningJob, UnitSpec, WaitingJob
+from idlegpu.forecast.errors import PermanentError, TemporaryError
+from idlegpu.scheduler.types import EventKind, JobState, Overruns, RunningJob, UnitSpec, WaitingJob
 
 # --------------------------------------------------------------------------- errors
 
@@ -206,7 +206,7 @@ class UnitRow:
         fewer GPUs: CPU, memory and ``IDLEGPU_GPUS`` scaled, see ``specs.resize_unit``)."""
         if self.gpus == self.spec.gpus or not self.state.holds_gpus():
             return self.spec
-        from scheduler.specs import resize_unit
+        from idlegpu.scheduler.specs import resize_unit
         return resize_unit(self.spec, self.gpus)
 
     @property
@@ -687,7 +687,7 @@ def spec_from_json(data: Mapping[str, Any]) -> UnitSpec:
     """Inverse of ``spec_to_json``; unknown keys (from a newer writer) are ignored, and keys an
     older writer did not know (volumes, env_from, env_refs, ephemeral storage) take their
     defaults."""
-    from scheduler.types import EnvFromSource, EnvKeyRef, UnitVolume
+    from idlegpu.scheduler.types import EnvFromSource, EnvKeyRef, UnitVolume
 
     def records(kind: type, items: Any) -> tuple[Any, ...]:
         names = {f.name for f in fields(kind)}

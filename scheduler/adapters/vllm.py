@@ -52,17 +52,17 @@ from typing import Any
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from forecast.config import Settings
-from forecast.errors import TemporaryError
-from forecast.redact import redact, warn_unverified_tls
-from forecast.schema import (
+from idlegpu.forecast.config import Settings
+from idlegpu.forecast.errors import TemporaryError
+from idlegpu.forecast.redact import redact, warn_unverified_tls
+from idlegpu.forecast.schema import (
     DESIRED_REPLICAS,
     KV_CACHE_USAGE,
     REPLICAS,
     REQUESTS_RUNNING,
     REQUESTS_WAITING,
 )
-from scheduler.types import ServingSignals
+from idlegpu.scheduler.types import ServingSignals
 
 __all__ = [
     "KV_METRIC",

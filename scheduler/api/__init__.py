@@ -6,6 +6,6 @@ roles. This package sits at the edge: it uses the store adapter and the spec loa
 nothing of the pure core imports it.
 """
 
-from scheduler.api.app import create_app
+from idlegpu.scheduler.api.app import create_app
 
 __all__ = ["create_app"]

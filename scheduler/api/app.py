@@ -3,7 +3,7 @@
 Every answer is JSON. Errors are ``{"error": {"message": "...", "field": "steps.0.gpus"}}``
 with the one-line message the CLI prints for the same problem (``field`` is null when the
 problem is not about one field); bad input is a 4xx, never a traceback. The caller's identity,
-team and role come from ``scheduler.api.auth``; ``submitted_at`` is this server's clock.
+team and role come from ``idlegpu.scheduler.api.auth``; ``submitted_at`` is this server's clock.
 """
 
 
@@ -22,8 +22,8 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from forecast.config import Settings
-from scheduler.adapters.store import (
+from idlegpu.forecast.config import Settings
+from idlegpu.scheduler.adapters.store import (
     MAX_PAUSE_REASON,
     AuditEntry,
     InvalidRequestError,
@@ -35,12 +35,12 @@ from scheduler.adapters.store import (
     UnknownJobError,
     spec_to_json,
 )
-from scheduler.api.auth import MEMBER, OPERATOR, ApiError, Authenticator, Identity, Reviewer
-from scheduler.api.forecasts import RETRY_AFTER_S, Forecasts, ForecastUnavailable
-from scheduler.api.reads import Reads, add_read_routes, paused_reason
-from scheduler.clock import Clock, as_clock
-from scheduler.specs import SpecError, load_request_text, validate_request
-from scheduler.types import EventKind, JobState
+from idlegpu.scheduler.api.auth import MEMBER, OPERATOR, ApiError, Authenticator, Identity, Reviewer
+from idlegpu.scheduler.api.forecasts import RETRY_AFTER_S, Forecasts, ForecastUnavailable
+from idlegpu.scheduler.api.reads import Reads, add_read_routes, paused_reason
+from idlegpu.scheduler.clock import Clock, as_clock
+from idlegpu.scheduler.specs import SpecError, load_request_text, validate_request
+from idlegpu.scheduler.types import EventKind, JobState
 
 log = logging.getLogger("idlegpu.api")
 
@@ -103,7 +103,7 @@ def create_app(settings: Settings, store: JobStore, *,
     api = settings.api
     now = as_clock(clock)
     if api.token_review.enabled and reviewer is None:
-        from scheduler.api.tokenreview import TokenReviewer
+        from idlegpu.scheduler.api.tokenreview import TokenReviewer
 
         reviewer = TokenReviewer.from_config(api.token_review)
     authenticator = Authenticator(api, store, reviewer)
@@ -174,7 +174,7 @@ def create_app(settings: Settings, store: JobStore, *,
 
     # -- identity ---------------------------------------------------------------------------
 
-    app.state.console_caller = None  # set by scheduler.console: its session cookie
+    app.state.console_caller = None  # set by idlegpu.scheduler.console: its session cookie
 
     def caller(request: Request) -> Identity:
         address = request.client.host if request.client else None
@@ -282,7 +282,7 @@ def create_app(settings: Settings, store: JobStore, *,
         kind, body = await read_body(request)
 
         def work() -> tuple[int, dict[str, Any]]:
-            from scheduler.specs import expand_units
+            from idlegpu.scheduler.specs import expand_units
 
             job = parse_request(kind, body)
             if job.team != who.team:
@@ -321,7 +321,7 @@ def create_app(settings: Settings, store: JobStore, *,
         kind, body = await read_body(request)
 
         def work() -> dict[str, Any]:
-            from scheduler.specs import expand_units
+            from idlegpu.scheduler.specs import expand_units
 
             job = parse_request(kind, body)
             if job.team != who.team:
@@ -573,7 +573,7 @@ def create_app(settings: Settings, store: JobStore, *,
                 "admission": admission_json(store.admission())}
 
     add_read_routes(app, reads, caller, f"/{API_VERSION}")
-    from scheduler.console import add_console
+    from idlegpu.scheduler.console import add_console
 
     add_console(app, settings, store, authenticator, reads, now.now)
     return app

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
-from forecast.config import ApiConfig, IdentityMapping
+from idlegpu.forecast.config import ApiConfig, IdentityMapping
 
 log = logging.getLogger("idlegpu.api")
 

@@ -1,4 +1,4 @@
-"""The job API's forecast: the daemon's refresh (``scheduler.daemon.ForecastProvider``, the
+"""The job API's forecast: the daemon's refresh (``idlegpu.scheduler.daemon.ForecastProvider``, the
 one ``idlegpu run`` uses), cached so that reading the plan, the windows or the forecast twice
 does not refit twice.
 
@@ -42,8 +42,8 @@ class ServerForecast:
     """One cached refresh: the ``Refresh``, the profile the daemon plans on (night-only
     applied), the hour it is kept for and the newest history sample it was fitted on."""
 
-    refresh: object  # scheduler.refresh.Refresh
-    profile: object  # scheduler.types.FreeProfile
+    refresh: object  # idlegpu.scheduler.refresh.Refresh
+    profile: object  # idlegpu.scheduler.types.FreeProfile
     key: datetime
     history_until: datetime
 
@@ -66,7 +66,7 @@ class Forecasts:
     def __init__(self, settings, frame: pd.DataFrame | None = None, *,
                  stale_after: timedelta = STALE_AFTER,
                  fetch: Callable[[datetime, datetime], pd.DataFrame] | None = None) -> None:
-        from scheduler.daemon import ForecastProvider
+        from idlegpu.scheduler.daemon import ForecastProvider
 
         self.settings = settings
         self.frame = frame
@@ -81,7 +81,7 @@ class Forecasts:
         self._times = None if frame is None else _sample_times(frame)
 
     def describe(self) -> str:
-        from forecast.redact import redact
+        from idlegpu.forecast.redact import redact
 
         return ("Prometheus at " + redact(self.settings.prometheus.url) if self.frame is None
                 else "a recorded history (replayed at the server's clock)")
@@ -107,7 +107,7 @@ class Forecasts:
         return made
 
     def _refresh(self, now: datetime, key: datetime) -> ServerForecast:
-        from forecast.errors import IdlegpuError
+        from idlegpu.forecast.errors import IdlegpuError
 
         frame = self.frame
         if frame is None:
@@ -116,7 +116,7 @@ class Forecasts:
                 if self.fetch is not None:
                     frame = self.fetch(start, now)
                 else:
-                    from forecast.sources.prometheus import fetch_history
+                    from idlegpu.forecast.sources.prometheus import fetch_history
 
                     frame = fetch_history(self.settings, start, now)
             except Exception as exc:  # noqa: BLE001  (any failure of the source: a clear 503)
@@ -152,7 +152,7 @@ class Forecasts:
 
 
 def _sample_times(frame: pd.DataFrame) -> np.ndarray:
-    from forecast.schema import DS, REPLICAS, metric_rows
+    from idlegpu.forecast.schema import DS, REPLICAS, metric_rows
 
     replicas = metric_rows(frame, REPLICAS)
     stamps = pd.to_datetime(replicas[DS], utc=True).dt.tz_localize(None)

@@ -2,7 +2,7 @@
 /v1/plan``), the idle windows (``/v1/windows``), the forecast as data (``/v1/forecast``), the
 monthly reports (``/v1/reports``) and the plan of one unit (for ``GET /v1/units/{id}``).
 
-The plan is ``scheduler.plan.tonight`` over the server's forecast (``Forecasts``, cached per
+The plan is ``idlegpu.scheduler.plan.tonight`` over the server's forecast (``Forecasts``, cached per
 clock hour) and the store's queue: the same computation as ``idlegpu plan``. Every answer on
 the forecast carries ``made_at`` (when the forecast was made, the server's clock) and
 ``forecast_age_s``; times are ISO 8601 with their offset, in the pool's time zone.
@@ -22,8 +22,8 @@ from fastapi import Depends, FastAPI, Query
 from fastapi.responses import PlainTextResponse
 from starlette.concurrency import run_in_threadpool
 
-from scheduler.api.auth import ApiError, Identity
-from scheduler.api.forecasts import Forecasts, ForecastUnavailable, ServerForecast
+from idlegpu.scheduler.api.auth import ApiError, Identity
+from idlegpu.scheduler.api.forecasts import Forecasts, ForecastUnavailable, ServerForecast
 
 MONTH = re.compile(r"^[0-9]{4}-(0[1-9]|1[0-2])$")
 REPORT_TYPES = {"md": ("report-{m}.md", "text/markdown; charset=utf-8"),
@@ -64,9 +64,9 @@ class Reads:
         self.now = now
         self._forecasts = forecasts
         self.tz = settings.pool.tz
-        from scheduler.runtime import RuntimeEstimator
+        from idlegpu.scheduler.runtime import RuntimeEstimator
 
-        # the planner's estimates (scheduler.plan.planning_estimate), with their source
+        # the planner's estimates (idlegpu.scheduler.plan.planning_estimate), with their source
         self.estimator = RuntimeEstimator.from_config(None, settings.admission)
         self.estimate = lambda unit: self.estimator.estimate(unit).seconds
         self._queue_lock = threading.Lock()
@@ -99,7 +99,7 @@ class Reads:
         units (``WaitingJob``) queued with it as if submitted now (a dry run: nothing is
         stored). ``reuse_s``: the store's queue read for an earlier call may serve for this
         long (the previews of a request typed on the console)."""
-        from scheduler.plan import tonight
+        from idlegpu.scheduler.plan import tonight
 
         now = self.now().replace(microsecond=0)  # a plan to the second
         made = self.forecast(now)
@@ -110,8 +110,8 @@ class Reads:
         return now, made, planned
 
     def _queue(self, now: datetime, reuse_s: float):
-        from scheduler.plan import store_queue
-        from scheduler.types import JobState
+        from idlegpu.scheduler.plan import store_queue
+        from idlegpu.scheduler.types import JobState
 
         with self._queue_lock:
             kept = self._kept_queue
@@ -130,7 +130,7 @@ class Reads:
         stored): per unit its runtime estimate (the planner's, with its source), its
         estimated start and stop, or the reason it would wait. Without a forecast, the
         estimates and why there is no plan."""
-        from scheduler.types import WaitingJob
+        from idlegpu.scheduler.types import WaitingJob
 
         now = self.now().replace(microsecond=0)
         estimates = [self.estimator.estimate(u) for u in units]
@@ -147,7 +147,7 @@ class Reads:
              "plan": {"state": "not planned", "start_at": None, "end_at": None,
                       "stop_by": None, "reason": None}}
             for k, e in enumerate(estimates)]
-        from scheduler.adapters.store import StoreError, StoreUnavailableError
+        from idlegpu.scheduler.adapters.store import StoreError, StoreUnavailableError
 
         try:
             _, made, planned = self.tonight(24.0, extra, reuse_s=PREVIEW_REUSE_S)
@@ -249,7 +249,7 @@ class Reads:
                                                + pd.Timedelta(hours=hours))]
 
     def windows(self, hours: float, min_hours: float, granularity: int) -> dict[str, Any]:
-        from forecast.capacity import idle_windows, windows_frame
+        from idlegpu.forecast.capacity import idle_windows, windows_frame
 
         now = self.now().replace(microsecond=0)  # a plan to the second
         made = self.forecast(now)
@@ -262,7 +262,7 @@ class Reads:
                 "windows": self.windows_json(windows_frame(found, self.tz))}
 
     def forecast_json(self, hours: float) -> dict[str, Any]:
-        from forecast.capacity import FREE, forecast_pool_usage
+        from idlegpu.forecast.capacity import FREE, forecast_pool_usage
 
         now = self.now().replace(microsecond=0)  # a plan to the second
         made = self.forecast(now)

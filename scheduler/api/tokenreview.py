@@ -1,7 +1,7 @@
 """Kubernetes TokenReview for the job API: the API server says whose a bearer token is.
 
-The only module of ``scheduler.api`` that imports ``kubernetes``. The credentials it runs with
-need ``create`` on ``tokenreviews.authentication.k8s.io`` (deploy/: the ClusterRole
+The only module of ``idlegpu.scheduler.api`` that imports ``kubernetes``. The credentials it
+runs with need ``create`` on ``tokenreviews.authentication.k8s.io`` (deploy/: the ClusterRole
 ``idlegpu-api-tokenreview``). Answers are kept ``cache_seconds`` per token (by its SHA-256),
 so a client's burst of calls costs the API server one review; forged tokens are cached too.
 """
@@ -14,8 +14,8 @@ import threading
 import time
 from typing import Any
 
-from forecast.config import TokenReviewConfig
-from scheduler.api.auth import ApiError
+from idlegpu.forecast.config import TokenReviewConfig
+from idlegpu.scheduler.api.auth import ApiError
 
 log = logging.getLogger("idlegpu.api")
 
@@ -40,7 +40,7 @@ class TokenReviewer:
     def from_config(cls, config: TokenReviewConfig) -> TokenReviewer:
         import kubernetes
 
-        from scheduler.adapters.kubernetes import load_client_configuration
+        from idlegpu.scheduler.adapters.kubernetes import load_client_configuration
 
         configuration = load_client_configuration(config.kubeconfig, config.context,
                                                   config.in_cluster)

@@ -24,9 +24,9 @@ from fastapi import Request
 from fastapi.responses import RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from scheduler.api.auth import OPERATOR
-from scheduler.api.reads import paused_reason
-from scheduler.console.pages import Pages
+from idlegpu.scheduler.api.auth import OPERATOR
+from idlegpu.scheduler.api.reads import paused_reason
+from idlegpu.scheduler.console.pages import Pages
 
 AUDIT_PAGE = 50
 """Audit entries per page."""

@@ -9,7 +9,7 @@ embedded). Its files (the charts, the Markdown, HTML and CSVs) are served by
 ``/reports/{month}/files/{name}``, only by a name its directory lists (``Reads.report_path``).
 
 ``/reports/accuracy?days=N`` (28 by default) is the daemon's nightly refresh replayed on the
-last N evenings whose next 24 hours are over (``scheduler.reports.forecast_check_days``, the
+last N evenings whose next 24 hours are over (``idlegpu.scheduler.reports.forecast_check_days``, the
 machinery of the monthly report's forecast check) on the server's history (``Forecasts``: the
 replayed file, or Prometheus): per service and pooled, the coverage of the promised quantile
 against the configured confidence, the idle windows' precision and recall, and each evening's
@@ -39,8 +39,8 @@ from fastapi import Request
 from fastapi.responses import FileResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from scheduler.api.auth import ApiError
-from scheduler.console.pages import Pages
+from idlegpu.scheduler.api.auth import ApiError
+from idlegpu.scheduler.console.pages import Pages
 
 log = logging.getLogger("idlegpu.console")
 
@@ -61,7 +61,8 @@ INLINE = frozenset({".png"})
 
 
 def unescape(text: str) -> str:
-    """Markdown text as ``scheduler.reports.markdown_text`` escaped it, read back literally."""
+    """Markdown text as ``idlegpu.scheduler.reports.markdown_text`` escaped it, read back
+    literally."""
     out, i = [], 0
     while i < len(text):
         if text[i] == "\\" and i + 1 < len(text):
@@ -105,7 +106,7 @@ IMAGE = re.compile(r"^!\[(.*)\]\(([^()\s]+)\)$")
 
 
 def report_blocks(text: str) -> list[dict[str, Any]]:
-    """The blocks of a report's Markdown (``scheduler.reports.render_markdown``) in order:
+    """The blocks of a report's Markdown (``idlegpu.scheduler.reports.render_markdown``) in order:
     ``heading`` (level, text), ``list`` (lines of ``bold_parts``), ``table`` (caption: the
     heading above it, shown unless the table is right under it; head, rows), ``text``,
     ``code`` and ``chart`` (title, file: a ``### title`` and its image)."""
@@ -163,8 +164,8 @@ def report_blocks(text: str) -> list[dict[str, Any]]:
 
 def headline(summary: Path, month: str) -> list[dict[str, str]]:
     """The month's figures from the report's ``summary.csv``, written as the report writes
-    them (``scheduler.reports`` format_*); empty without the file or the month in it."""
-    from scheduler.reports import (
+    them (``idlegpu.scheduler.reports`` format_*); empty without the file or the month in it."""
+    from idlegpu.scheduler.reports import (
         format_change,
         format_gpus,
         format_hours,
@@ -211,7 +212,7 @@ def make_hint(reads: Any, month: str) -> str:
 @dataclass
 class Accuracy:
     """The accuracy over the evenings ``first`` to ``last``: progress, then the check (a
-    ``scheduler.reports.ForecastCheck``) or why there is none."""
+    ``idlegpu.scheduler.reports.ForecastCheck``) or why there is none."""
 
     first: date
     last: date
@@ -300,8 +301,8 @@ class AccuracyChecks:
                     self.waiting.popleft()
 
     def _compute(self, state: Accuracy) -> None:
-        from forecast.errors import IdlegpuError, TemporaryError
-        from scheduler.reports import forecast_check_days
+        from idlegpu.forecast.errors import IdlegpuError, TemporaryError
+        from idlegpu.scheduler.reports import forecast_check_days
 
         started = time.monotonic()
         now = self.now()
@@ -314,7 +315,7 @@ class AccuracyChecks:
             hour = self.settings.daemon.forecast_refresh_hour
             first_at = (pd.Timestamp(state.first).tz_localize(tz)
                         + pd.Timedelta(hours=hour)).to_pydatetime()
-            from scheduler.daemon import ForecastProvider
+            from idlegpu.scheduler.daemon import ForecastProvider
 
             frame = self.history(first_at - ForecastProvider.HISTORY, now)
             state.check = forecast_check_days(frame, self.settings, state.first, state.last,
@@ -343,7 +344,7 @@ def history_of(reads: Any, settings: Any) -> Callable[[datetime, datetime], pd.D
             if forecasts.fetch is not None:
                 frame = forecasts.fetch(start, end)
             else:
-                from forecast.sources.prometheus import fetch_history
+                from idlegpu.forecast.sources.prometheus import fetch_history
 
                 frame = fetch_history(settings, start, end)
         return frame[frame["ds"] <= pd.Timestamp(end)]
@@ -355,7 +356,7 @@ def accuracy_view(state: Accuracy, settings: Any, local: Callable[..., str]) -> 
     """What the accuracy part of a page shows: the pooled and per-service figures, each
     evening's coverage per service (a table and an SVG chart), written as the report writes
     them (``format_share``)."""
-    from scheduler.reports import format_hours, format_share
+    from idlegpu.scheduler.reports import format_hours, format_share
 
     tz = settings.pool.timezone
     hour = settings.daemon.forecast_refresh_hour

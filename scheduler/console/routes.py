@@ -21,8 +21,8 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from starlette.concurrency import run_in_threadpool
 from starlette.staticfiles import StaticFiles
 
-from scheduler.api.auth import ApiError, Authenticator, Identity, token_sha256
-from scheduler.console.session import COOKIE, CSRF_HEADER, Session, Sessions
+from idlegpu.scheduler.api.auth import ApiError, Authenticator, Identity, token_sha256
+from idlegpu.scheduler.console.session import COOKIE, CSRF_HEADER, Session, Sessions
 
 log = logging.getLogger("idlegpu.console")
 
@@ -110,7 +110,7 @@ def add_console(app: FastAPI, settings, store, authenticator: Authenticator, rea
     sessions = Sessions(secret, store=store)  # a logout ends the session on every replica
     app.state.console_sessions = sessions
     tz = settings.pool.tz
-    env = Environment(loader=PackageLoader("scheduler.console", "templates"),
+    env = Environment(loader=PackageLoader("idlegpu.scheduler.console", "templates"),
                       autoescape=select_autoescape(["html"]), trim_blocks=True,
                       lstrip_blocks=True)
     examples = _examples()
@@ -120,7 +120,7 @@ def add_console(app: FastAPI, settings, store, authenticator: Authenticator, rea
     def plan_json() -> dict[str, Any]:
         """Tonight's plan over 24 h (``Reads.plan_json``), shared for ``PLAN_TTL_S``."""
         return plan_stash.get(pd.Timestamp(now()).floor("min"), lambda: reads.plan_json(24.0))
-    from scheduler.runtime import RuntimeEstimator
+    from idlegpu.scheduler.runtime import RuntimeEstimator
 
     estimator = RuntimeEstimator.from_config(None, settings.admission)
 
@@ -385,7 +385,7 @@ def add_console(app: FastAPI, settings, store, authenticator: Authenticator, rea
                 if forecasts.fetch is not None:
                     frame = forecasts.fetch(start, at)
                 else:
-                    from forecast.sources.prometheus import fetch_history
+                    from idlegpu.forecast.sources.prometheus import fetch_history
 
                     frame = fetch_history(settings, start, at)
             except Exception as exc:  # noqa: BLE001 - the chart shows no history then
@@ -395,7 +395,7 @@ def add_console(app: FastAPI, settings, store, authenticator: Authenticator, rea
         return frame[(ds >= pd.Timestamp(start)) & (ds <= pd.Timestamp(at))]
 
     def pool_history(at: datetime) -> dict[str, Any]:
-        from forecast.capacity import FREE, pool_usage
+        from idlegpu.forecast.capacity import FREE, pool_usage
 
         key = pd.Timestamp(at).floor("min")
         frame = history_stash.get(key, lambda: history_frame(at))
@@ -481,7 +481,7 @@ def add_console(app: FastAPI, settings, store, authenticator: Authenticator, rea
     # -- queue ------------------------------------------------------------------------------
 
     def queue_rows(who: Identity, scope: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-        from scheduler.types import JobState
+        from idlegpu.scheduler.types import JobState
 
         live = tuple(s for s in JobState if not s.is_terminal())
         rows = store.find_units(states=live, team=who.team if scope == "team" else None,
@@ -562,14 +562,14 @@ def add_console(app: FastAPI, settings, store, authenticator: Authenticator, rea
     # -- detail -------------------------------------------------------------------------------
 
     def unit_detail(unit_id: str) -> dict[str, Any]:
-        from scheduler.types import EventKind
+        from idlegpu.scheduler.types import EventKind
 
         row = store.unit(unit_id)
         request_row = store.request(row.request_id)
         attempts = store.attempts(unit_id)
         events = store.events(unit_id=unit_id)
         try:
-            from scheduler.adapters.kubernetes import job_name
+            from idlegpu.scheduler.adapters.kubernetes import job_name
         except ImportError:  # pragma: no cover - the kubernetes client is a dependency
             job_name = None
         timeline = []
@@ -611,7 +611,7 @@ def add_console(app: FastAPI, settings, store, authenticator: Authenticator, rea
         if isinstance(got, Response):
             return got
         session, who, _ = got
-        from scheduler.adapters.store import UnknownJobError
+        from idlegpu.scheduler.adapters.store import UnknownJobError
 
         try:
             detail = await run_in_threadpool(unit_detail, unit_id)
@@ -628,7 +628,7 @@ def add_console(app: FastAPI, settings, store, authenticator: Authenticator, rea
         if isinstance(got, Response):
             return got
         session, who, _ = got
-        from scheduler.adapters.store import UnknownJobError
+        from idlegpu.scheduler.adapters.store import UnknownJobError
 
         try:
             row = await run_in_threadpool(store.request, request_id)
@@ -724,8 +724,8 @@ def add_console(app: FastAPI, settings, store, authenticator: Authenticator, rea
     app.state.console_pool_json = pool_json
     app.state.console_plan_cache = plan_stash
 
-    from scheduler.console import operators, report_pages
-    from scheduler.console.pages import Pages
+    from idlegpu.scheduler.console import operators, report_pages
+    from idlegpu.scheduler.console.pages import Pages
 
     pages = Pages(app=app, settings=settings, store=store, reads=reads, now=now, env=env,
                   render=render, signed_in=signed_in, call_api=call_api,
