@@ -1,6 +1,6 @@
 """Benchmark: what the operators' controls (store schema v5) cost the daemon and the console.
 
-    python bench/operators_bench.py [--queued 2000] [--repeat 200] [--store URL]
+    python bench/operators_bench.py [--queued 2000] [--ended 4000] [--repeat 200] [--store URL]
 
 On a SQLite store (or ``--store``, e.g. a PostgreSQL URL) holding ``--queued`` waiting units,
 measured in the same run:
@@ -11,7 +11,9 @@ measured in the same run:
 - a reconcile pass (``Controller.reconcile_once`` on tests/test_controller.py's in-memory
   cluster, nothing to apply: the pool is full) with admission open, and paused (no queue read,
   nothing to decide on), so the read's share of a pass is seen;
-- the console's per-request logout check (``session_ended``).
+- the console's per-request logout check (``session_ended``);
+- the daemon's harvested and lost totals read after every pass (``ended_attempt_seconds``
+  over ``--ended`` ended attempts, added up by ``StoreTotals.update``).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from test_controller import MemoryCluster
 
 from idlegpu.scheduler.adapters.store import AuditEntry, DaemonStatus, JobStore
 from idlegpu.scheduler.controller import Controller
+from idlegpu.scheduler.daemon import StoreTotals
 from idlegpu.scheduler.specs import expand_units, validate_request
 from idlegpu.scheduler.types import FreeProfile, PolicySettings, ServingSignals
 
@@ -59,6 +62,7 @@ def per_call_ms(fn, repeat: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--queued", type=int, default=2000)
+    parser.add_argument("--ended", type=int, default=4000)
     parser.add_argument("--repeat", type=int, default=200)
     parser.add_argument("--store", default=None)
     args = parser.parse_args()
@@ -73,6 +77,19 @@ def main() -> None:
         request = validate_request(data)
         store.submit(request.name, request.team, request.kind, data, expand_units(request),
                      NOW - timedelta(hours=1))
+    # the ended attempts of a few busy months: admitted and finished an hour later
+    for i in range(args.ended // 100):
+        data = {"name": f"done-{i}", "team": f"team-{i % 12}", "kind": "eval",
+                "image": "registry.example.com/research/eval:1.0",
+                "command": ["python", "eval.py"], "args": ["--seed", "{seed}"],
+                "sweep": {"seed": [str(k) for k in range(100)]}, "gpus": 4,
+                "runtime_estimate": "1h"}
+        request = validate_request(data)
+        rid = store.submit(request.name, request.team, request.kind, data,
+                           expand_units(request), NOW - timedelta(days=30))
+        for unit in store.request_units(rid):
+            store.admit(unit.id, NOW - timedelta(days=30))
+            store.finished(unit.id, NOW - timedelta(days=30) + timedelta(hours=1))
     # a full pool: nothing is admitted, so every pass does the same work
     profile = FreeProfile(NOW, 300, np.zeros(288), 0.9, NOW)
     controller = Controller(store, MemoryCluster(), Signals(), lambda now: profile,
@@ -86,6 +103,9 @@ def main() -> None:
     read = per_call_ms(store.admission, repeat)
     write = per_call_ms(lambda: store.record_daemon_status(status), repeat)
     ended = per_call_ms(lambda: store.session_ended("no-such-session"), repeat)
+    totals = StoreTotals()
+    attempts = len(store.ended_attempt_seconds())
+    read_totals = per_call_ms(lambda: totals.update(store.ended_attempt_seconds()), repeat)
     passes = max(5, repeat // 20)
     controller.reconcile_once(NOW)  # warm: the overrun model, the estimates
     open_pass = per_call_ms(lambda: controller.reconcile_once(NOW), passes)
@@ -97,8 +117,12 @@ def main() -> None:
     print(f"  admission() (every pass)         {read:8.3f} ms  = {read / baseline:.2f}x baseline")
     print(f"  record_daemon_status() (a pass)  {write:8.3f} ms  = {write / baseline:.2f}x baseline")
     print(f"  session_ended() (every request)  {ended:8.3f} ms  = {ended / baseline:.2f}x baseline")
+    label = f"GPU-hours totals ({attempts} ended)"
+    print(f"  {label:<32} {read_totals:8.3f} ms  = "
+          f"{read_totals / baseline:.2f}x baseline")
     print(f"  reconcile pass, admission open   {open_pass:8.1f} ms; the read is "
-          f"{read / open_pass:.2%} of it, the status write {write / open_pass:.2%}")
+          f"{read / open_pass:.2%} of it, the status write {write / open_pass:.2%}, the totals "
+          f"{read_totals / open_pass:.2%}")
     print(f"  reconcile pass, paused           {paused_pass:8.1f} ms "
           f"({paused_pass / open_pass:.2f}x the open pass: no queue read, nothing to decide)")
     store.close()

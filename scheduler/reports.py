@@ -274,22 +274,31 @@ _STORE_OUTCOMES = {
 }
 
 
+def held_and_lost(outcome: str | None, held: float, lost: float | None) -> tuple[float, float]:
+    """One attempt's held and lost GPU-time (in the unit given) as every figure counts them:
+    a failed attempt loses all it held; any other loses what the store recorded (nothing when
+    it recorded none), never more than it held. Its useful GPU-time is held minus lost
+    (``useful``); the daemon's harvested counter and ``runs_from_store`` both count this way."""
+    lost = held if outcome == "failed" else (lost or 0.0)
+    return held, min(lost, held)
+
+
 def runs_from_store(store: Any, now: datetime) -> pd.DataFrame:
     """The run table of a ``JobStore``: one row per attempt (admission to end; an open
-    attempt runs until ``now``). A failed attempt's GPU-hours all count as lost."""
+    attempt runs until ``now``), held and lost GPU-hours as ``held_and_lost`` counts them."""
     rows = []
     for unit in store.queue(include_terminal=True):
         for att in store.attempts(unit.id):
             end = att.ended_at or now
-            held_h = (att.gpu_seconds if att.gpu_seconds is not None
-                      else att.gpus * (end - att.admitted_at).total_seconds()) / 3600
+            held_s = (att.gpu_seconds if att.gpu_seconds is not None
+                      else att.gpus * (end - att.admitted_at).total_seconds())
             outcome = ("running" if att.ended_at is None
                        else _STORE_OUTCOMES.get(str(att.outcome), "stopped"))
-            lost_h = held_h if outcome == "failed" else (att.lost_gpu_seconds or 0.0) / 3600
+            held_s, lost_s = held_and_lost(outcome, held_s, att.lost_gpu_seconds)
             rows.append({
                 "job_id": unit.id, "team": unit.team, "kind": unit.kind, "gpus": att.gpus,
                 "start": att.admitted_at, "end": end, "outcome": outcome,
-                "gpu_hours": held_h, "lost_gpu_hours": min(lost_h, held_h),
+                "gpu_hours": held_s / 3600, "lost_gpu_hours": lost_s / 3600,
             })
     return validate_runs(pd.DataFrame(rows, columns=list(RUN_COLUMNS)), source="store")
 

@@ -332,7 +332,7 @@ def test_grafana_dashboard_uses_the_daemon_metrics():
     dashboard = json.loads((DEPLOY / "grafana-dashboard.json").read_text())
     exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p["targets"])
     for metric in ("idlegpu_running_gpus", "idlegpu_harvested_gpu_seconds_total",
-                   "idlegpu_preemptions_total", "idlegpu_forecast_age_seconds",
+                   "idlegpu_lost_gpu_seconds_total", "idlegpu_preemptions_total", "idlegpu_forecast_age_seconds",
                    "idlegpu_signal_age_seconds"):
         assert metric in exprs
 

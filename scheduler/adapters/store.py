@@ -1125,6 +1125,17 @@ class JobStore:
             for r in rows
         ]
 
+    def ended_attempt_seconds(self) -> list[tuple[str, float, float | None]]:
+        """``(outcome, gpu_seconds, lost_gpu_seconds)`` of every ended attempt, for the
+        daemon's harvested and lost totals (counted by ``reports.held_and_lost``)."""
+        with self._tx(write=False) as conn:
+            rows = conn.execute(
+                sa.select(ATTEMPTS.c.outcome, ATTEMPTS.c.gpu_seconds,
+                          ATTEMPTS.c.lost_gpu_seconds)
+                .where(ATTEMPTS.c.ended_at.is_not(None))
+            ).all()
+        return [(r.outcome, float(r.gpu_seconds or 0.0), r.lost_gpu_seconds) for r in rows]
+
     def waiting(self, now: datetime, estimate: Callable[[UnitRow], float],
                 overruns: Overruns | None = None) -> list[WaitingJob]:
         """QUEUED units submitted by ``now`` whose dependencies all SUCCEEDED, for the policy.
