@@ -23,10 +23,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 
 import numpy as np
 import pandas as pd
 
+from idlegpu.forecast.calendar import local_hour
 from idlegpu.forecast.capacity import FREE, forecast_pool_usage, pool_usage, step_hours
 from idlegpu.forecast.config import Settings
 from idlegpu.forecast.errors import HistoryError
@@ -48,10 +50,11 @@ def daily_cutoffs(
     """Each day at ``hour`` local time over the last ``days`` days whose horizon is observed."""
     first, last = history[DS].min(), history[DS].max()
     local_last = (last - horizon).tz_convert(timezone)
-    day = local_last.normalize() + pd.Timedelta(hours=hour)
-    if day > local_last:
-        day -= pd.Timedelta(days=1)
-    cutoffs = [(day - pd.Timedelta(days=k)).tz_convert("UTC") for k in range(days)]
+    day = local_last.date()
+    if local_hour(day, hour, timezone) > local_last:
+        day -= timedelta(days=1)
+    cutoffs = [pd.Timestamp(local_hour(day - timedelta(days=k), hour, timezone)).tz_convert("UTC")
+               for k in range(days)]
     cutoffs = sorted(c for c in cutoffs if c > first)
     if not cutoffs:
         raise HistoryError(

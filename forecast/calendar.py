@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import date, timedelta
+from datetime import UTC, date, datetime, timedelta
 from functools import lru_cache
+from zoneinfo import ZoneInfo
 
 
 @lru_cache(maxsize=32)
@@ -84,6 +85,40 @@ def holiday_names(calendar: HolidayCalendar | str | None, days: Iterable[date]) 
 
 WORKING_DAY, SATURDAY, SUNDAY_OR_HOLIDAY = 0, 1, 2
 DAY_TYPE_NAMES = ("working day", "Saturday", "Sunday/holiday")
+
+
+# Days and times of day are the wall clock's. A zone with daylight saving time has days of 23
+# and 25 hours, so local midnight plus 17 hours is 16:00 or 18:00 on those days, and local
+# midnights are not 24 hours apart: slots, day numbers and daily moments are counted on naive
+# wall-clock times instead.
+def local_hour(day: date, hour: int, tz: str) -> datetime:
+    """``hour``:00 on the local ``day`` by the wall clock, in UTC: arithmetic on a datetime in
+    a zone of ``zoneinfo`` is by the wall clock too (17:00 EST + 24 h is 17:00 EDT, 23 hours
+    later), on one in UTC by real time. A time the change to summer time skips is read with
+    the offset before it, as ``datetime`` does."""
+    return datetime(day.year, day.month, day.day, hour, tzinfo=ZoneInfo(tz)).astimezone(UTC)
+
+
+def wall_clock(index, tz: str):
+    """An aware ``DatetimeIndex`` as naive local wall-clock times in ``tz``: whole days are 24
+    hours apart, and a time of day is the same slot on every day."""
+    return index.tz_convert(tz).tz_localize(None)
+
+
+def wall_clock_lag(index, tz: str, lag, origin, step):
+    """For each time of ``index``, the position on the grid ``origin + k * step`` of the same
+    wall-clock time ``lag`` (whole days) earlier: a week before 17:00 is 17:00, 167 or 169
+    hours back across a change of summer time. -1 where that is before ``origin`` or off the
+    grid; a time the change skipped is read as the step after the gap, a time it repeated as
+    the first of the two."""
+    import numpy as np
+
+    wall = wall_clock(index, tz) - lag
+    source = wall.tz_localize(tz, ambiguous=np.ones(len(wall), dtype=bool),
+                              nonexistent="shift_forward").tz_convert("UTC")
+    offset = (source - origin.tz_convert("UTC")) / step
+    exact = np.isclose(offset, np.round(offset)) & (offset >= 0)
+    return np.where(exact, np.round(offset), -1).astype(np.int64)
 
 
 def day_types(index, tz: str, calendar: HolidayCalendar | str | None):

@@ -17,6 +17,7 @@ from zoneinfo import ZoneInfo
 import numpy as np
 import pandas as pd
 
+from idlegpu.forecast.calendar import wall_clock
 from idlegpu.forecast.config import Settings
 from idlegpu.forecast.errors import ConfigError, HistoryError
 from idlegpu.forecast.schema import (
@@ -219,7 +220,7 @@ def nightly_idle(
     if levels is None:
         top = np.nanmax(local.to_numpy()) if local.notna().any() else 0
         levels = list(range(4, int(top) + 1, 4)) or [1]
-    shifted = local.index - pd.Timedelta(hours=night_starts_hour)
+    shifted = wall_clock(local.index, tz) - pd.Timedelta(hours=night_starts_hour)
     night = pd.DatetimeIndex(shifted.date)
     steps_per_night = round(24 / hours)
     rows = []

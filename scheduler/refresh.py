@@ -17,6 +17,7 @@ from datetime import datetime, timedelta
 
 import pandas as pd
 
+from idlegpu.forecast.calendar import local_hour
 from idlegpu.forecast.config import Settings
 from idlegpu.forecast.errors import HistoryError
 from idlegpu.forecast.schema import DS, REPLICAS, metric_rows
@@ -97,14 +98,16 @@ class Refresher:
         the history before it, ``options`` to the model) and keep their promises."""
         tz = self.settings.pool.timezone
         local = pd.Timestamp(now).tz_convert(tz)
-        at = local.normalize() + pd.Timedelta(hours=self.refresh_hour)
-        if at >= local:
-            at -= pd.Timedelta(days=1)
+        day = local.date()
+        if local_hour(day, self.refresh_hour, tz) >= local:
+            day -= timedelta(days=1)
+        at = pd.Timestamp(local_hour(day, self.refresh_hour, tz))
         first = replicas[DS].min() if len(replicas) else None
         moments = []
         while first is not None and at >= local - self.window and at - pd.Timedelta(days=1) > first:
             moments.append(at.tz_convert("UTC").to_pydatetime())
-            at -= pd.Timedelta(days=1)
+            day -= timedelta(days=1)
+            at = pd.Timestamp(local_hour(day, self.refresh_hour, tz))
         confidence = self.settings.admission.confidence
         for moment in sorted(moments):
             try:

@@ -615,6 +615,7 @@ def _replay_check(
 ) -> ForecastCheck:
     """``forecast_check`` on the local midnights ``days`` (tz-aware), called ``label``."""
     from idlegpu.forecast.backtest import CUTOFF, HORIZON, score, series_calibration, window_quality
+    from idlegpu.forecast.calendar import local_hour
     from idlegpu.forecast.capacity import FREE, forecast_pool_usage
     from idlegpu.forecast.models.base import quantile_column
     from idlegpu.forecast.schema import DS, REPLICAS, UNIQUE_ID, Y, metric_rows, series_id
@@ -634,7 +635,9 @@ def _replay_check(
     cache: dict = {}
     refresher = Refresher(settings, model=model, **({"cache": cache} if model == "auto" else {}))
     hour = refresher.refresh_hour
-    moments = [(d + pd.Timedelta(hours=hour)).tz_convert("UTC") for d in days]
+    # by the wall clock, as the daemon refreshes: local midnight + 17 h is 16:00 or 18:00 on a
+    # day that changes to or from daylight saving time
+    moments = [pd.Timestamp(local_hour(d.date(), hour, tz)).tz_convert("UTC") for d in days]
     moments = [t for t in moments if t - pd.Timedelta(days=7) > first and t <= newest]
     if not any(t + day <= newest + pd.Timedelta(hours=1) for t in moments):
         raise ReportError(f"the history ({first:%Y-%m-%d} to {newest:%Y-%m-%d}) does not cover "

@@ -63,6 +63,7 @@ from datetime import datetime, timedelta
 import numpy as np
 import pandas as pd
 
+from idlegpu.forecast.calendar import wall_clock
 from idlegpu.forecast.capacity import FREE, IN_USE, pool_usage
 from idlegpu.forecast.config import Settings
 from idlegpu.forecast.nodes import STRATEGIES, ServicePlacement
@@ -663,8 +664,13 @@ def _steps_until_morning(index: pd.DatetimeIndex, tz: str, step_s: int) -> np.nd
     local = index.tz_convert(tz)
     start_h, end_h = NIGHT_HOURS
     evening = local.hour >= start_h
-    morning = (local.normalize() + pd.Timedelta(hours=end_h)
+    wall = wall_clock(index, tz)
+    morning = (wall.normalize() + pd.Timedelta(hours=end_h)
                + pd.to_timedelta(evening.astype(int), unit="D"))
+    # by the wall clock, then back to real time: the night of a DST change is an hour shorter
+    # or longer (end_h is never a time the change skips or repeats)
+    morning = morning.tz_localize(tz, ambiguous=np.zeros(len(morning), dtype=bool),
+                                  nonexistent="shift_forward")
     steps = ((morning - local).total_seconds() // step_s).astype(int)
     return np.where(evening | (local.hour < end_h), steps, 0)
 

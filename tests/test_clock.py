@@ -104,3 +104,32 @@ def test_boundaries_are_the_latest_such_moment_at_or_before_now(now, tz, hour):
     monthly = monthly_boundary(now, tz, hour)
     assert monthly <= now and now - monthly < timedelta(days=32)
     assert monthly.day == 1
+
+
+def test_the_replayed_accuracy_check_refreshes_at_the_daemons_local_hour_across_dst():
+    """The monthly report's accuracy replay refreshes when the daemon would: 17:00 by the
+    wall clock, also on the day daylight saving time ends (2 Nov 2025 in New York), where
+    local midnight plus 17 hours is 16:00."""
+    from pathlib import Path
+
+    from idlegpu.forecast.config import load_config
+    from idlegpu.forecast.sources import read_history
+    from idlegpu.forecast.calendar import local_hour
+    from idlegpu.scheduler.clock import daily_boundary
+    from idlegpu.scheduler.reports import forecast_check_days
+
+    repo = Path(__file__).resolve().parents[1]
+    settings = load_config(repo / "idlegpu.yaml")
+    tz = "America/New_York"
+    settings = settings.model_copy(update={"pool": settings.pool.model_copy(
+        update={"timezone": tz})})
+    history = read_history(repo / "data/sample/history.parquet")
+    first, last = datetime(2025, 11, 1).date(), datetime(2025, 11, 3).date()
+    check = forecast_check_days(history, settings, first, last)
+    made = sorted(set(check.daily["made_at"]))
+    assert made == ["2025-11-01T17:00:00-04:00", "2025-11-02T17:00:00-05:00",
+                    "2025-11-03T17:00:00-05:00"]
+    for stamp in made:  # the daemon's own boundary, just after each
+        moment = datetime.fromisoformat(stamp)
+        assert daily_boundary(moment + timedelta(minutes=1), tz, 17) == moment
+        assert local_hour(moment.date(), 17, tz) == moment

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from idlegpu.forecast.calendar import WORKING_DAY, day_types
+from idlegpu.forecast.calendar import WORKING_DAY, day_types, wall_clock
 from idlegpu.forecast.models.base import (
     DAY,
     WEEK,
@@ -202,8 +202,9 @@ class AutoForecaster(SeriesForecaster):
         # too little for weekly shapes: one curve for every day
         one_curve = span < WEEK
         local, slots, kinds = self._calendar(series.values.index, series.step, one_curve)
-        first_day = local[0].normalize()
-        day_of = ((local.normalize() - first_day) // DAY).to_numpy().astype(int)
+        wall = local.tz_localize(None)
+        first_day = wall[0].normalize()
+        day_of = ((wall.normalize() - first_day) // DAY).to_numpy().astype(int)
         n_days, n_slots = day_of[-1] + 1, int(DAY / series.step)
         matrix = np.full((n_days, n_slots), np.nan)
         matrix[day_of, np.clip(slots, 0, n_slots - 1)] = series.values.to_numpy()
@@ -224,7 +225,8 @@ class AutoForecaster(SeriesForecaster):
         """Local times, slot of day and day type of every step of ``index``; with
         ``one_curve`` every day counts as a working day."""
         local = index.tz_convert(self.timezone)
-        slots = ((local - local.normalize()) // step).to_numpy().astype(int)
+        wall = wall_clock(index, self.timezone)
+        slots = ((wall - wall.normalize()) // step).to_numpy().astype(int)
         kinds = day_types(index, self.timezone, self.calendar)
         if one_curve:
             kinds = np.full_like(kinds, WORKING_DAY)

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from idlegpu.forecast.calendar import day_types
+from idlegpu.forecast.calendar import day_types, wall_clock, wall_clock_lag
 from idlegpu.forecast.errors import PermanentError
 from idlegpu.forecast.models.base import (
     DAY,
@@ -139,17 +139,20 @@ class GBMForecaster(SeriesForecaster):
         self, index: pd.DatetimeIndex, y: np.ndarray, positions: np.ndarray, step: pd.Timedelta
     ) -> np.ndarray:
         local = index.tz_convert(self.timezone)
-        slot = (local - local.normalize()) / pd.Timedelta(minutes=1)
+        wall = wall_clock(index, self.timezone)
+        slot = (wall - wall.normalize()) / pd.Timedelta(minutes=1)
         columns = [
             np.asarray(slot, dtype=float),
             np.asarray(local.day_of_week, dtype=float),
             np.asarray(day_types(index, self.timezone, self.calendar), dtype=float),
         ]
-        per_week = int(WEEK / step)
+        origin = index[0] - int(positions[0]) * step  # the time of position 0
         for weeks in LAG_WEEKS:
-            source = positions - weeks * per_week
+            # the same wall-clock time ``weeks`` back (an hour more or less across a change
+            # of summer time)
+            source = wall_clock_lag(index, self.timezone, weeks * WEEK, origin, step)
             lag = np.full(len(positions), np.nan)
-            inside = source >= 0
+            inside = (source >= 0) & (source < len(y))
             lag[inside] = y[source[inside]]
             columns.append(lag)
         return np.column_stack(columns)

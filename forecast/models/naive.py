@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from idlegpu.forecast.calendar import wall_clock_lag
 from idlegpu.forecast.models.base import (
     WEEK,
     Series,
@@ -43,17 +44,21 @@ class SeasonalNaiveForecaster(SeriesForecaster):
         index = series.future_index(horizon)
         n, m = len(values), len(index)
         arr = values.to_numpy()
+        origin = values.index[0]
         point = np.full(m, np.nan)
         for k in range(1, m // lag + 3):
-            # future step j sits at position n + j; k seasons back is n + j - k * lag
-            src = np.arange(n, n + m) - k * lag
+            # the same wall-clock time k seasons back (an hour more or less across a change of
+            # summer time)
+            src = wall_clock_lag(index, self.timezone, k * self.season, origin, series.step)
             usable = (src >= 0) & (src < n) & np.isnan(point)
             got = np.full(m, np.nan)
             got[usable] = arr[src[usable]]
             point = np.where(np.isnan(point), got, point)
         if np.isnan(point).any():
             point = pd.Series(point).ffill().bfill().fillna(np.nanmean(arr)).to_numpy()
-        changes = arr[lag:] - arr[:-lag]
+        before = wall_clock_lag(values.index, self.timezone, self.season, origin, series.step)
+        seen = before >= 0
+        changes = arr[seen] - arr[before[seen]]
         changes = changes[np.isfinite(changes)]
         offsets = np.quantile(changes, qs) if changes.size else np.zeros(len(qs))
         return series, index, point[:, None] + offsets[None, :]

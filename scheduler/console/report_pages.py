@@ -39,6 +39,7 @@ from fastapi import Request
 from fastapi.responses import FileResponse, Response
 from starlette.concurrency import run_in_threadpool
 
+from idlegpu.forecast.calendar import local_hour
 from idlegpu.scheduler.api.auth import ApiError
 from idlegpu.scheduler.console.pages import Pages
 
@@ -252,10 +253,9 @@ class AccuracyChecks:
         tz = self.settings.pool.timezone
         hour = self.settings.daemon.forecast_refresh_hour
         at = pd.Timestamp(now).tz_convert(tz)
-        evening = at.normalize() + pd.Timedelta(hours=hour)
-        while evening + pd.Timedelta(hours=24) > at:
-            evening -= pd.Timedelta(days=1)
-        last = evening.date()
+        last = at.date()
+        while local_hour(last, hour, tz) + timedelta(hours=24) > at:
+            last -= timedelta(days=1)
         return last - timedelta(days=days - 1), last
 
     def get(self, days: int) -> Accuracy:
@@ -313,8 +313,7 @@ class AccuracyChecks:
         try:
             tz = self.settings.pool.timezone
             hour = self.settings.daemon.forecast_refresh_hour
-            first_at = (pd.Timestamp(state.first).tz_localize(tz)
-                        + pd.Timedelta(hours=hour)).to_pydatetime()
+            first_at = local_hour(state.first, hour, tz)
             from idlegpu.scheduler.daemon import ForecastProvider
 
             frame = self.history(first_at - ForecastProvider.HISTORY, now)
@@ -360,7 +359,7 @@ def accuracy_view(state: Accuracy, settings: Any, local: Callable[..., str]) -> 
 
     tz = settings.pool.timezone
     hour = settings.daemon.forecast_refresh_hour
-    evening = lambda d: local(pd.Timestamp(d).tz_localize(tz) + pd.Timedelta(hours=hour))
+    evening = lambda d: local(pd.Timestamp(local_hour(d, hour, tz)))
     view: dict[str, Any] = {"state": state, "first": evening(state.first),
                             "last": evening(state.last), "days": state.days,
                             "confidence": settings.admission.confidence}
