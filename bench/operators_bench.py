@@ -68,28 +68,26 @@ def main() -> None:
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="operators-bench-"))
     store = JobStore(args.store or f"sqlite:///{tmp / 'bench.db'}")
+    def submit_sweep(name: str, team: str, runtime: str, at: datetime) -> str:
+        """A request of 100 4-GPU units."""
+        data = {"name": name, "team": team, "kind": "eval",
+                "image": "registry.example.com/research/eval:1.0",
+                "command": ["python", "eval.py"], "args": ["--seed", "{seed}"],
+                "sweep": {"seed": [str(k) for k in range(100)]}, "gpus": 4,
+                "runtime_estimate": runtime}
+        request = validate_request(data)
+        return store.submit(request.name, request.team, request.kind, data,
+                            expand_units(request), at)
+
     for i in range(args.queued // 100):
-        data = {"name": f"sweep-{i}", "team": f"team-{i % 12}", "kind": "eval",
-                "image": "registry.example.com/research/eval:1.0",
-                "command": ["python", "eval.py"], "args": ["--seed", "{seed}"],
-                "sweep": {"seed": [str(k) for k in range(100)]}, "gpus": 4,
-                "runtime_estimate": "2h"}
-        request = validate_request(data)
-        store.submit(request.name, request.team, request.kind, data, expand_units(request),
-                     NOW - timedelta(hours=1))
+        submit_sweep(f"sweep-{i}", f"team-{i % 12}", "2h", NOW - timedelta(hours=1))
     # the ended attempts of a few busy months: admitted and finished an hour later
+    month_ago = NOW - timedelta(days=30)
     for i in range(args.ended // 100):
-        data = {"name": f"done-{i}", "team": f"team-{i % 12}", "kind": "eval",
-                "image": "registry.example.com/research/eval:1.0",
-                "command": ["python", "eval.py"], "args": ["--seed", "{seed}"],
-                "sweep": {"seed": [str(k) for k in range(100)]}, "gpus": 4,
-                "runtime_estimate": "1h"}
-        request = validate_request(data)
-        rid = store.submit(request.name, request.team, request.kind, data,
-                           expand_units(request), NOW - timedelta(days=30))
-        for unit in store.request_units(rid):
-            store.admit(unit.id, NOW - timedelta(days=30))
-            store.finished(unit.id, NOW - timedelta(days=30) + timedelta(hours=1))
+        for unit in store.request_units(submit_sweep(f"done-{i}", f"team-{i % 12}", "1h",
+                                                     month_ago)):
+            store.admit(unit.id, month_ago)
+            store.finished(unit.id, month_ago + timedelta(hours=1))
     # a full pool: nothing is admitted, so every pass does the same work
     profile = FreeProfile(NOW, 300, np.zeros(288), 0.9, NOW)
     controller = Controller(store, MemoryCluster(), Signals(), lambda now: profile,
