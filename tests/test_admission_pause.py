@@ -21,13 +21,13 @@ import sqlalchemy as sa
 from api_server import ApiServer, MovableClock, api_settings, job
 from console_browser import Console, make_console
 from test_api_plan import NOW, token
+from test_cli_remote import run as run_cli
 from test_controller import T0, setup  # noqa: F401 - the fixture
 from test_controller import states as unit_states
 
 import idlegpu.scheduler.adapters.store as store_mod
 from idlegpu.scheduler.adapters.store import AuditEntry, JobStore
 from idlegpu.scheduler.api import create_app
-from idlegpu.scheduler.cli import main
 from idlegpu.scheduler.daemon import Daemon
 from idlegpu.scheduler.ports import JobPhase
 from idlegpu.scheduler.specs import expand_units, validate_request
@@ -42,12 +42,8 @@ def entry(actor: str = "olga", action: str = "admission.pause") -> AuditEntry:
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
-    try:
-        main(list(argv))
-        code = 0
-    except SystemExit as exc:
-        code = exc.code or 0
-    out, err = capsys.readouterr()
+    """``idlegpu argv``: its exit code, and its output with the lines' wrapping undone."""
+    code, out, err = run_cli(capsys, *argv)
     return code, " ".join(out.split()), " ".join(err.split())
 
 

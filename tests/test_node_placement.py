@@ -3,8 +3,9 @@
 import numpy as np
 import pandas as pd
 import pytest
+from test_simulate import TZ, at
+from test_simulate import pool as small_pool
 
-from idlegpu.forecast.config import load_config
 from idlegpu.forecast.nodes import (
     BINPACK,
     SPREAD,
@@ -14,10 +15,6 @@ from idlegpu.forecast.nodes import (
     whole_free_nodes,
 )
 from idlegpu.scheduler.simulate import SimJob, simulate
-
-TZ = "Asia/Seoul"
-START = pd.Timestamp("2026-01-05 00:00", tz=TZ)  # a Monday
-
 
 # --- the pure model -------------------------------------------------------------------------
 
@@ -133,23 +130,7 @@ def nodes_pool(**pool):
     """One service of 4-GPU replicas on 5 nodes of 8 GPUs: 9 replicas by day, 2 at night
     (20:00-08:00): 32 GPUs free for the pool view, but after the day's 9 (spread 2, 2, 2, 2, 1)
     the ReplicaSet's night scale-down leaves the 2 on two nodes: 3 whole nodes free."""
-    settings = load_config(data={
-        "pool": {"total_gpus": 40, "headroom_gpus": 0, "timezone": TZ,
-                 "nodes": [{"gpus": 8, "count": 5}], **pool},
-        "query_templates": {"replicas": "r"},
-        "services": [{"name": "svc", "gpus_per_replica": 4, "min_replicas": 2,
-                      "max_replicas": 10}],
-        "admission": {"grace_seconds": 900, "min_segment_seconds": 1800},
-    })
-    local = pd.date_range(START, periods=10 * 96, freq="15min")
-    night = (local.hour >= 20) | (local.hour < 8)
-    history = pd.DataFrame({"unique_id": "svc/replicas", "ds": local.tz_convert("UTC"),
-                            "y": np.where(night, 2.0, 9.0)})
-    return settings, history
-
-
-def at(day, hour):
-    return (START + pd.Timedelta(days=day, hours=hour)).tz_convert("UTC").to_pydatetime()
+    return small_pool(days=10, nodes=[{"gpus": 8, "count": 5}], **pool)
 
 
 def job(id, gpus, hours, ckpt=False, submit=(7, 19), **kw):

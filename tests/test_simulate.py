@@ -13,19 +13,19 @@ TZ = "Asia/Seoul"
 START = pd.Timestamp("2026-01-05 00:00", tz=TZ)  # a Monday
 
 
-def pool():
+def pool(days: int = 14, **fields):
     """One service of 4-GPU replicas in a 40-GPU pool (no headroom): 2 replicas from 20:00 to
-    08:00 (32 GPUs free), 9 by day (4 free)."""
+    08:00 (32 GPUs free), 9 by day (4 free), over ``days`` days; ``fields`` add to ``pool:``."""
     settings = load_config(
         data={
-            "pool": {"total_gpus": 40, "headroom_gpus": 0, "timezone": TZ},
+            "pool": {"total_gpus": 40, "headroom_gpus": 0, "timezone": TZ, **fields},
             "query_templates": {"replicas": "r"},
             "services": [{"name": "svc", "gpus_per_replica": 4, "min_replicas": 2,
                           "max_replicas": 10}],
             "admission": {"grace_seconds": 900, "min_segment_seconds": 1800},
         }
     )
-    local = pd.date_range(START, periods=14 * 96, freq="15min")
+    local = pd.date_range(START, periods=days * 96, freq="15min")
     night = (local.hour >= 20) | (local.hour < 8)
     history = pd.DataFrame({"unique_id": "svc/replicas", "ds": local.tz_convert("UTC"),
                             "y": np.where(night, 2.0, 9.0)})
