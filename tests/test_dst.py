@@ -29,9 +29,7 @@ def wall_clock_history(end_local: str, days: int = 28, step: str = "15min",
     return pd.DataFrame({"unique_id": "svc/replicas", "ds": ds, "y": y})
 
 
-# statsmodels (MSTL) decomposes on the UTC grid: an hour off after a change until its history
-# catches up, as its module says
-@pytest.mark.parametrize("name", ["auto", "seasonal_naive", "gbm"])
+@pytest.mark.parametrize("name", ["auto", "seasonal_naive", "gbm", "statsmodels"])
 @pytest.mark.parametrize("end_local", ["2025-10-31 18:00", "2026-03-06 18:00"])
 def test_forecasts_follow_the_wall_clock_across_a_change_of_summer_time(name, end_local):
     history = wall_clock_history(end_local)

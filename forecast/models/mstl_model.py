@@ -24,9 +24,9 @@ Per series, on the last ``max_days`` days (default 56):
    the nearest shorter one). The components are two-sided smooths, so these errors are
    somewhat optimistic (intervals a little narrow); no bucket by hour of day.
 
-The decomposition runs on the regular UTC grid: ``timezone`` and ``holiday_country`` are
-accepted for the common interface but unused (holidays look like ordinary days to it, and after
-a daylight-saving change its daily curve is an hour off until the history catches up).
+The decomposition runs on the regular grid of the pool's wall clock (``timezone``): a day of
+23 or 25 hours is a day of the daily period too. ``holiday_country`` is accepted for the
+common interface but unused: holidays look like ordinary days to it.
 
 Quantiles are sorted, clipped to the series' bounds and stay continuous (no rounding).
 """
@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from idlegpu.forecast.calendar import wall_clock
 from idlegpu.forecast.errors import HistoryError, PermanentError
 from idlegpu.forecast.models.base import (
     DAY,
@@ -61,6 +62,7 @@ class _Fitted:
     last_resid: float
     phi: float
     error_table: dict[int, np.ndarray]  # lead bucket -> error quantiles on GRID
+    origin: pd.Timestamp  # the wall-clock time of the last step decomposed (naive, local)
 
 
 def _import_mstl():
@@ -92,7 +94,7 @@ class MSTLForecaster(SeriesForecaster):
         max_days: float = 56,
         iterate: int = 2,
     ) -> None:
-        # time zone and holidays are unused (see the module docstring)
+        # holidays are unused (see the module docstring)
         super().__init__(timezone=timezone, holiday_country=holiday_country, bounds=bounds)
         self.max_days = max_days
         self.iterate = iterate
@@ -105,6 +107,7 @@ class MSTLForecaster(SeriesForecaster):
         mstl = self._mstl
         values = series.values
         values = values[values.index > series.last - pd.Timedelta(days=self.max_days)]
+        values = self._on_wall_clock(values, series.step)
         n = len(values)
         per_day = int(DAY / series.step)
         per_week = int(WEEK / series.step)
@@ -130,7 +133,16 @@ class MSTLForecaster(SeriesForecaster):
         phi = _ar1(resid, observed)
         table = self._error_table(y, observed, trend, seasonal, resid, phi, periods, series)
         tails = [seasonal[n - p :, k] for k, p in enumerate(periods)]
-        return _Fitted(series, periods, float(trend[-1]), tails, float(resid[-1]), phi, table)
+        return _Fitted(series, periods, float(trend[-1]), tails, float(resid[-1]), phi, table,
+                       values.index[-1])
+
+    def _on_wall_clock(self, values: pd.Series, step: pd.Timedelta) -> pd.Series:
+        """``values`` on the regular grid of the pool's wall clock, so that a period of a day
+        is a day of the wall clock across a change of summer time: of the hour the change
+        repeats the first pass is kept, the hour it skips is a gap (interpolated like any)."""
+        wall = pd.Series(values.to_numpy(), index=wall_clock(values.index, self.timezone))
+        wall = wall[~wall.index.duplicated(keep="first")]
+        return wall.reindex(pd.date_range(wall.index[0], wall.index.max(), freq=step))
 
     def _error_table(self, y, observed, trend, seasonal, resid, phi, periods, series):
         """h-step errors of the forecast rule replayed from an origin every hour."""
@@ -169,7 +181,10 @@ class MSTLForecaster(SeriesForecaster):
     # ---------------------------------------------------------------- predict
     def _predict_one(self, f: _Fitted, horizon: pd.Timedelta, qs: tuple[float, ...]):
         index = f.series.future_index(horizon)
-        leads = np.arange(1, len(index) + 1)
+        # steps ahead on the wall clock: the repeated hour's two passes share a lead, the
+        # skipped hour has none
+        wall = wall_clock(index, self.timezone)
+        leads = np.maximum(1, np.round(np.asarray((wall - f.origin) / f.series.step)).astype(int))
         point = f.trend + f.last_resid * f.phi ** leads.astype(float)
         for tail, p in zip(f.seasonal, f.periods):
             # position within the last period: 0 is its first step, p - 1 the origin
