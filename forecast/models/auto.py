@@ -201,8 +201,7 @@ class AutoForecaster(SeriesForecaster):
         span = require_span(series, series.values, DAY, self.name)
         # too little for weekly shapes: one curve for every day
         one_curve = span < WEEK
-        local, slots, kinds = self._calendar(series.values.index, series.step, one_curve)
-        wall = local.tz_localize(None)
+        wall, slots, kinds = self._calendar(series.values.index, series.step, one_curve)
         first_day = wall[0].normalize()
         day_of = ((wall.normalize() - first_day) // DAY).to_numpy().astype(int)
         n_days, n_slots = day_of[-1] + 1, int(DAY / series.step)
@@ -222,15 +221,14 @@ class AutoForecaster(SeriesForecaster):
     def _calendar(
         self, index: pd.DatetimeIndex, step: pd.Timedelta, one_curve: bool
     ) -> tuple[pd.DatetimeIndex, np.ndarray, np.ndarray]:
-        """Local times, slot of day and day type of every step of ``index``; with
-        ``one_curve`` every day counts as a working day."""
-        local = index.tz_convert(self.timezone)
+        """Wall-clock times (naive, local), slot of day and day type of every step of ``index``;
+        with ``one_curve`` every day counts as a working day."""
         wall = wall_clock(index, self.timezone)
         slots = ((wall - wall.normalize()) // step).to_numpy().astype(int)
         kinds = day_types(index, self.timezone, self.calendar)
         if one_curve:
             kinds = np.full_like(kinds, WORKING_DAY)
-        return local, slots, kinds
+        return wall, slots, kinds
 
     def _profile(self, f: _Fitted, before_day: int) -> np.ndarray:
         """Day-type x slot curve from the complete days before ``before_day``."""
