@@ -25,8 +25,12 @@ A pod's life, as a kubelet and a well-behaved workload would live it:
   ``spec.terminationGracePeriodSeconds``, else 30 s). A pod deleted before its containers started
   ends with 137 ``ContainerStatusUnknown``, as the kubelet's status manager reports it. Then the
   phase is set (``Failed``; ``Succeeded`` only for exit 0) with ``containerStatuses[].state
-  .terminated``, and the pod is deleted with ``gracePeriodSeconds=0`` (uid precondition).
-  Like a real kubelet, the simulator never adds a ``DisruptionTarget`` condition.
+  .terminated``, and, ``delete_delay`` seconds later (the kubelet's status sync, then its pod
+  worker's final delete: 0 s to a few seconds on a real node), the pod is deleted with
+  ``gracePeriodSeconds=0`` (uid precondition). The Job controller judges a pod it still sees
+  terminal against the Job's ``podFailurePolicy``: the longer the delay, the surer it does.
+  Like a real kubelet, the simulator never adds a ``DisruptionTarget`` condition, and its status
+  writes (strategic merge patches keyed by condition type) keep the conditions others set.
 
 Per-pod behaviour: the simulator's defaults, overridden by these pod annotations (put them on a
 Job's pod template):
@@ -36,6 +40,8 @@ Job's pod template):
   ``never`` = until deleted (default ``run_seconds``, None = until deleted)
 * ``sim.idlegpu.io/exit-code``: the exit code when the run time elapses (default ``exit_code``, 0)
 * ``sim.idlegpu.io/shutdown-seconds``: SIGTERM to exit 143 (default ``shutdown_seconds``)
+* ``sim.idlegpu.io/delete-delay-seconds``: the terminal status to the final delete (default
+  ``delete_delay``: one number, or one per node in order; ``exit_code`` likewise)
 
 ``kill_node(name)``: that node stops heartbeating (the node-lifecycle controller marks it
 ``Unknown`` after its grace period) and its pods are no longer handled: deleted ones stay stuck
@@ -75,6 +81,7 @@ START_DELAY_SECONDS = ANNOTATION_PREFIX + "start-delay-seconds"
 RUN_SECONDS = ANNOTATION_PREFIX + "run-seconds"
 EXIT_CODE = ANNOTATION_PREFIX + "exit-code"
 SHUTDOWN_SECONDS = ANNOTATION_PREFIX + "shutdown-seconds"
+DELETE_DELAY_SECONDS = ANNOTATION_PREFIX + "delete-delay-seconds"
 
 GPU = "nvidia.com/gpu"
 NODE_LEASE_NAMESPACE = "kube-node-lease"
@@ -203,6 +210,7 @@ class SimPod:
     run_seconds: float | None
     exit_code_on_completion: int
     shutdown_seconds: float
+    delete_delay: float = 0.0  # the terminal status written -> the final delete
     state: str = "pending"  # pending -> running -> exited
     seen_at: datetime = field(default_factory=_now)
     started_at: datetime | None = None  # containers running
@@ -221,6 +229,7 @@ class SimPod:
     _started: float = field(default=0.0, repr=False)
     _end_due: float | None = field(default=None, repr=False)
     _end: tuple[int, str] | None = field(default=None, repr=False)
+    _delete_due: float | None = field(default=None, repr=False)
     _pending_sent: bool = field(default=False, repr=False)
     _start_time: str | None = field(default=None, repr=False)  # status.startTime
     _retry_at: float = field(default=0.0, repr=False)
@@ -268,6 +277,16 @@ def _values_of(container: dict[str, Any], pod: dict[str, Any], host_ip: str) -> 
     return seen
 
 
+def _per_node(value: Any, names: list[str], what: str) -> dict[str, Any]:
+    """One value for every node, or one per node in the order of ``names``."""
+    if isinstance(value, (int, float)):
+        return dict.fromkeys(names, value)
+    values = list(value)
+    if len(values) != len(names):
+        raise ValueError(f"{what}: one value, or one per node ({len(names)})")
+    return dict(zip(names, values, strict=True))
+
+
 def _env_of(container: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for var in container.get("env") or []:
@@ -296,8 +315,9 @@ class NodeSimulator:
         name_prefix: str | None = None,
         start_delay: float = 0.2,
         run_seconds: float | None = None,
-        exit_code: int = 0,
+        exit_code: int | Sequence[int] = 0,
         shutdown_seconds: float = 1.0,
+        delete_delay: float | Sequence[float] = 1.0,
         heartbeat_seconds: float = 2.0,
         lease_duration_seconds: int = 40,
     ) -> None:
@@ -320,8 +340,9 @@ class NodeSimulator:
         self.taints = taints or []
         self.start_delay = start_delay
         self.run_seconds = run_seconds
-        self.exit_code = exit_code
+        self.exit_code = _per_node(exit_code, names, "exit_code")
         self.shutdown_seconds = shutdown_seconds
+        self.delete_delay = _per_node(delete_delay, names, "delete_delay")
         self.heartbeat_seconds = heartbeat_seconds
         self.lease_duration_seconds = lease_duration_seconds
 
@@ -728,8 +749,10 @@ class NodeSimulator:
             annotations=dict(annotations),
             start_delay=number(START_DELAY_SECONDS, self.start_delay) or 0.0,
             run_seconds=number(RUN_SECONDS, self.run_seconds, infinite=True),
-            exit_code_on_completion=int(number(EXIT_CODE, self.exit_code) or 0),
+            exit_code_on_completion=int(number(EXIT_CODE, self.exit_code[spec["nodeName"]])
+                                        or 0),
             shutdown_seconds=number(SHUTDOWN_SECONDS, self.shutdown_seconds) or 0.0,
+            delete_delay=number(DELETE_DELAY_SECONDS, self.delete_delay[spec["nodeName"]]) or 0.0,
             last_object=pod,
             _seen=time.monotonic(),
         )
@@ -796,9 +819,16 @@ class NodeSimulator:
                 if now < due:
                     return due
                 code = record.exit_code_on_completion
-                self._finish(pod, record, code, "Completed" if code == 0 else "Error")
+                # a container that ends on its own with 137 was killed by the kernel's OOM
+                # killer, as the kubelet reports it
+                reason = {0: "Completed", SIGKILL_EXIT: "OOMKilled"}.get(code, "Error")
+                self._finish(pod, record, code, reason)
 
         if deleting and not record.deleted:
+            if record._delete_due is None:
+                record._delete_due = time.monotonic() + record.delete_delay
+            if time.monotonic() < record._delete_due:
+                return record._delete_due
             assert self._kube is not None
             try:
                 self._kube.request(

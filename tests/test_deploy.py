@@ -153,6 +153,8 @@ def test_roles_grant_only_what_the_daemon_uses():
     assert grants(roles[JOBS, "idlegpu"]) == {
         ("batch", "jobs"): {"get", "list", "create", "patch", "delete"},
         ("", "pods"): {"get", "list"},
+        # the DisruptionTarget condition on the pods of a Job it stops, before the suspend
+        ("", "pods/status"): {"patch"},
         # a multi-node gang's headless Service (rendezvous), created with its Job, deleted
         # with it; never read, never changed
         ("", "services"): {"create", "delete"},

@@ -166,7 +166,7 @@ def test_restricted_admits_the_pods_of_the_daemon_and_of_postgres(deployed, kube
 
 MAY = [  # (verb, resource, namespace)
     *[(verb, "jobs.batch", JOBS) for verb in ("get", "list", "create", "patch", "delete")],
-    ("get", "pods", JOBS), ("list", "pods", JOBS),
+    ("get", "pods", JOBS), ("list", "pods", JOBS), ("patch", "pods/status", JOBS),
     *[(verb, "leases.coordination.k8s.io", SYSTEM) for verb in ("get", "create", "update")],
     # the node view (ClusterRole idlegpu-node-view): nodes, and the pods bound to them
     ("get", "nodes", "default"), ("list", "nodes", "default"),
@@ -177,7 +177,8 @@ MAY_NOT = [
     ("update", "jobs.batch", JOBS), ("watch", "jobs.batch", JOBS),
     ("delete", "pods", JOBS), ("create", "pods", JOBS), ("patch", "pods", JOBS),
     ("create", "pods/eviction", JOBS), ("create", "pods/exec", JOBS), ("get", "pods/log", JOBS),
-    ("update", "jobs.batch/status", JOBS),
+    ("update", "jobs.batch/status", JOBS), ("update", "pods/status", JOBS),
+    ("patch", "pods/status", SYSTEM), ("patch", "pods/status", "default"),
     ("get", "pods", SYSTEM),
     ("get", "secrets", SYSTEM), ("list", "secrets", SYSTEM), ("get", "secrets", JOBS),
     ("list", "secrets", JOBS), ("get", "configmaps", JOBS),
@@ -245,7 +246,7 @@ def test_the_daemon_holds_exactly_its_roles(kube_control_plane):
     assert extra == {
         JOBS: {*{("batch", "jobs", verb, "*")
                  for verb in ("get", "list", "create", "patch", "delete")},
-               ("", "pods", "get", "*"), *node_view,
+               ("", "pods", "get", "*"), ("", "pods/status", "patch", "*"), *node_view,
                # a gang's headless Service, created with its Job and deleted with it
                ("", "services", "create", "*"), ("", "services", "delete", "*")},
         SYSTEM: {*{("coordination.k8s.io", "leases", verb, "*")
@@ -459,6 +460,13 @@ def test_restricted_admits_the_job_the_daemon_builds(deployed, daemon_api, kube_
         best_effort = deployed.find("PriorityClass", "idlegpu-best-effort")
         assert pod["spec"]["priority"] == best_effort["value"] < 0
         assert pod["spec"]["preemptionPolicy"] == "Never"
+        # the stop's first step with the deployed Role (pods/status: patch): the pod marked
+        from idlegpu.scheduler.adapters.kubernetes import KubernetesCluster
+        cluster = KubernetesCluster(daemon_api, namespace=JOBS, retries=0)
+        assert cluster.mark_disrupted(name, "stopped by idlegpu (planned): probe") == 1
+        marked = _get(kube, "pod", pod["metadata"]["name"], "-n", JOBS)
+        assert {(c["type"], c["status"], c.get("reason")) for c in marked["status"][
+            "conditions"]} >= {("DisruptionTarget", "True", "StoppedByIdlegpu")}
     finally:
         client.BatchV1Api(daemon_api).delete_namespaced_job(
             name, JOBS, propagation_policy="Background")

@@ -119,8 +119,11 @@ def verbs_used(sent) -> dict[str, set[str]]:
     used: dict[str, set[str]] = {}
     for request in sent:
         parts = request.path.rstrip("/").split("/")
+        subresource = parts[-1] == "status"  # .../pods/NAME/status
+        if subresource:
+            parts = parts[:-1]
         collection = parts[-1] in ("jobs", "pods", "nodes")
-        resource = parts[-1] if collection else parts[-2]
+        resource = (parts[-1] if collection else parts[-2]) + ("/status" if subresource else "")
         verb = {("GET", True): "list", ("GET", False): "get", ("POST", True): "create",
                 ("PATCH", False): "patch", ("DELETE", False): "delete"}[(request.method,
                                                                           collection)]
@@ -229,11 +232,13 @@ def test_traffic_rises_the_cheapest_job_stops_and_resumes_later(pool, daemon_cre
     used = verbs_used(sent)
     assert used["jobs"] == granted["jobs"]
     assert used["pods"] == {"list"} <= granted["pods"]
+    # the stop marked the pod DisruptionTarget before the suspend, with the grant for it
+    assert used["pods/status"] == {"patch"} == granted["pods/status"]
     # the node view: the GPU nodes and the pods bound to them, cluster-wide
     viewed = {rule["resources"][0]: set(rule["verbs"])
               for rule in the_deployed_role("ClusterRole", "idlegpu-node-view")["rules"]}
     assert used["nodes"] == {"list"} <= viewed["nodes"] and {"list"} <= viewed["pods"]
-    assert set(used) == {"jobs", "pods", "nodes"}
+    assert set(used) == {"jobs", "pods", "pods/status", "nodes"}
 
 
 # --------------------------------------------------------------------------- the fake server

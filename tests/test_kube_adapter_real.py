@@ -237,8 +237,13 @@ def test_stop_records_its_kind_and_time_with_the_suspend(server: Server) -> None
     assert job["metadata"]["resourceVersion"] != rv
     # one merge patch, conditional on the resourceVersion just read (the Job controller
     # writing the status in between makes the server refuse it with 409: read again, resend)
-    patches = [r for r in server.sent[before:] if r.method == "PATCH"]
+    patches = [r for r in server.sent[before:] if r.method == "PATCH" and "/jobs/" in r.path]
     assert 1 <= len(patches) <= 3
+    # its pending pod got DisruptionTarget first (pods/status), whatever ends it later
+    marks = [r for r in server.sent[before:] if r.method == "PATCH" and r.path.endswith(
+        "/status")]
+    assert len(marks) == 1 and server.sent.index(marks[0]) < server.sent.index(patches[0])
+    sent_after_first = server.count("PATCH")
     for patch in patches:
         assert patch.content_type == "application/merge-patch+json"
         precondition = patch.body["metadata"].pop("resourceVersion")
@@ -251,7 +256,7 @@ def test_stop_records_its_kind_and_time_with_the_suspend(server: Server) -> None
     job = server.job(name)
     assert job["metadata"]["annotations"]["idlegpu.io/stop-kind"] == "planned"
     assert job["metadata"]["annotations"]["idlegpu.io/stopped-at"] == "2026-03-02T13:00:00Z"
-    assert server.count("PATCH") == len(patches)  # nothing sent
+    assert server.count("PATCH") == sent_after_first  # nothing sent
     (seen,) = cluster.observe()
     assert seen.stop_kind is StopKind.PLANNED and seen.stopped_at == NOW + timedelta(hours=4)
 
@@ -426,6 +431,80 @@ def test_observe_reports_stopping_while_the_pod_terminates_then_suspended(
     assert sim.pod(server.ns, pod.name).exit_code == 143
     assert job.phase is JobPhase.SUSPENDED and job.phase.is_over() and job.attempt == 2
     assert job.stop_kind is StopKind.PREEMPT and job.message == "preempt"
+
+
+def test_a_stop_marks_the_pods_disrupted_before_it_suspends_the_job(server: Server,
+                                                                  gpu_node) -> None:
+    sim, labels = gpu_node
+    cluster = server.cluster(labels)
+    name = cluster.apply("req7-0-1", 1, make_spec(), team="nlp", stop_by=None, now=NOW)
+    wait_for(lambda: [j.phase for j in cluster.observe()] == [JobPhase.RUNNING], what="running")
+    (running,) = sim.running_pods()
+    before = len(server.sent)
+    cluster.stop(name, reason="window closes", kind=StopKind.PLANNED, now=NOW)
+    sent = [(r.method, r.path.rsplit("/", 2)[-2:], r.content_type)
+            for r in server.sent[before:] if r.method != "GET" or "pods" in r.path]
+    # list the Job's pods, mark each (one strategic merge on pods/status), suspend (a 409 from
+    # the Job controller's status write means read, list and send again), list again
+    marks = [i for i, r in enumerate(sent) if r[1] == [running.name, "status"]]
+    suspends = [i for i, r in enumerate(sent) if r[0] == "PATCH" and r[1] == ["jobs", name]]
+    assert len(marks) == 1 and sent[marks[0]][2] == "application/strategic-merge-patch+json"
+    assert sent[0][0] == "GET" and marks[0] < suspends[0]
+    assert sent[-1][0] == "GET" and suspends[-1] == len(sent) - 2  # nothing left unmarked
+    pod = sim.wait_pod(server.ns, running.name, "exited")
+    target = next(c for c in pod.last_object["status"]["conditions"]
+                  if c["type"] == "DisruptionTarget")
+    assert (target["status"], target["reason"]) == ("True", "StoppedByIdlegpu")
+    assert target["message"] == "stopped by idlegpu (planned): window closes"
+    # the server's time, not the daemon's (NOW is in March): the disruption controller would
+    # reset a condition it takes for stale
+    marked_at = server_time(target["lastTransitionTime"].replace("Z", "+00:00"))
+    assert abs((marked_at - datetime.now(UTC)).total_seconds()) < 60
+    assert pod.exit_code == 143 and pod.phase == "Failed"
+    job = wait_for(lambda: next((j for j in cluster.observe()
+                                 if j.phase is not JobPhase.STOPPING), None), what="stopped")
+    assert job.phase is JobPhase.SUSPENDED
+    conditions = {c["type"] for c in server.job(name)["status"]["conditions"]}
+    assert conditions == {"Suspended"}
+
+
+def test_a_stop_without_the_pods_status_grant_still_stops(server: Server, gpu_node,
+                                                          caplog) -> None:
+    """An older Role (jobs and pods, no pods/status): the stop goes ahead (the service needs
+    the GPUs), with one warning naming the grant, and is still read as ours."""
+    _sim, labels = gpu_node
+    rbac = kubernetes.client.RbacAuthorizationV1Api(server.admin)
+    rbac.create_namespaced_role(server.ns, {"metadata": {"name": "old-idlegpu"}, "rules": [
+        {"apiGroups": ["batch"], "resources": ["jobs"],
+         "verbs": ["get", "list", "create", "patch", "delete"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}]})
+    rbac.create_namespaced_role_binding(server.ns, {
+        "metadata": {"name": "old-idlegpu"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                    "name": "old-idlegpu"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
+                      "name": "nobody"}]})
+    cluster = KubernetesCluster.from_config(server.plane.kubeconfig_for("nobody"),
+                                            namespace=server.ns, node_selector=labels,
+                                            tolerations=TOLERATIONS, backoff_s=0.0)
+    wait_for(lambda: _may(cluster, "list", "pods"), what="the RoleBinding in force")
+    name = cluster.apply("req7-0-1", 1, make_spec(), team="nlp", stop_by=None, now=NOW)
+    wait_for(lambda: [j.phase for j in cluster.observe()] == [JobPhase.RUNNING], what="running")
+    with caplog.at_level("WARNING"):
+        cluster.stop(name, reason="r", kind=StopKind.PLANNED, now=NOW)
+        cluster.stop(name, reason="r", kind=StopKind.PLANNED, now=NOW)
+    warnings = [r.getMessage() for r in caplog.records if "cannot mark" in r.getMessage()]
+    assert len(warnings) == 1 and "grant pods/status: patch" in warnings[0]
+    assert server.job(name)["spec"]["suspend"] is True
+    job = wait_for(lambda: next((j for j in cluster.observe()
+                                 if j.phase.is_over()), None), what="stopped", timeout=40)
+    assert job.stop_kind is StopKind.PLANNED  # ours, whatever the Job controller made of it
+
+
+def _may(cluster: KubernetesCluster, verb: str, resource: str) -> bool:
+    review = kubernetes.client.AuthorizationV1Api(cluster.api_client)
+    return review.create_self_subject_access_review({"spec": {"resourceAttributes": {
+        "namespace": cluster.namespace, "resource": resource, "verb": verb}}}).status.allowed
 
 
 def test_a_planned_stop_enforced_by_the_deadline_is_a_stop_not_a_failure(

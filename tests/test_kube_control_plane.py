@@ -6,10 +6,13 @@ Never, podFailurePolicy: Ignore on DisruptionTarget, then FailJob on any non-zer
 
 * suspending a running Job makes the Job controller delete its pod through the API (with the
   pod's terminationGracePeriodSeconds) and drop the pod's tracking finalizer at once: the pod
-  gets NO DisruptionTarget condition and the workload exits 143 on SIGTERM (phase Failed), but
-  the Job never counts that failure: it stays ``Suspended`` (reason JobSuspended) with no
-  FailureTarget/Failed condition, ``status.failed`` unset and ``status.startTime`` cleared; see
-  ``test_suspending_a_running_job_ends_it_by_sigterm``;
+  gets NO DisruptionTarget condition and the workload exits 143 on SIGTERM (phase Failed). The
+  Job is ``Suspended`` (reason JobSuspended) with ``status.startTime`` cleared, and yet, once the
+  Job controller sees the pod terminal (the kubelet writes the phase before its final delete),
+  it judges it against the pod failure policy: ``FailureTarget`` from the FailJob rule, then
+  ``Failed``. An earlier stand-in deleted the pod in the same instant, and the Job controller
+  never saw it terminal. See ``test_suspending_a_running_job_ends_it_by_sigterm``; how idlegpu
+  keeps its stops from failing Jobs is in tests/test_kube_stops.py;
 * a node that stops heartbeating leaves a deleted pod Terminating (no kubelet to finish it);
   after ``--node-monitor-grace-period`` (20 s here) the node turns Ready=Unknown
   (NodeStatusUnknown), gets the unreachable NoSchedule and NoExecute taints, and its pods turn
@@ -26,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from job_watch import JobWatcher
 from kube_control_plane import ControlPlane, KubeBinariesMissingError, find_binaries
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -217,8 +221,9 @@ def test_more_gpus_than_any_node_has_stays_unschedulable(
 def test_suspending_a_running_job_ends_it_by_sigterm(
     kube_namespace: str, node_sim: Callable[..., NodeSimulator], api: Any,
 ) -> None:
-    sim = node_sim(nodes=1, gpus=4)
+    sim = node_sim(nodes=1, gpus=4, delete_delay=2.0)  # the final delete 2 s after the phase
     ns, batch = kube_namespace, client.BatchV1Api(api)
+    watch = JobWatcher(api, ns).__enter__()
     batch.create_namespaced_job(
         ns, gpu_job("preempted", 1, annotations={SHUTDOWN_SECONDS: "1"}, grace_seconds=10)
     )
@@ -277,14 +282,18 @@ def test_suspending_a_running_job_ends_it_by_sigterm(
     print("suspend facts:", json.dumps(observed, indent=1))
 
     # what 1.36 really does: the Job controller removes the pod's tracking finalizer as it
-    # deletes it, so the pod's exit 143 (Failed, no DisruptionTarget) is never held against
-    # the Job: no FailureTarget, no Failed, status.failed 0; the Job just stays Suspended
+    # deletes it, and still holds the pod's exit 143 (Failed, no DisruptionTarget) against the
+    # Job once it sees the pod terminal: FailureTarget from the FailJob rule
+    watch.__exit__(None, None, None)
     conds = conditions(job)
     assert job["spec"]["suspend"] is True
-    assert set(conds) == {"Suspended"}
     assert (conds["Suspended"]["status"], conds["Suspended"]["reason"]) == ("True",
                                                                           "JobSuspended")
-    assert not status.get("failed") and not status.get("succeeded")
+    target = next(e.conditions["FailureTarget"] for e in watch.of("preempted")
+                  if "FailureTarget" in e.conditions)
+    assert target.startswith("PodFailurePolicy: ") and "exit code 143" in target
+    assert "FailJob rule at index 1" in target
+    assert not status.get("succeeded")
     assert not status.get("active") and not status.get("ready")
     assert status.get("startTime") is None  # cleared on suspend
     assert running_finalizers == []

@@ -13,12 +13,13 @@ Jobs are named deterministically from ``(unit_id, attempt)``, so a create that i
 a lost response, or repeated after a restart, adopts the Job already there (409 Conflict)
 instead of running it twice. Stopping suspends the Job and writes the stop's kind, reason and
 time on it in the same patch. The Job controller then deletes the pods through the API, which
-gives them no ``DisruptionTarget`` condition (the ``podFailurePolicy`` Ignore rule covers only
-the kube-scheduler's evictions); on 1.36 it also drops the pods' tracking finalizer at once, so
-their exit 143 is never counted and the Job stays ``Suspended``. A Job that ends Failed after
-our stop (other servers) is still read as our stop. A suspended Job whose pods still terminate
-is ``STOPPING``: they hold their GPUs. A suspended Job is not finished, so
-``ttlSecondsAfterFinished`` never removes it: the controller deletes it (with
+gives them no ``DisruptionTarget`` condition, and judges a pod it sees terminal (exit 143)
+against the ``podFailurePolicy`` although it dropped the pod's tracking finalizer: its FailJob
+rule would fail the Job (1.36). So the stop first gives the Job's live pods ``DisruptionTarget``
+itself (``mark_disrupted``, a ``pods/status`` patch), and the Ignore rule applies. A Job that
+ends Failed after our stop (no ``pods/status`` grant) is still read as our stop. A suspended
+Job whose pods still terminate is ``STOPPING``: they hold their GPUs. A suspended Job is not
+finished, so ``ttlSecondsAfterFinished`` never removes it: the controller deletes it (with
 ``propagationPolicy=Background``, since a Job deleted through the API otherwise orphans its
 pods) once the store has recorded the attempt's end. Finished Jobs are left to
 ``ttlSecondsAfterFinished`` (the ``ttl_seconds_after_finished`` option) or the cluster's policy.
@@ -53,6 +54,7 @@ With ``scheduler/adapters/lease.py`` (leader election), the only module allowed 
 from __future__ import annotations
 
 import copy
+import email.utils
 import hashlib
 import json
 import logging
@@ -61,7 +63,7 @@ import os
 import re
 import time
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import kubernetes
@@ -112,6 +114,8 @@ _MAX_NAME = 63
 _MAX_LABEL = 63
 _RETRYABLE_STATUS = {429, 500, 502, 503, 504}
 _MERGE_PATCH = "application/merge-patch+json"
+_STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
+DISRUPTION_REASON = "StoppedByIdlegpu"  # the DisruptionTarget reason of the pods we stop
 
 
 class ClusterUnavailableError(TemporaryError):
@@ -192,6 +196,18 @@ def _quantity_cpu(cpu: float) -> str:
 
 def _iso(when: datetime) -> str:
     return when.isoformat().replace("+00:00", "Z")
+
+
+def _server_time(date_header: str | None) -> datetime:
+    """The server's time from an answer's ``Date`` header (else this machine's real time), for
+    a field the server's controllers compare with their own clocks (a pod condition's
+    ``lastTransitionTime``), never the daemon's (possibly replayed) ``now``."""
+    if date_header:
+        try:
+            return email.utils.parsedate_to_datetime(date_header).astimezone(UTC)
+        except (TypeError, ValueError):
+            pass
+    return datetime.now(UTC).replace(microsecond=0)
 
 
 def _parse_time(value: Any) -> datetime | None:
@@ -457,6 +473,8 @@ class KubernetesCluster:
         self.selector = SELECTOR + (f",{LABEL_INSTANCE}={label_value(instance)}"
                                     if instance else "")
         self._pods_readable = True
+        self._pods_markable = True
+        self._server_date: str | None = None  # the Date header of the last answer
         self.namespace = namespace
         self.node_selector = dict(node_selector or {})
         self.tolerations = [dict(t) for t in (tolerations or [])]
@@ -611,9 +629,8 @@ class KubernetesCluster:
             "completions": spec.nodes if gang else 1,
             "parallelism": spec.nodes if gang else 1,
             "podFailurePolicy": {"rules": [
-                # the kube-scheduler's preemption, the Eviction API and taint eviction are not
-                # failures of the job (our own stops get no DisruptionTarget: they are read
-                # back from the stop written on the Job)
+                # the kube-scheduler's preemption, the Eviction API, taint eviction and our own
+                # stops (stop() marks the pods before the suspend) are not failures of the job
                 {"action": "Ignore",
                  "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
                 # any other failure of the container fails the Job at once, retries or not
@@ -790,18 +807,28 @@ class KubernetesCluster:
             if _finished_condition(job) is not None:
                 return  # it ended already and holds no GPUs
             meta = job.get("metadata") or {}
+            stop_kind = (meta.get("annotations") or {}).get(ANN_STOP_KIND) or kind.value
             if (meta.get("annotations") or {}).get(ANN_STOP_KIND):
                 if (job.get("spec") or {}).get("suspend"):
-                    return  # stopped before: the first stop stands
+                    # stopped before: the first stop stands (its pods, marked then, are marked
+                    # again if one was missed)
+                    self.mark_disrupted(name, f"stopped by idlegpu ({stop_kind})")
+                    return
                 patch: dict[str, Any] = {"spec": {"suspend": True}}
             else:
                 patch = {"metadata": {"annotations": {
                     ANN_STOP_REASON: reason[:1024], ANN_STOP_KIND: kind.value,
                     ANN_STOPPED_AT: _iso(now)}}, "spec": {"suspend": True}}
             patch.setdefault("metadata", {})["resourceVersion"] = meta.get("resourceVersion")
+            message = f"stopped by idlegpu ({stop_kind}): {reason}"
+            # before the suspend: the Job controller must never see one of these pods terminal
+            # without the mark, whatever the order of the kubelet's status write and delete
+            self.mark_disrupted(name, message)
             try:
                 self._call("patch", lambda body=patch, **kw: self.batch.patch_namespaced_job(
                     name, self.namespace, body, _content_type=_MERGE_PATCH, **kw))
+                # a pod the Job controller created between the list above and the suspend
+                self.mark_disrupted(name, message)
                 return
             except _NotFound:
                 log.info("Job %s/%s is already gone", self.namespace, name)
@@ -812,6 +839,63 @@ class KubernetesCluster:
                 raise
         raise ClusterUnavailableError(
             f"Job {self.namespace}/{name} kept changing while being stopped; retry", delay=1.0)
+
+    def mark_disrupted(self, name: str, message: str) -> int:
+        """Give every live pod of Job ``name`` the ``DisruptionTarget`` condition (a
+        ``pods/status`` patch), as the kube-scheduler's preemption and the Eviction API do, so
+        the Job's ``podFailurePolicy`` Ignore rule applies to whatever the workload exits with
+        (143 on SIGTERM, 137 past its grace period, its own code). Without it, a suspended Job
+        whose pod the Job controller sees terminal before its final delete gets
+        ``FailureTarget`` from the FailJob rule, and then ``Failed`` (1.36). Returns how many
+        pods it marked. Without the ``pods/status`` patch grant the stop still goes ahead (the
+        service needs the GPUs), with one warning naming the grant."""
+        if self.core is None or not self._pods_markable:
+            return 0
+        try:
+            body = self._call("list", lambda **kw: self.core.list_namespaced_pod(
+                self.namespace, label_selector=f"{JOB_NAME_LABEL}={name}", **kw),
+                resource="pods")
+        except ClusterPermissionError as exc:
+            log.warning("cannot list the pods of Job %s/%s to mark them stopped (%s)",
+                        self.namespace, name, exc)
+            return 0
+        # the server's time: the disruption controller resets a DisruptionTarget whose
+        # lastTransitionTime is over 2 minutes old on a pod not yet deleted, by its own clock
+        condition = {"type": "DisruptionTarget", "status": "True", "reason": DISRUPTION_REASON,
+                     "message": message[:1024],
+                     "lastTransitionTime": _iso(_server_time(self._server_date))}
+        marked = 0
+        for pod in body.get("items") or []:
+            meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+            if status.get("phase") in ("Succeeded", "Failed"):
+                continue  # judged already
+            if any(c.get("type") == "DisruptionTarget" and c.get("status") == "True"
+                   for c in status.get("conditions") or []):
+                continue
+            # a strategic merge keyed by condition type: the kubelet's conditions stay, and the
+            # kubelet keeps ours in its own status writes (conditions it does not own)
+            patch = {"metadata": {"uid": meta.get("uid")}, "status": {"conditions": [condition]}}
+            pod_name = meta.get("name")
+            try:
+                self._call("patch", lambda body=patch, pod=pod_name, **kw:
+                           self.core.patch_namespaced_pod_status(
+                               pod, self.namespace, body,
+                               _content_type=_STRATEGIC_MERGE_PATCH, **kw),
+                           resource="pods/status")
+                marked += 1
+            except _NotFound:
+                continue  # gone already
+            except ClusterRejectedError as exc:
+                if exc.status == 409:  # a new pod of that name (uid precondition): not ours
+                    continue
+                raise
+            except ClusterPermissionError as exc:
+                self._pods_markable = False
+                log.warning("cannot mark stopped pods (%s): a planned stop may now fail its Job "
+                            "through the Job's podFailurePolicy (the daemon still reads it as "
+                            "its stop); grant pods/status: patch (deploy/role.yaml)", exc)
+                return marked
+        return marked
 
     def delete(self, name: str) -> None:
         if self.dry_run:
@@ -999,6 +1083,7 @@ class KubernetesCluster:
                 self._sleep(min(self.max_backoff_s, self.backoff_s * 2 ** (i - 1)))
             try:
                 response = fn(_preload_content=False, _request_timeout=self.request_timeout_s)
+                self._server_date = (getattr(response, "headers", None) or {}).get("Date")
                 data = response.data
                 return json.loads(data) if data else {}
             except ApiException as exc:
@@ -1029,7 +1114,8 @@ class KubernetesCluster:
                 f"Kubernetes denied '{verb}' on {resource} in namespace {self.namespace} "
                 f"(HTTP {exc.status}): {message or exc.reason}; grant the idlegpu service "
                 f"account the Role of deploy/role.yaml there (jobs.batch: get, list, create, "
-                f"patch, delete; pods: get, list; services: create, delete)")
+                f"patch, delete; pods: get, list; pods/status: patch; services: create, "
+                f"delete)")
         fields = _status_fields(exc)
         what = f" (fields: {', '.join(fields)})" if fields else ""
         return ClusterRejectedError(
@@ -1181,9 +1267,8 @@ def _phase(job: dict[str, Any], pods: list[dict[str, Any]] | None) -> tuple[JobP
         cond = conds["Failed"]
         text = f"{cond.get('reason', '')}: {cond.get('message', '')}".strip(": ")
         if stopped:
-            # our stop ended it. 1.36 keeps a suspended Job Suspended (it drops the pods'
-            # tracking finalizer as it deletes them), but a server that counts their exit 143
-            # would match the FailJob rule: no DisruptionTarget comes with an API deletion
+            # our stop ended it: its pods could not be marked (no pods/status grant, or one
+            # ended before the mark), and their exit 143 matched the FailJob rule
             return JobPhase.DISRUPTED, f"stopped ({stopped}), then the Job ended: {text}"
         if cond.get("reason") == "DeadlineExceeded" and ANN_STOP_BY in annotations:
             # the safety net of a planned stop fired (the daemon was not there): a stop, not a
