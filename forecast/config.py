@@ -566,12 +566,28 @@ class IdentityMapping(_Strict):
         return self
 
 
+class ApiQuota(_Strict):
+    """What each member of a team may hold through the job API (each caller on its own, not
+    the team together); past it a submit is refused with 429, naming the quota, the use and
+    when it frees. The defaults keep one member's growth of the job store to about 100 MB
+    and what a daemon pass reads of it to about 200 MB."""
+
+    live_units: int = Field(default=2000, ge=1)
+    """Units submitted and not yet ended (queued, admitted, running)."""
+    requests_per_hour: int = Field(default=120, ge=1)
+    """Requests submitted in the last hour."""
+    stored_bytes: int = Field(default=50_000_000, ge=1)
+    """Bytes of stored spec (each unit's JSON and its request's) of the live units."""
+
+
 class ApiTeam(_Strict):
     """What one team may ask of the job API."""
 
     max_priority: int | None = None
     """The highest ``priority`` its requests may carry (a higher one is refused, 422, naming
     this cap); None: no cap."""
+    quota: ApiQuota = ApiQuota()
+    """Each member's quota (``api.users`` overrides it for one caller)."""
 
 
 class TokenReviewConfig(_Strict):
@@ -616,9 +632,16 @@ class ApiConfig(_Strict):
     """Kubernetes and proxy users and groups -> team and role (first match wins)."""
     teams: dict[str, ApiTeam] = Field(default_factory=dict)
     """Per team (``"*"``: every team not listed) what it may ask for, e.g. its
-    ``max_priority``."""
+    ``max_priority`` and each member's ``quota``."""
+    users: dict[str, ApiQuota] = Field(default_factory=dict)
+    """Per caller (its user name: a token's name, a Kubernetes or proxy user) a quota of its
+    own, over its team's: how an operator raises (or lowers) one member's."""
     max_body_bytes: int = Field(default=1_000_000, gt=0)
-    """Request bodies larger than this are refused (413) before they are parsed."""
+    """Request bodies of the submit routes larger than this are refused (413) while they are
+    read, before they are parsed (every other route: 16 KiB)."""
+    docs: bool = True
+    """Serve ``/docs`` and ``/redoc`` (from this server's own assets); ``/openapi.json``
+    stays either way."""
     session_secret: SecretStr | None = None
     """The key the web console signs its session cookies with; every ``idlegpu serve``
     replica behind one address must share it (best from a Secret, as
@@ -640,6 +663,14 @@ class ApiConfig(_Strict):
 
     def team(self, name: str) -> ApiTeam:
         return self.teams.get(name) or self.teams.get("*") or ApiTeam()
+
+    def quota(self, team: str, user: str) -> tuple[ApiQuota, str]:
+        """The quota of caller ``user`` of ``team``, and the setting it comes from."""
+        if user in self.users:
+            return self.users[user], f"api.users.{user}"
+        key = team if team in self.teams else "*" if "*" in self.teams else None
+        return self.team(team).quota, (f"api.teams.{key}.quota" if key else
+                                       "the default of api.teams.<team>.quota")
 
 
 class Settings(BaseSettings):

@@ -8,7 +8,8 @@ warning of ours, once per process and server, for a server whose TLS certificate
   user, ``https://TOKEN@host``, is a secret too);
 * the credentials of an ``Authorization`` header or a ``Bearer``/``Basic``/``Token`` scheme;
 * the value of a parameter or field whose name says it is a secret (``token=``,
-  ``access_token=``, ``password=``, ``api_key=``, ``bearer_token: ...``, ``'secret': '...'``).
+  ``access_token=``, ``password=``, ``sslpassword=``, ``passfile=``, ``api_key=``,
+  ``bearer_token: ...``, ``'secret': '...'``): so a database URL's ``?password=`` too.
 
 It works on the text alone (no list of known secrets to keep in sync), so it is safe to apply
 twice and to any message. ``RedactingFilter`` applies it to log records.
@@ -35,7 +36,7 @@ _AUTH_SCHEME = re.compile(r"\b(Bearer|Basic)(\s+)([A-Za-z0-9\-._~+/]{8,}=*)")
 # a field or parameter whose name says it holds a secret: `name=value` (query strings, keyword
 # reprs) or a quoted value after `name:` (JSON, dict reprs); "bearer_token: Input should be..."
 # (a field named in an error) stays
-_SECRET_NAME = (r"[A-Za-z0-9_\-]*(?:token|passw(?:or)?d|pwd|secret|credentials?|signature"
+_SECRET_NAME = (r"[A-Za-z0-9_\-]*(?:token|passw(?:or)?d|passfile|pwd|secret|credentials?|signature"
                 r"|(?:api|secret|private|access|auth)[_\-]?key|apikey)")
 _SECRET_VALUE = re.compile(
     rf"(?i)(\b{_SECRET_NAME}\b['\"]?(?:\s*=\s*|\s*:\s*(?=['\"])))"

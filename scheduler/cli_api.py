@@ -134,10 +134,10 @@ def token_create(
 
     if role not in ROLES:
         raise typer.BadParameter(f"{role!r}: use one of {', '.join(ROLES)}", param_hint="--role")
-    if not _NAME.match(name) or len(name) > 63:
+    if not _NAME.fullmatch(name) or len(name) > 63:
         raise typer.BadParameter(f"{name!r}: use lowercase letters, digits, '-' and '.' (at "
                                  "most 63)", param_hint="--name")
-    if not re.match(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", team) or len(team) > 63:
+    if not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", team) or len(team) > 63:
         raise typer.BadParameter(f"{team!r}: use lowercase letters, digits and '-', e.g. "
                                  "alignment", param_hint="--team")
     valid_for = _expiry(expires)

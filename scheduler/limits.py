@@ -18,6 +18,7 @@ Problems are ``(field path, problem; fix)`` pairs; :mod:`idlegpu.scheduler.specs
 
 from __future__ import annotations
 
+import re
 import string
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -26,7 +27,7 @@ import yaml
 
 from idlegpu.forecast.config import RequestLimits
 
-__all__ = ["LimitError", "brief", "load_yaml_text", "precheck"]
+__all__ = ["SURROGATE_PROBLEM", "LimitError", "brief", "has_surrogate", "load_yaml_text", "precheck"]
 
 _SETTING = "admission.limits."
 _FORMATTER = string.Formatter()
@@ -240,6 +241,17 @@ def _text_len(value: Any) -> int:
     return 0
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+SURROGATE_PROBLEM = ("holds a lone UTF-16 surrogate (an escape such as \\ud800 without its "
+                     "pair), which is no character; send valid Unicode text")
+
+
+def has_surrogate(text: str) -> bool:
+    """True when ``text`` holds a code point of the surrogate range (a JSON or YAML escape such
+    as ``"\\ud800"`` makes one): it cannot be written as UTF-8, to the store or a log."""
+    return _SURROGATE.search(text) is not None
+
+
 def _walk(data: Any, limits: RequestLimits) -> None:
     """Every string (keys too) within ``max_string_bytes``, nesting within ``max_depth`` and at
     most a request's worth of values (for mappings that did not come through the YAML reader,
@@ -257,6 +269,8 @@ def _walk(data: Any, limits: RequestLimits) -> None:
         if isinstance(value, str):
             if len(value) > limits.max_string_bytes:
                 raise LimitError(_dotted(path), _long_string(len(value), limits))
+            if has_surrogate(value):
+                raise LimitError(_dotted(path), SURROGATE_PROBLEM)
             continue
         if isinstance(value, Mapping | list | tuple):
             if depth >= limits.max_depth:
@@ -267,6 +281,8 @@ def _walk(data: Any, limits: RequestLimits) -> None:
                     if isinstance(key, str) and len(key) > limits.max_string_bytes:
                         raise LimitError(_dotted(path), "a field name of "
                                          f"{len(key):,} characters; use a short name")
+                    if isinstance(key, str) and has_surrogate(key):
+                        raise LimitError(_dotted(path), f"a field name: {SURROGATE_PROBLEM}")
                     stack.append((item, depth + 1, (*path, key)))
             else:
                 stack.extend((item, depth + 1, (*path, i)) for i, item in enumerate(value))

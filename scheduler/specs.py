@@ -235,10 +235,10 @@ def parse_memory(value: Any) -> str:
     fix = "use a Kubernetes quantity such as 64Gi, 512Mi or 1Ti"
     if isinstance(value, int) and not isinstance(value, bool):
         value = str(value)
-    if not isinstance(value, str) or not _MEMORY.match(value.strip()):
+    if not isinstance(value, str) or not _MEMORY.fullmatch(value.strip()):
         raise ValueError(f"{brief(value)} is not a memory quantity; {fix}")
     text = value.strip()
-    number, suffix = _MEMORY.match(text).groups()  # type: ignore[union-attr]
+    number, suffix = _MEMORY.fullmatch(text).groups()  # type: ignore[union-attr]
     if float(number) * _MEMORY_FACTORS[suffix] < 2**20:
         raise ValueError(f"{value!r} is less than 1Mi of memory; {fix}")
     return text
@@ -247,7 +247,7 @@ def parse_memory(value: Any) -> str:
 def quantity_bytes(text: str) -> Decimal:
     """Bytes in a Kubernetes memory/storage quantity such as ``"64Gi"`` or ``"1.5Ti"``
     (``ValueError`` for anything else)."""
-    match = _MEMORY.match(str(text).strip())
+    match = _MEMORY.fullmatch(str(text).strip())
     if not match:
         raise ValueError(f"{text!r} is not a Kubernetes quantity; write e.g. 64Gi")
     number, suffix = match.groups()
@@ -523,7 +523,9 @@ def _one_reference(model: _ObjectRef, what: str) -> None:
 
 
 def _check_prefix(value: str) -> str:
-    if value.upper().startswith(NVIDIA_ENV_PREFIX):
+    upper = value.upper()
+    # "NVIDIA" or "N" before a key "_VISIBLE_DEVICES" or "VIDIA_VISIBLE_DEVICES" makes one too
+    if upper.startswith(NVIDIA_ENV_PREFIX) or (upper and NVIDIA_ENV_PREFIX.startswith(upper)):
         raise ValueError(f"the prefix {value!r} would make NVIDIA_* variables; {_NVIDIA_WHY}")
     if value.upper().startswith(RESERVED_ENV_PREFIX):
         raise ValueError(
@@ -651,8 +653,8 @@ def check_image(image: str, allowed_registries: Sequence[str]) -> str:
     name, _, digest = image.partition("@")
     slash, colon = name.rfind("/"), name.rfind(":")
     repo, tag = (name[:colon], name[colon + 1:]) if colon > slash else (name, None)
-    if not _IMAGE_REPO.match(repo) or (tag is not None and not _IMAGE_TAG.match(tag)) or (
-        digest and not _IMAGE_DIGEST.match(digest)
+    if not _IMAGE_REPO.fullmatch(repo) or (tag is not None and not _IMAGE_TAG.fullmatch(tag)) or (
+        digest and not _IMAGE_DIGEST.fullmatch(digest)
     ):
         raise ValueError(
             f"{image!r} is not a valid image reference; write registry/repository:tag, e.g. "
@@ -695,7 +697,7 @@ def _check_gpus(value: int, info: ValidationInfo) -> int:
 
 def _check_parameter_names(names: Sequence[str], what: str) -> None:
     for key in names:
-        if not _IDENT.match(key):
+        if not _IDENT.fullmatch(key):
             raise ValueError(
                 f"{what} name {key!r} is not usable as a placeholder; use letters, digits and "
                 "'_' (starting with a letter), e.g. learning_rate"
@@ -709,7 +711,7 @@ def _check_parameter_names(names: Sequence[str], what: str) -> None:
 
 def _check_env(value: dict[str, Any]) -> dict[str, Any]:
     for key in value:
-        if not _IDENT.match(key):
+        if not _IDENT.fullmatch(key):
             raise ValueError(
                 f"environment variable name {key!r} is invalid; use letters, digits and '_' "
                 "(not starting with a digit)"
@@ -752,7 +754,7 @@ def _check_sweep(value: dict[str, list[Any]] | None,
 
 
 def _check_output(value: str | None) -> str | None:
-    if value is not None and not _STORAGE_URI.match(value):
+    if value is not None and not _STORAGE_URI.fullmatch(value):
         raise ValueError(
             f"{value!r} is not a storage location; use a cloud storage URI such as "
             "s3://bucket/{team}/{name}/{step}/{member}"
@@ -1115,7 +1117,7 @@ def render(template: str, values: Mapping[str, str]) -> str:
         out.append(literal)
         if field is None:
             continue
-        if spec or conversion or not _IDENT.match(field):
+        if spec or conversion or not _IDENT.fullmatch(field):
             raise ValueError(
                 f"placeholder {{{field}{'!' + conversion if conversion else ''}"
                 f"{':' + spec if spec else ''}}} is not supported; write a bare name such as "
@@ -1623,7 +1625,7 @@ def _structure_problems(unit: UnitSpec) -> list[tuple[str, str]]:
             problems.append((here, (f"unknown volume kind {volume.kind!r}; use one of "
                              f"{', '.join(VOLUME_KINDS)}")))
             continue
-        if not _LABEL.match(volume.name) or len(volume.name) > 63:
+        if not _LABEL.fullmatch(volume.name) or len(volume.name) > 63:
             problems.append((f"{here}.name", (f"{volume.name!r} is not a volume name; use "
                              "lowercase letters, digits and '-' (at most 63)")))
         elif volume.name in names:

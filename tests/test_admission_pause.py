@@ -332,7 +332,8 @@ def test_the_daemon_writes_its_status_and_the_api_reads_it(setup, caplog):
         assert replica["last_reconcile_age_s"] == 60.0 and replica["last_backstop_age_s"] == 45.0
         assert replica["forecast_age_s"] == 1860.0 and replica["stale_after_s"] == 180
         assert answer["store"]["schema_version"] == 5 and answer["store"]["answers"]
-        assert answer["store"]["location"] == store.location
+        assert answer["store"]["location"] is None  # where the store is: operators only
+        assert read("olga").json()["store"]["location"] == store.location
         assert answer["admission"]["paused"] is False
         refused = read("vic")
         assert refused.status_code == 403 and refused.json()["error"]["message"] == (

@@ -1180,7 +1180,7 @@ _QUANTITY = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)([a-zA-Z]*)
 def _quantity(value: Any) -> float:
     """A Kubernetes quantity as the API server returns it (``"96"``, ``"500m"``,
     ``"1056276Ki"``, ``"1e3"``) as a number; unreadable: 0."""
-    match = _QUANTITY.match(str(value).strip())
+    match = _QUANTITY.fullmatch(str(value).strip())
     if not match or match.group(2) not in _SUFFIXES:
         return 0.0
     return float(match.group(1)) * _SUFFIXES[match.group(2)]

@@ -95,6 +95,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Connection, Engine
 
 from idlegpu.forecast.errors import PermanentError, TemporaryError
+from idlegpu.forecast.redact import redact
 from idlegpu.scheduler.types import EventKind, JobState, Overruns, RunningJob, UnitSpec, WaitingJob
 
 # --------------------------------------------------------------------------- errors
@@ -118,6 +119,29 @@ class InvalidRequestError(StoreError):
 
 class TransitionRefusedError(StoreError):
     """A transition does not apply to the unit as it is now."""
+
+
+class QuotaExceededError(StoreError):
+    """A submission past its caller's ``SubmitQuota``: ``quota`` (its name), ``limit``,
+    ``used`` (before this one), ``asked`` (what this one adds) and ``retry_after_s`` (when it
+    frees, if the store can tell: requests per hour; None: as units end)."""
+
+    def __init__(self, message: str, *, quota: str, limit: int, used: int, asked: int,
+                 retry_after_s: float | None) -> None:
+        super().__init__(message)
+        self.quota, self.limit, self.used, self.asked = quota, limit, used, asked
+        self.retry_after_s = retry_after_s
+
+
+@dataclass(frozen=True)
+class SubmitQuota:
+    """What one API caller may hold (``api.teams.<team>.quota`` / ``api.users``): checked in
+    the submission's own transaction, so two submissions at once cannot both pass it."""
+
+    live_units: int
+    requests_per_hour: int
+    stored_bytes: int
+    setting: str = "api.teams.<team>.quota"
 
 
 class StaleStateError(TransitionRefusedError):
@@ -835,10 +859,9 @@ class JobStore:
 
     def __init__(self, url: str, *, busy_timeout_s: float = 30.0) -> None:
         self.url = url
-        try:
-            self._where = sa.engine.make_url(url).render_as_string(hide_password=True)
-        except sa_exc.ArgumentError:
-            self._where = url
+        # the one rule for every line and answer: userinfo and credential query keys masked
+        # (SQLAlchemy's hide_password leaves a ?password=... as it is)
+        self._where = redact(url)
         self._engine = _make_engine(url, busy_timeout_s)
         try:
             self._migrate()
@@ -920,7 +943,7 @@ class JobStore:
 
     @property
     def location(self) -> str:
-        """Where the store is (its URL, without a password)."""
+        """Where the store is (its URL, without its credentials: ``forecast.redact``)."""
         return self._where
 
     def schema_version(self) -> int:
@@ -1827,17 +1850,21 @@ class JobStore:
         self, *, principal: str, idempotency_key: str | None, body_sha256: str,
         request_name: str, team: str, kind: str, raw: Mapping[str, Any],
         units: Sequence[UnitSpec], now: datetime, audit: AuditEntry,
-        address: str | None = None,
+        address: str | None = None, quota: SubmitQuota | None = None,
     ) -> ApiSubmission:
         """``submit`` for a caller of the job API, in one transaction with who submitted it
         and its audit entry. An ``idempotency_key`` is the caller's own (``principal``): when
         the caller used it before, nothing is stored and the earlier request is returned
-        (``created=False``, with its body hash for the caller to compare)."""
+        (``created=False``, with its body hash for the caller to compare). With ``quota``, a
+        submission past it raises ``QuotaExceededError`` and stores nothing."""
         _aware(now)
         if not request_name.strip():
             raise InvalidRequestError("a request needs a name")
         _check_units(units)
         raw_json = _jsonable(raw)
+        asked_bytes = (len(json.dumps(raw_json, separators=(",", ":")))
+                       + sum(len(json.dumps(spec_to_json(u), separators=(",", ":")))
+                             for u in units))
 
         def earlier(conn: Connection) -> ApiSubmission | None:
             if idempotency_key is None:
@@ -1856,6 +1883,8 @@ class JobStore:
                     found = earlier(conn)
                     if found is not None:
                         return found
+                    if quota is not None:
+                        self._check_quota(conn, principal, quota, len(units), asked_bytes, now)
                     self._insert_request(conn, rid, request_name, team, kind, raw_json, units,
                                          now, None)
                     conn.execute(sa.insert(API_SUBMISSIONS).values(
@@ -1873,6 +1902,63 @@ class JobStore:
                     raise StoreError(f"cannot store request {request_name}: {_short(exc)}"
                                      ) from exc
         raise AssertionError("unreachable")
+
+    def quota_use(self, principal: str, now: datetime) -> dict[str, Any]:
+        """What ``principal`` holds against its quota: live units, bytes of their stored specs
+        (and their requests'), requests in the hour before ``now`` and the oldest of them."""
+        _aware(now)
+        with self._tx(write=False) as conn:
+            return self._quota_use(conn, principal, now)
+
+    def _quota_use(self, conn: Connection, principal: str, now: datetime) -> dict[str, Any]:
+        mine = sa.select(API_SUBMISSIONS.c.request_id).where(
+            API_SUBMISSIONS.c.principal == principal)
+        live = UNITS.c.state.notin_(_TERMINAL) & UNITS.c.request_id.in_(mine)
+        units, unit_bytes = conn.execute(sa.select(
+            sa.func.count(), sa.func.coalesce(sa.func.sum(
+                sa.func.length(sa.cast(UNITS.c.spec, sa.Text))), 0)).where(live)).one()
+        live_requests = sa.select(UNITS.c.request_id).where(live).distinct()
+        request_bytes = conn.execute(sa.select(sa.func.coalesce(sa.func.sum(
+            sa.func.length(sa.cast(REQUESTS.c.raw, sa.Text))), 0)).where(
+            REQUESTS.c.id.in_(live_requests))).scalar()
+        recent, oldest = conn.execute(sa.select(
+            sa.func.count(), sa.func.min(REQUESTS.c.submitted_at)).where(
+            REQUESTS.c.id.in_(mine), REQUESTS.c.submitted_at > now - timedelta(hours=1))).one()
+        if isinstance(oldest, datetime) and oldest.tzinfo is None:  # func.min drops the type
+            oldest = oldest.replace(tzinfo=UTC)
+        elif isinstance(oldest, str):
+            oldest = datetime.fromisoformat(oldest).replace(tzinfo=UTC)
+        return {"live_units": int(units), "stored_bytes": int(unit_bytes) + int(request_bytes),
+                "requests_last_hour": int(recent), "oldest_in_hour": oldest}
+
+    def _check_quota(self, conn: Connection, principal: str, quota: SubmitQuota, units: int,
+                     asked_bytes: int, now: datetime) -> None:
+        use = self._quota_use(conn, principal, now)
+        where = f"({quota.setting})"
+        if use["requests_last_hour"] + 1 > quota.requests_per_hour:
+            frees = use["oldest_in_hour"] + timedelta(hours=1)
+            wait = max(1.0, (frees - now).total_seconds())
+            raise QuotaExceededError(
+                f"quota requests_per_hour {where}: {use['requests_last_hour']} requests in the "
+                f"last hour, the limit is {quota.requests_per_hour}; the next one frees at "
+                f"{frees.isoformat(timespec='seconds')} (in {wait:.0f} s)",
+                quota="requests_per_hour", limit=quota.requests_per_hour,
+                used=use["requests_last_hour"], asked=1, retry_after_s=wait)
+        if use["live_units"] + units > quota.live_units:
+            raise QuotaExceededError(
+                f"quota live_units {where}: you hold {use['live_units']} live units and this "
+                f"request adds {units}, over the limit of {quota.live_units}; it frees as your "
+                "units end or as you cancel some (or ask an operator to raise it)",
+                quota="live_units", limit=quota.live_units, used=use["live_units"],
+                asked=units, retry_after_s=None)
+        if use["stored_bytes"] + asked_bytes > quota.stored_bytes:
+            raise QuotaExceededError(
+                f"quota stored_bytes {where}: your live units' specs hold "
+                f"{use['stored_bytes']:,} bytes and this request adds {asked_bytes:,}, over the "
+                f"limit of {quota.stored_bytes:,}; pass large values once (a file in storage) "
+                "instead of templating them into every unit; it frees as your units end",
+                quota="stored_bytes", limit=quota.stored_bytes, used=use["stored_bytes"],
+                asked=asked_bytes, retry_after_s=None)
 
     def submitted_by(self, request_id: str) -> str | None:
         """The job API caller (principal) who submitted ``request_id`` (None: not through the

@@ -28,17 +28,23 @@ from idlegpu.scheduler.adapters.store import (
     AuditEntry,
     InvalidRequestError,
     JobStore,
+    QuotaExceededError,
     StoreError,
     StoreUnavailableError,
+    SubmitQuota,
     TransitionRefusedError,
     UnitRow,
     UnknownJobError,
     spec_to_json,
 )
 from idlegpu.scheduler.api.auth import MEMBER, OPERATOR, ApiError, Authenticator, Identity, Reviewer
+from idlegpu.scheduler.api.bodies import BoundedBodies
+from idlegpu.scheduler.api.docs import add_docs
 from idlegpu.scheduler.api.forecasts import RETRY_AFTER_S, Forecasts, ForecastUnavailable
+from idlegpu.scheduler.api.headers import SecurityHeaders
 from idlegpu.scheduler.api.reads import Reads, add_read_routes, paused_reason
 from idlegpu.scheduler.clock import Clock, as_clock
+from idlegpu.scheduler.limits import SURROGATE_PROBLEM, has_surrogate
 from idlegpu.scheduler.specs import SpecError, load_request_text, validate_request
 from idlegpu.scheduler.types import EventKind, JobState
 
@@ -51,6 +57,7 @@ JSON_TYPES = ("application/json",)
 _FIELD = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_]+)*): ")
 _KEY = re.compile(r"^[\x21-\x7e]{1,200}$")
 LIVE = tuple(s for s in JobState if not s.is_terminal())
+MAX_OFFSET = 10**9  # what a store's integers hold (SQLite's and PostgreSQL's OFFSET are int64)
 
 
 def spec_error_field(message: str, source: str = SOURCE) -> str | None:
@@ -84,6 +91,16 @@ def _body_sha256(data: Any) -> str:
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
+def _reason_of(data: Any) -> str | None:
+    """The ``reason`` of a cancel or pause body (parsed JSON), checked."""
+    reason = data.get("reason") if isinstance(data, dict) else None
+    if reason is not None and not isinstance(reason, str):
+        raise ApiError(422, "reason: use a string", field="reason")
+    if reason is not None and has_surrogate(reason):
+        raise ApiError(422, f"reason: {SURROGATE_PROBLEM}", field="reason")
+    return reason
+
+
 def _error(status: int, message: str, field: str | None = None,
            headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse({"error": {"message": message, "field": field}}, status_code=status,
@@ -111,7 +128,13 @@ def create_app(settings: Settings, store: JobStore, *,
     app = FastAPI(
         title="idlegpu job API", version=API_VERSION,
         description="Submit, list and cancel research jobs on the idle GPUs of the pool.",
+        docs_url=None, redoc_url=None,  # our own pages and assets (scheduler/api/docs.py)
     )
+    add_docs(app, title="idlegpu job API", enabled=api.docs)
+    # every body, on every route, read under its route's limit (scheduler/api/bodies.py)
+    app.add_middleware(BoundedBodies, max_body_bytes=api.max_body_bytes)
+    # nosniff everywhere, a CSP on every HTML answer (scheduler/api/headers.py)
+    app.add_middleware(SecurityHeaders)
     app.state.store = store
     app.state.settings = settings
     reads = Reads(settings, store, now.now, forecasts)
@@ -134,6 +157,16 @@ def create_app(settings: Settings, store: JobStore, *,
     @app.exception_handler(InvalidRequestError)
     async def _invalid(_: Request, exc: InvalidRequestError) -> JSONResponse:
         return _error(422, str(exc))
+
+    @app.exception_handler(QuotaExceededError)
+    async def _quota(_: Request, exc: QuotaExceededError) -> JSONResponse:
+        headers = ({"Retry-After": str(int(exc.retry_after_s + 0.999))}
+                   if exc.retry_after_s is not None else None)
+        return JSONResponse({"error": {
+            "message": str(exc), "field": None,
+            "quota": {"name": exc.quota, "limit": exc.limit, "used": exc.used,
+                      "asked": exc.asked, "retry_after_s": exc.retry_after_s}}},
+            status_code=429, headers=headers)
 
     @app.exception_handler(TransitionRefusedError)
     async def _refused(_: Request, exc: TransitionRefusedError) -> JSONResponse:
@@ -217,18 +250,7 @@ def create_app(settings: Settings, store: JobStore, *,
         if kind not in (*JSON_TYPES, *YAML_TYPES):
             raise ApiError(415, f"Content-Type {kind!r} is not accepted; send the request as "
                                 "application/json or application/yaml")
-        limit = api.max_body_bytes
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise ApiError(413, f"the request body is {int(declared)} bytes, over the "
-                                f"server's limit of {limit} (api.max_body_bytes)")
-        body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > limit:
-                raise ApiError(413, f"the request body is over the server's limit of {limit} "
-                                    "bytes (api.max_body_bytes)")
-        return kind, bytes(body)
+        return kind, await request.body()  # bounded by BoundedBodies
 
     def parse_request(kind: str, body: bytes) -> Any:
         try:
@@ -276,7 +298,7 @@ def create_app(settings: Settings, store: JobStore, *,
     async def submit(request: Request, who: Caller,
                      idempotency_key: Annotated[str | None, Header()] = None) -> JSONResponse:
         require_change(who, "submit requests")
-        if idempotency_key is not None and not _KEY.match(idempotency_key):
+        if idempotency_key is not None and not _KEY.fullmatch(idempotency_key):
             raise ApiError(422, "Idempotency-Key: use 1 to 200 printable ASCII characters",
                            field="Idempotency-Key")
         kind, body = await read_body(request)
@@ -294,13 +316,15 @@ def create_app(settings: Settings, store: JobStore, *,
             raw = job.model_dump(mode="json")
             digest = _body_sha256(raw)
             when = now.now()
+            quota, setting = api.quota(who.team, who.user)
             outcome = store.submit_from_api(
                 principal=who.principal, idempotency_key=idempotency_key, body_sha256=digest,
                 request_name=job.name, team=who.team, kind=job.kind, raw=raw, units=units,
                 now=when, audit=audit(who, "submit", "", when, request=job.name,
                                            units=len(units),
                                            idempotency_key=idempotency_key),
-                address=who.address)
+                address=who.address, quota=SubmitQuota(
+                    quota.live_units, quota.requests_per_hour, quota.stored_bytes, setting))
             if not outcome.created and outcome.body_sha256 != digest:
                 raise ApiError(409, f"Idempotency-Key {idempotency_key!r} was used for "
                                     f"request {outcome.request_id} with a different body; "
@@ -415,20 +439,15 @@ def create_app(settings: Settings, store: JobStore, *,
                 "to_stop": list(result.to_stop), "unchanged": list(result.unchanged)}
 
     async def cancel_reason(request: Request) -> str | None:
-        body = await request.body()
+        body = await request.body()  # bounded by BoundedBodies
         if not body.strip():
             return None
-        if len(body) > 10_000:
-            raise ApiError(413, "the cancel body is over 10000 bytes")
         try:
             data = json.loads(body)
         except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
             raise ApiError(400, "the cancel body must be JSON, e.g. {\"reason\": \"...\"}"
                            ) from None
-        reason = data.get("reason") if isinstance(data, dict) else None
-        if reason is not None and not isinstance(reason, str):
-            raise ApiError(422, "reason: use a string", field="reason")
-        return reason
+        return _reason_of(data)
 
     @app.post(f"/{API_VERSION}/requests/{{request_id}}/cancel",
               summary="Cancel every unit of a request")
@@ -452,7 +471,8 @@ def create_app(settings: Settings, store: JobStore, *,
         action: str | None = None,
         actor: str | None = None,
         limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
-        offset: Annotated[int, Query(ge=0, description="skip this many of the newest")] = 0,
+        offset: Annotated[int, Query(ge=0, le=MAX_OFFSET,
+                                     description="skip this many of the newest")] = 0,
     ) -> dict[str, Any]:
         if who.role != OPERATOR:
             raise ApiError(403, f"role {who.role} may not read the audit log: operators only")
@@ -479,18 +499,13 @@ def create_app(settings: Settings, store: JobStore, *,
             raise ApiError(403, f"role {who.role} may not {what}: operators only")
 
     async def pause_reason(request: Request) -> str:
-        body = await request.body()
-        if len(body) > 10_000:
-            raise ApiError(413, "the pause body is over 10000 bytes")
+        body = await request.body()  # bounded by BoundedBodies
         try:
             data = json.loads(body) if body.strip() else {}
         except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
             raise ApiError(400, "the pause body must be JSON, e.g. {\"reason\": \"node "
                                 "upgrade\"}") from None
-        reason = data.get("reason") if isinstance(data, dict) else None
-        if reason is not None and not isinstance(reason, str):
-            raise ApiError(422, "reason: use a string", field="reason")
-        reason = " ".join((reason or "").split())  # one line: it is shown in logs and pages
+        reason = " ".join((_reason_of(data) or "").split())  # one line: it is shown in logs and pages
         if not reason:
             raise ApiError(422, "reason: a pause needs a reason (who reads the queue sees it)"
                                 ", e.g. {\"reason\": \"node upgrade\"}", field="reason")
@@ -568,8 +583,10 @@ def create_app(settings: Settings, store: JobStore, *,
         return {"now": reads.iso(at), "replicas": replicas,
                 "leader": leader["identity"] if leader else None,
                 "healthy": bool(leader and leader["healthy"]),
-                "store": {"location": store.location, "schema_version": version,
-                          "answers": True, "answered_ms": round(answered_ms, 1)},
+                # where the store is: operators only (even redacted, it names a host)
+                "store": {"location": store.location if who.role == OPERATOR else None,
+                          "schema_version": version, "answers": True,
+                          "answered_ms": round(answered_ms, 1)},
                 "admission": admission_json(store.admission())}
 
     add_read_routes(app, reads, caller, f"/{API_VERSION}")

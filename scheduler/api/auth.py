@@ -204,6 +204,23 @@ class Authenticator:
         getlist = getattr(headers, "getlist", None)
         values = getlist(name) if getlist is not None else [headers.get(name, "")]
         groups = tuple(g.strip() for v in values for g in v.split(",") if g.strip())
-        forwarded = headers.get("x-forwarded-for", "").split(",")[0].strip()
+        forwarded = self.forwarded_client(headers.get("x-forwarded-for", ""))
         where = f"{forwarded} via {address}" if forwarded else address
         return self._mapped(user, groups, "proxy", where)
+
+    def forwarded_client(self, forwarded_for: str) -> str | None:
+        """The client an ``X-Forwarded-For`` chain names, read from the right: each trusted
+        proxy appends the address it got the call from, so the rightmost address that is not
+        one of ``api.trusted_proxies`` is the last one a proxy of ours vouches for; everything
+        left of it is the client's own words. None when the chain names no such address."""
+        hops = [hop.strip() for hop in forwarded_for[:4096].split(",")][-32:]
+        for hop in reversed(hops):
+            if not hop:
+                continue
+            try:
+                ipaddress.ip_address(hop)
+            except ValueError:
+                return None  # not an address: nothing a proxy of ours wrote
+            if not self.trusted_proxy(hop):
+                return hop
+        return None

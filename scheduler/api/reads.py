@@ -302,7 +302,7 @@ class Reads:
         found = []
         if root.is_dir():
             for entry in sorted(root.iterdir(), reverse=True):
-                if not (MONTH.match(entry.name) and entry.is_dir()):
+                if not (MONTH.fullmatch(entry.name) and entry.is_dir()):
                     continue
                 formats = [f for f, (name, _) in REPORT_TYPES.items()
                            if (entry / name.format(m=entry.name)).is_file()]
@@ -345,7 +345,7 @@ class Reads:
 
 def check_month(month: str) -> str:
     """``month`` if it is ``YYYY-MM``, else a 422 naming the field."""
-    if not MONTH.match(month):
+    if not MONTH.fullmatch(month):
         raise ApiError(422, f"month: {month[:20]!r} is not a month; use YYYY-MM, e.g. "
                             "2026-01", field="month")
     return month

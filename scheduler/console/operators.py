@@ -18,7 +18,7 @@ While admission is paused the pool page shows who paused it, since when and why:
 from __future__ import annotations
 
 import json
-from urllib.parse import quote, urlencode
+from urllib.parse import urlencode
 
 from fastapi import Request
 from fastapi.responses import RedirectResponse, Response
@@ -26,10 +26,12 @@ from starlette.concurrency import run_in_threadpool
 
 from idlegpu.scheduler.api.auth import OPERATOR
 from idlegpu.scheduler.api.reads import paused_reason
-from idlegpu.scheduler.console.pages import Pages
+from idlegpu.scheduler.console.pages import Pages, notice_text
 
 AUDIT_PAGE = 50
 """Audit entries per page."""
+MAX_PAGE = 1_000_000
+"""The last audit page a link may ask for (an offset the store's integers hold)."""
 ACTIONS = ("submit", "cancel", "token.create", "token.revoke", "admission.pause",
            "admission.resume")
 """The audit log's actions, offered by the action filter."""
@@ -90,8 +92,8 @@ def add_pages(pages: Pages) -> None:
         action = query.get("action", "")[:MAX_FILTER]
         team = query.get("team", "").strip()[:MAX_FILTER]
         actor = query.get("actor", "").strip()[:MAX_FILTER]
-        try:
-            page = max(1, int(query.get("page", "1")))
+        try:  # a page past the end shows none; one past what an offset can hold, the last
+            page = min(MAX_PAGE, max(1, int(query.get("page", "1")[:12])))
         except ValueError:
             page = 1
         code, daemon = await pages.call_api(request, session, "GET", "/v1/daemon")
@@ -115,7 +117,7 @@ def add_pages(pages: Pages) -> None:
             prev=link(page - 1) if page > 1 else None, next=link(page + 1) if more else None,
             first=(page - 1) * AUDIT_PAGE + 1 if entries else 0,
             last=(page - 1) * AUDIT_PAGE + len(entries), error=error, reason=reason,
-            notice=query.get("notice"),
+            notice=notice_text(query),
             signal_limit=pages.settings.admission.max_signal_age_seconds,
             forecast_limit=pages.settings.admission.max_forecast_age_seconds)
 
@@ -144,8 +146,10 @@ def add_pages(pages: Pages) -> None:
             message = (answer or {}).get("error", {}).get("message", f"error {status}")
             return await operators_page(request, session, who, status=status, error=message,
                                         reason=reason[:1000])
-        return RedirectResponse(f"/operators?notice={quote(answer['message'])}",
-                                status_code=303)
+        code = {("pause", True): "paused", ("pause", False): "already-paused",
+                ("resume", True): "resumed", ("resume", False): "not-paused"}[
+            action, bool(answer.get("changed"))]
+        return RedirectResponse(f"/operators?notice={code}", status_code=303)
 
     @app.post("/operators/pause", include_in_schema=False)
     async def pause(request: Request) -> Response:

@@ -11,6 +11,26 @@ from typing import Any
 from fastapi import FastAPI
 from jinja2 import Environment
 
+NOTICES = {
+    "submitted": "submitted",
+    "cancelled": "cancelled {n} unit(s)",
+    "paused": "admission paused",
+    "already-paused": "admission was already paused; nothing changed",
+    "resumed": "admission resumed",
+    "not-paused": "admission was not paused; nothing changed",
+}
+"""The status banners a redirect may ask for (``?notice=CODE``): a page shows only these, never
+text from the address, which anyone can write into a link."""
+
+
+def notice_text(query: Any) -> str | None:
+    """The banner of ``?notice=CODE`` (``&n=COUNT`` for a count), or None for anything else."""
+    text = NOTICES.get(str(query.get("notice", ""))[:40])
+    if text is None or "{n}" not in text:
+        return text
+    count = str(query.get("n", ""))
+    return text.format(n=int(count)) if count.isdigit() and len(count) <= 7 else None
+
 
 @dataclass(frozen=True)
 class Pages:

@@ -22,6 +22,8 @@ from starlette.concurrency import run_in_threadpool
 from starlette.staticfiles import StaticFiles
 
 from idlegpu.scheduler.api.auth import ApiError, Authenticator, Identity, token_sha256
+from idlegpu.scheduler.api.headers import CSP
+from idlegpu.scheduler.console.pages import Pages, notice_text
 from idlegpu.scheduler.console.session import COOKIE, CSRF_HEADER, Session, Sessions
 
 log = logging.getLogger("idlegpu.console")
@@ -33,8 +35,6 @@ FORECAST_STALE_S = 2 * 3600.0
 """A forecast older than this is shown red (the server refits every clock hour)."""
 SIGNALS_STALE_S = 15 * 60.0
 """Live signals (the newest pool sample) older than this are shown red."""
-CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-       "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
 PLAN_TTL_S = 30.0
 """The console's pages share one plan for this long (the plan of 10,000 queued units takes the
 API tens of seconds); a submit or cancel from the console drops it at once."""
@@ -245,9 +245,7 @@ def add_console(app: FastAPI, settings, store, authenticator: Authenticator, rea
                 "Referrer-Policy": "same-origin", "Cache-Control": "no-store"}
 
     async def form(request: Request) -> dict[str, str]:
-        body = await request.body()
-        if len(body) > settings.api.max_body_bytes:
-            raise ApiError(413, "the form is over api.max_body_bytes")
+        body = await request.body()  # bounded by BoundedBodies (scheduler/api/bodies.py)
         fields = parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True)
         return {k: v[0] for k, v in fields.items()}
 
@@ -332,7 +330,7 @@ def add_console(app: FastAPI, settings, store, authenticator: Authenticator, rea
 
     def login_form(request: Request, target: str, error: str | None = None,
                    status: int = 200) -> HTMLResponse:
-        nonce = secrets.token_urlsafe(24)
+        nonce = sessions.login_nonce()
         response = render("login.html", request, None, None, status=status, next=target,
                         error=error, login_csrf=nonce)
         response.set_cookie(LOGIN_CSRF, nonce, max_age=3600, path="/login", httponly=True,
@@ -344,8 +342,8 @@ def add_console(app: FastAPI, settings, store, authenticator: Authenticator, rea
         fields = await form(request)
         target = safe_next(fields.get("next"))
         cookie_nonce = request.cookies.get(LOGIN_CSRF)
-        if not cookie_nonce or not secrets.compare_digest(cookie_nonce,
-                                                          fields.get("csrf", "")):
+        if (not sessions.login_nonce_ok(cookie_nonce)
+                or not secrets.compare_digest(cookie_nonce or "", fields.get("csrf", ""))):
             return login_form(request, target, "The login form expired (its CSRF token is "
                                                "missing or wrong); try again.", 403)
         token = fields.get("token", "").strip()
@@ -620,7 +618,7 @@ def add_console(app: FastAPI, settings, store, authenticator: Authenticator, rea
         return render("unit.html", request, who, session, **detail,
                     may_cancel=who.may_cancel(detail["unit"].team)
                     and not detail["unit"].state.is_terminal(),
-                    notice=request.query_params.get("notice"))
+                    notice=notice_text(request.query_params))
 
     @app.get("/requests/{request_id}", include_in_schema=False)
     async def request_page(request_id: str, request: Request) -> Response:
@@ -639,7 +637,7 @@ def add_console(app: FastAPI, settings, store, authenticator: Authenticator, rea
         return render("request.html", request, who, session, request_row=row, units=units,
                     raw=yaml.safe_dump(row.raw, sort_keys=False, allow_unicode=True),
                     may_cancel=who.may_cancel(row.team) and live,
-                    notice=request.query_params.get("notice"))
+                    notice=notice_text(request.query_params))
 
     async def cancel_form(request: Request, kind: str, target: str) -> Response:
         got = await signed_in(request, post=True)
@@ -654,8 +652,7 @@ def add_console(app: FastAPI, settings, store, authenticator: Authenticator, rea
             message = (answer or {}).get("error", {}).get("message", f"error {status}")
             return render("error.html", request, who, session, status=status, message=message)
         done = len(answer["cancelled"]) + len(answer["to_stop"])
-        notice = f"cancelled {done} unit(s)"
-        return RedirectResponse(f"/{kind}/{quote(target, safe='')}?notice={quote(notice)}",
+        return RedirectResponse(f"/{kind}/{quote(target, safe='')}?notice=cancelled&n={done}",
                                 status_code=303)
 
     @app.post("/units/{unit_id}/cancel", include_in_schema=False)
@@ -702,7 +699,7 @@ def add_console(app: FastAPI, settings, store, authenticator: Authenticator, rea
                                         "application/yaml")
         if action == "submit" and status == 201:
             return RedirectResponse(f"/requests/{quote(answer['id'], safe='')}"
-                                    f"?notice={quote('submitted')}", status_code=303)
+                                    "?notice=submitted", status_code=303)
         error = (answer or {}).get("error") if status >= 400 else None
         return render("submit.html", request, who, session, status=200 if error is None else 422,
                     examples=sorted(examples), example="", text=text, error=error,
@@ -725,7 +722,6 @@ def add_console(app: FastAPI, settings, store, authenticator: Authenticator, rea
     app.state.console_plan_cache = plan_stash
 
     from idlegpu.scheduler.console import operators, report_pages
-    from idlegpu.scheduler.console.pages import Pages
 
     pages = Pages(app=app, settings=settings, store=store, reads=reads, now=now, env=env,
                   render=render, signed_in=signed_in, call_api=call_api,

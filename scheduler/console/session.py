@@ -39,6 +39,9 @@ SESSION_HOURS = 8.0
 CSRF_HEADER = "x-csrf-token"
 
 
+LOGIN_NONCE = "login-nonce:"  # what a login nonce's signature covers besides it (never a cookie)
+
+
 def _b64(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
 
@@ -128,6 +131,27 @@ class Sessions:
         if self.store is not None:
             self.store.end_session(session.id, datetime.fromtimestamp(session.expires, UTC),
                                    datetime.fromtimestamp(now, UTC))
+
+    def login_nonce(self, now: float | None = None) -> str:
+        """A login form's CSRF nonce: random, stamped and signed with the session secret, so
+        only this server (or a replica sharing its secret) can make one: a cookie and a form
+        field that a client chose together are refused."""
+        body = f"{secrets.token_urlsafe(18)}.{int(time.time() if now is None else now)}"
+        return f"{body}.{self._sign(LOGIN_NONCE + body)}"
+
+    def login_nonce_ok(self, nonce: str | None, max_age_s: float = 3600,
+                       now: float | None = None) -> bool:
+        """True for a nonce ``login_nonce`` made within ``max_age_s``."""
+        if not nonce or len(nonce) > 200 or not nonce.isascii():
+            return False
+        body, _, signature = nonce.rpartition(".")
+        if not body or not hmac.compare_digest(signature, self._sign(LOGIN_NONCE + body)):
+            return False
+        stamp = body.rpartition(".")[2]
+        if not stamp.isdigit():
+            return False
+        age = (time.time() if now is None else now) - int(stamp)
+        return 0 <= age <= max_age_s
 
     @staticmethod
     def csrf_ok(session: Session, presented: str | None) -> bool:
