@@ -517,6 +517,11 @@ class DaemonConfig(_Strict):
 class StoreConfig(_Strict):
     url: str = "sqlite:///idlegpu.db"
     """SQLAlchemy URL of the job store: a SQLite file by default, or postgresql://..."""
+    retention_days: float | None = Field(default=90.0, gt=0)
+    """Ended and cancelled units keep their full spec this long after they ended; then the
+    daemon drops its bulk (command, args, env, parameters, resume args; the request's body),
+    in batches, once an hour. What the monthly reports read (units' team, kind and GPUs,
+    attempts, events) is kept. None: keep everything."""
 
 
 class ReportConfig(_Strict):

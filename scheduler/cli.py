@@ -1089,6 +1089,7 @@ def run(
             timezone=settings.pool.timezone,
             clock=clock,
             leader=_leader_elector(settings, kubeconfig, context),
+            retention_days=settings.store.retention_days,
         )
         import logging
 

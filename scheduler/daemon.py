@@ -138,6 +138,7 @@ class Daemon:
         clock: Clock | Callable[[], datetime] | None = None,
         leader=None,
         identity: str | None = None,
+        retention_days: float | None = None,
     ) -> None:
         """``clock``: a ``idlegpu.scheduler.clock`` clock (default the real time) or a plain
         ``() -> datetime`` (taken as real-time speed). ``leader``: a leader elector
@@ -145,6 +146,8 @@ class Daemon:
         replica that always acts. ``identity``: the replica in the status it writes to the
         store (default: the leader elector's, else ``$POD_NAME`` or ``<hostname>-<pid>``)."""
         self.controller = controller
+        self.retention_days = retention_days
+        self._retention_at: datetime | None = None  # the last retention sweep
         self.reconcile_seconds = reconcile_seconds
         self.backstop_seconds = backstop_seconds
         self.refresh_forecast = refresh_forecast
@@ -174,7 +177,31 @@ class Daemon:
     # ------------------------------------------------------------------ jobs
     def reconcile(self) -> PassReport | None:
         self.refresh_if_due()
-        return self._pass("reconcile", self.controller.reconcile_once)
+        report = self._pass("reconcile", self.controller.reconcile_once)
+        if report is not None:
+            self.retain(report.now)
+        return report
+
+    def retain(self, now: datetime) -> int:
+        """Retention (``store.retention_days``): at most once an hour, after a pass, drop the
+        bulk of the specs of units that ended that long ago (``JobStore.drop_ended_specs``,
+        in batches). A failure is logged and counted; the next hour tries again."""
+        if self.retention_days is None or (
+                self._retention_at is not None
+                and (now - self._retention_at).total_seconds() < 3600):
+            return 0
+        self._retention_at = now
+        try:
+            dropped = self.controller.store.drop_ended_specs(
+                now - timedelta(days=self.retention_days), now)
+        except Exception as exc:  # noqa: BLE001 - retention waits; the pass stands
+            self.metrics.errors.inc()
+            log.warning("retention: could not drop old specs: %s", exc)
+            return 0
+        if dropped:
+            log.info("retention: dropped the specs of %d unit(s) ended over %g days ago",
+                     dropped, self.retention_days)
+        return dropped
 
     def backstop(self) -> PassReport | None:
         return self._pass("backstop", self.controller.backstop_once)

@@ -77,7 +77,7 @@ def test_a_v4_store_migrates_to_v5_with_its_data_and_tables_untouched(url, monke
     before = tables(url)
     monkeypatch.undo()
     with JobStore(url) as new:
-        assert new.schema_version() == store_mod.SCHEMA_VERSION == 5
+        assert new.schema_version() == store_mod.SCHEMA_VERSION == 6
         assert [u.state for u in new.request_units(rid)] == [JobState.QUEUED] * 4
         assert [e.action for e in new.audit_log()] == ["submit"]
         state = new.admission()
@@ -85,7 +85,35 @@ def test_a_v4_store_migrates_to_v5_with_its_data_and_tables_untouched(url, monke
         assert new.daemon_statuses() == [] and not new.session_ended("nobody")
     after = tables(url)
     assert set(after) - set(before) == V5_TABLES
+    # v6 adds one column to one table; every other table is as it was
+    assert after["api_submissions"] - before["api_submissions"] == {"stored_bytes"}
+    before["api_submissions"].add("stored_bytes")
     assert {t: after[t] for t in before} == before
+
+
+def test_a_v5_store_measures_its_api_requests_once_when_it_migrates_to_v6(url, monkeypatch):
+    monkeypatch.setattr(store_mod, "MIGRATIONS", store_mod.MIGRATIONS[:5])
+    request = validate_request(job("old-job"), api_settings().admission)
+    units, raw = expand_units(request), request.model_dump(mode="json")
+    with JobStore(url) as old:
+        assert old.schema_version() == 5
+        with old._tx(write=True) as conn:  # a submission as v5 stored it: no stored_bytes
+            old._insert_request(conn, "old-1", request.name, request.team, request.kind,
+                                raw, units, NOW, None)
+            conn.execute(sa.text("INSERT INTO api_submissions (request_id, principal, "
+                                 "body_sha256) VALUES ('old-1', 'token:mallory', 'x')"))
+    monkeypatch.undo()
+    with JobStore(url) as new:
+        assert new.schema_version() == 6
+        measured = new.quota_use("token:mallory", NOW)
+        assert measured["live_units"] == 4
+        # what the migration measured is what the store holds (the database's own text of it)
+        with new._tx(write=False) as conn:
+            held = conn.execute(sa.text(
+                "SELECT (SELECT SUM(LENGTH(CAST(spec AS TEXT))) FROM units WHERE request_id = "
+                "'old-1') + (SELECT LENGTH(CAST(raw AS TEXT)) FROM requests WHERE id = 'old-1')"
+            )).scalar()
+        assert measured["stored_bytes"] == held > 1000
 
 
 def test_pause_and_resume_are_audited_and_idempotent(url):
@@ -331,7 +359,7 @@ def test_the_daemon_writes_its_status_and_the_api_reads_it(setup, caplog):
         (replica,) = answer["replicas"]
         assert replica["last_reconcile_age_s"] == 60.0 and replica["last_backstop_age_s"] == 45.0
         assert replica["forecast_age_s"] == 1860.0 and replica["stale_after_s"] == 180
-        assert answer["store"]["schema_version"] == 5 and answer["store"]["answers"]
+        assert answer["store"]["schema_version"] == 6 and answer["store"]["answers"]
         assert answer["store"]["location"] is None  # where the store is: operators only
         assert read("olga").json()["store"]["location"] == store.location
         assert answer["admission"]["paused"] is False

@@ -418,15 +418,18 @@ _ID = sa.String(160)
 _BIGINT_PK = sa.BigInteger().with_variant(sa.Integer(), "sqlite")  # rowid alias on SQLite
 
 
-def _define_tables(md: sa.MetaData, version: int = 3) -> dict[str, sa.Table]:
+def _define_tables(md: sa.MetaData, version: int = 6) -> dict[str, sa.Table]:
     """The tables as of schema ``version`` (1: what ``_v1_initial`` creates; the live
     definition is the newest).
 
     Never change what a released migration creates: a later migration that alters a table
-    adds its change here under ``version >=`` its number (3: ``units.shrink_to``).
+    adds its change here under ``version >=`` its number (3: ``units.shrink_to``; 6: the
+    indexes a caller's quota is read by, without reading the rows' JSON).
     """
-    later = ([sa.Column("shrink_to", sa.Integer), sa.Column("shrink_stop_by", UTCDateTime)]
-             if version >= 3 else [])
+    later: list[Any] = ([sa.Column("shrink_to", sa.Integer),
+                         sa.Column("shrink_stop_by", UTCDateTime)] if version >= 3 else [])
+    if version >= 6:
+        later.append(sa.Index("ix_units_request_state", "request_id", "state"))
     requests = sa.Table(
         "requests", md,
         sa.Column("id", _ID, primary_key=True),
@@ -436,6 +439,7 @@ def _define_tables(md: sa.MetaData, version: int = 3) -> dict[str, sa.Table]:
         sa.Column("submitted_at", UTCDateTime, nullable=False),
         sa.Column("idempotency_key", sa.String(200), unique=True),
         sa.Column("raw", sa.JSON, nullable=False),
+        *([sa.Index("ix_requests_submitted_at", "submitted_at")] if version >= 6 else []),
     )
     units = sa.Table(
         "units", md,
@@ -567,6 +571,8 @@ API_SUBMISSIONS = sa.Table(
     sa.Column("idempotency_key", sa.String(200)),
     sa.Column("body_sha256", sa.String(64), nullable=False),
     sa.Column("address", sa.Text),
+    # schema v6: bytes of the request's stored JSON (its body and its units' specs), for quotas
+    sa.Column("stored_bytes", sa.BigInteger),
     sa.UniqueConstraint("principal", "idempotency_key", name="uq_api_submissions_key"),
     sa.Index("ix_api_submissions_principal", "principal"),
 )
@@ -589,8 +595,35 @@ AUDIT_LOG = sa.Table(
 
 def _v4_api(conn: Connection) -> None:
     # new tables only (the job API's tokens, who submitted what, the audit log); the tables
-    # of versions 1-3 are untouched
-    _API_MD.create_all(conn)
+    # of versions 1-3 are untouched. api_submissions as version 4 created it (v6 adds a column)
+    API_TOKENS.create(conn)
+    AUDIT_LOG.create(conn)
+    md = sa.MetaData()
+    sa.Table(
+        "api_submissions", md,
+        sa.Column("request_id", _ID, primary_key=True),
+        sa.Column("principal", sa.String(300), nullable=False),
+        sa.Column("idempotency_key", sa.String(200)),
+        sa.Column("body_sha256", sa.String(64), nullable=False),
+        sa.Column("address", sa.Text),
+        sa.UniqueConstraint("principal", "idempotency_key", name="uq_api_submissions_key"),
+        sa.Index("ix_api_submissions_principal", "principal"),
+    ).create(conn)
+
+
+def _v6_stored_bytes(conn: Connection) -> None:
+    # the quota of stored bytes reads one number per request instead of every unit's JSON;
+    # the requests stored before are measured once, here
+    kind = sa.BigInteger().compile(dialect=conn.dialect)
+    conn.execute(sa.text(f"ALTER TABLE api_submissions ADD COLUMN stored_bytes {kind}"))
+    conn.execute(sa.text("CREATE INDEX ix_units_request_state ON units (request_id, state)"))
+    conn.execute(sa.text("CREATE INDEX ix_requests_submitted_at ON requests (submitted_at)"))
+    conn.execute(sa.text(
+        "UPDATE api_submissions SET stored_bytes = "
+        "COALESCE((SELECT SUM(LENGTH(CAST(u.spec AS TEXT))) FROM units u "
+        "WHERE u.request_id = api_submissions.request_id), 0) + "
+        "COALESCE((SELECT LENGTH(CAST(r.raw AS TEXT)) FROM requests r "
+        "WHERE r.id = api_submissions.request_id), 0)"))
 
 
 _V5_MD = sa.MetaData()
@@ -652,6 +685,8 @@ MIGRATIONS: list[Migration] = [
      _v4_api),
     ("admission_control, daemon_status, ended_sessions: the operators' controls",
      _v5_operators),
+    ("api_submissions.stored_bytes and ix_units_request_state: the callers' quotas",
+     _v6_stored_bytes),
 ]
 """Applied in order at open, all pending ones in one transaction; version N = MIGRATIONS[N-1].
 Append only."""
@@ -692,6 +727,11 @@ def _jsonable(value: Any) -> Any:
     if value is None or isinstance(value, (str, int, float, bool)):
         return value
     return str(value)
+
+
+DROPPED_SPEC_FIELDS = ("command", "args", "env", "parameters", "resume_args")
+"""What retention (``JobStore.drop_ended_specs``) empties in an ended unit's spec: the bulk a
+request may carry, never what reports or runtime estimates read."""
 
 
 def spec_to_json(spec: UnitSpec) -> dict[str, Any]:
@@ -1889,7 +1929,7 @@ class JobStore:
                                          now, None)
                     conn.execute(sa.insert(API_SUBMISSIONS).values(
                         request_id=rid, principal=principal, idempotency_key=idempotency_key,
-                        body_sha256=body_sha256, address=address))
+                        body_sha256=body_sha256, address=address, stored_bytes=asked_bytes))
                     self._insert_audit(conn, entry)
                 self._log_audit(entry)
                 return ApiSubmission(rid, True, body_sha256)
@@ -1911,16 +1951,15 @@ class JobStore:
             return self._quota_use(conn, principal, now)
 
     def _quota_use(self, conn: Connection, principal: str, now: datetime) -> dict[str, Any]:
-        mine = sa.select(API_SUBMISSIONS.c.request_id).where(
-            API_SUBMISSIONS.c.principal == principal)
-        live = UNITS.c.state.notin_(_TERMINAL) & UNITS.c.request_id.in_(mine)
-        units, unit_bytes = conn.execute(sa.select(
-            sa.func.count(), sa.func.coalesce(sa.func.sum(
-                sa.func.length(sa.cast(UNITS.c.spec, sa.Text))), 0)).where(live)).one()
-        live_requests = sa.select(UNITS.c.request_id).where(live).distinct()
-        request_bytes = conn.execute(sa.select(sa.func.coalesce(sa.func.sum(
-            sa.func.length(sa.cast(REQUESTS.c.raw, sa.Text))), 0)).where(
-            REQUESTS.c.id.in_(live_requests))).scalar()
+        sub = API_SUBMISSIONS
+        mine = sa.select(sub.c.request_id).where(sub.c.principal == principal)
+        live = UNITS.c.state.notin_(_TERMINAL)
+        units = conn.execute(sa.select(sa.func.count()).select_from(UNITS).join(
+            sub, sub.c.request_id == UNITS.c.request_id).where(
+            sub.c.principal == principal, live)).scalar()
+        stored = conn.execute(sa.select(sa.func.coalesce(sa.func.sum(sub.c.stored_bytes), 0))
+                              .where(sub.c.principal == principal, sa.exists().where(
+                                  UNITS.c.request_id == sub.c.request_id, live))).scalar()
         recent, oldest = conn.execute(sa.select(
             sa.func.count(), sa.func.min(REQUESTS.c.submitted_at)).where(
             REQUESTS.c.id.in_(mine), REQUESTS.c.submitted_at > now - timedelta(hours=1))).one()
@@ -1928,7 +1967,7 @@ class JobStore:
             oldest = oldest.replace(tzinfo=UTC)
         elif isinstance(oldest, str):
             oldest = datetime.fromisoformat(oldest).replace(tzinfo=UTC)
-        return {"live_units": int(units), "stored_bytes": int(unit_bytes) + int(request_bytes),
+        return {"live_units": int(units), "stored_bytes": int(stored),
                 "requests_last_hour": int(recent), "oldest_in_hour": oldest}
 
     def _check_quota(self, conn: Connection, principal: str, quota: SubmitQuota, units: int,
@@ -1959,6 +1998,47 @@ class JobStore:
                 "instead of templating them into every unit; it frees as your units end",
                 quota="stored_bytes", limit=quota.stored_bytes, used=use["stored_bytes"],
                 asked=asked_bytes, retry_after_s=None)
+
+    def drop_ended_specs(self, before: datetime, now: datetime, *, batch: int = 500,
+                         max_batches: int = 20) -> int:
+        """Retention: drop the bulk of the spec (``DROPPED_SPEC_FIELDS``) of every ended or
+        cancelled unit last changed before ``before``, and the body of each request whose
+        units are all ended and dropped; ``batch`` units a transaction, at most
+        ``max_batches`` (the rest next time). What reports read is kept: the units' team,
+        kind, GPUs and state, their attempts and events. The spec stays readable
+        (``spec_from_json``), marked ``dropped_at``. Returns how many units it dropped."""
+        _aware(before)
+        _aware(now)
+        stamp = now.isoformat()
+        dropped = 0
+        not_yet = UNITS.c.spec["dropped_at"].as_string().is_(None)
+        for _ in range(max_batches):
+            with self._tx(write=True) as conn:
+                rows = conn.execute(sa.select(UNITS.c.id, UNITS.c.request_id, UNITS.c.spec).where(
+                    UNITS.c.state.in_(_TERMINAL), UNITS.c.updated_at < before, not_yet,
+                ).order_by(UNITS.c.updated_at).limit(batch)).all()
+                for row in rows:
+                    spec = dict(row.spec)
+                    for name in DROPPED_SPEC_FIELDS:
+                        if name in spec:
+                            spec[name] = []
+                    spec["dropped_at"] = stamp
+                    conn.execute(sa.update(UNITS).where(UNITS.c.id == row.id).values(spec=spec))
+                requests = sorted({row.request_id for row in rows})
+                if requests:
+                    kept = set(conn.execute(sa.select(UNITS.c.request_id).where(
+                        UNITS.c.request_id.in_(requests),
+                        UNITS.c.state.notin_(_TERMINAL) | not_yet).distinct()).scalars())
+                    for rid in requests:
+                        if rid not in kept:
+                            name = conn.execute(sa.select(REQUESTS.c.name).where(
+                                REQUESTS.c.id == rid)).scalar()
+                            conn.execute(sa.update(REQUESTS).where(REQUESTS.c.id == rid).values(
+                                raw={"name": name, "dropped_at": stamp}))
+            dropped += len(rows)
+            if len(rows) < batch:
+                break
+        return dropped
 
     def submitted_by(self, request_id: str) -> str | None:
         """The job API caller (principal) who submitted ``request_id`` (None: not through the

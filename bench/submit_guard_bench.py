@@ -1,0 +1,146 @@
+"""Benchmark: what the bounded body reader and the quota check cost a submit, one run.
+
+    OMP_NUM_THREADS=1 python bench/submit_guard_bench.py [--live 2000] [--submits 200]
+
+A SQLite store where the caller already holds ``--live`` live units (its quota's default is
+2,000, so the check reads as much as it ever will), then ``--submits`` submissions of
+tests/api_server.py's 4-unit request (JSON) to ``POST /v1/requests``, called in-process
+through the ASGI app (no network: only the app's own cost), in interleaved rounds of:
+
+* **before**: the app without ``BoundedBodies`` and with the quota check switched off;
+* **now**: the app as ``idlegpu serve`` runs it (the body read under its limit, the quota
+  checked in the submission's transaction).
+
+Prints p50 and p99 of each and the ratio now / before (the baseline of this run), then the
+quota check alone (``JobStore.quota_use``) at that use.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+
+from api_server import job  # noqa: E402
+from test_api_plan import settings_for  # noqa: E402
+
+from idlegpu.forecast.config import ApiQuota  # noqa: E402
+from idlegpu.scheduler.adapters.store import AuditEntry, JobStore  # noqa: E402
+from idlegpu.scheduler.api import create_app  # noqa: E402
+from idlegpu.scheduler.api.auth import new_token, token_sha256  # noqa: E402
+from idlegpu.scheduler.api.bodies import BoundedBodies  # noqa: E402
+
+NOW = datetime(2026, 3, 2, 12, tzinfo=UTC)
+
+
+async def post(app, path: str, body: bytes, token: str) -> tuple[int, bytes]:
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
+             "method": "POST", "scheme": "http", "path": path, "raw_path": path.encode(),
+             "query_string": b"", "root_path": "", "client": ("127.0.0.1", 5000),
+             "server": ("127.0.0.1", 8080),
+             "headers": [(b"authorization", f"Bearer {token}".encode()),
+                         (b"content-type", b"application/json"),
+                         (b"content-length", str(len(body)).encode())]}
+    sent = False
+
+    async def receive():
+        nonlocal sent
+        if sent:
+            return {"type": "http.disconnect"}
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    status, chunks = 0, []
+
+    async def send(message):
+        nonlocal status
+        if message["type"] == "http.response.start":
+            status = message["status"]
+        elif message["type"] == "http.response.body":
+            chunks.append(message.get("body", b""))
+
+    await app(scope, receive, send)
+    return status, b"".join(chunks)
+
+
+def percentiles(samples: list[float]) -> tuple[float, float]:
+    ordered = sorted(samples)
+    return statistics.median(ordered), ordered[min(len(ordered) - 1,
+                                                   round(0.99 * (len(ordered) - 1)))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--live", type=int, default=2000)
+    parser.add_argument("--submits", type=int, default=200)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        base = settings_for(Path(tmp) / "reports")
+        roomy = ApiQuota(live_units=10**7, requests_per_hour=10**7, stored_bytes=10**13)
+        settings = base.model_copy(update={"api": base.api.model_copy(
+            update={"users": {"bench": roomy}})})
+        store = JobStore(f"sqlite:///{Path(tmp) / 'bench.db'}")
+        secret = new_token()
+        store.create_api_token("bench", "alignment", "member", token_sha256(secret), NOW, None,
+                               AuditEntry(at=NOW, actor="bench", auth="cli", role="operator",
+                                          team=None, action="token.create", target="bench"))
+        now_app = create_app(settings, store, clock=lambda: NOW)
+        before_app = create_app(settings, store, clock=lambda: NOW)
+        before_app.user_middleware = [m for m in before_app.user_middleware
+                                      if m.cls is not BoundedBodies]
+        before_app.middleware_stack = None
+
+        loop = asyncio.new_event_loop()
+        began = time.perf_counter()
+        n = 0
+        while n < args.live:  # the caller's live units, through the API itself
+            status, text = loop.run_until_complete(post(
+                now_app, "/v1/requests", json.dumps(job(f"fill-{n}")).encode(), secret))
+            assert status == 201, text
+            n += 4
+        print(f"{n} live units of the caller in {time.perf_counter() - began:.1f} s")
+
+        checking = store._check_quota
+        samples: dict[str, list[float]] = {"before": [], "now": []}
+        for i in range(args.submits):
+            for name in ("before", "now") if i % 2 else ("now", "before"):
+                app = before_app if name == "before" else now_app
+                store._check_quota = checking if name == "now" else (lambda *a, **k: None)
+                body = json.dumps(job(f"{name}-{i}")).encode()
+                start = time.perf_counter()
+                status, text = loop.run_until_complete(post(app, "/v1/requests", body, secret))
+                samples[name].append(time.perf_counter() - start)
+                assert status == 201, text
+        store._check_quota = checking
+        for name, values in samples.items():
+            p50, p99 = percentiles(values)
+            print(f"  submit, {name:<7} p50 {p50 * 1000:7.2f} ms   p99 {p99 * 1000:7.2f} ms")
+        ratio = statistics.median(samples["now"]) / statistics.median(samples["before"])
+        print(f"  now / before (p50): {ratio:.3f}")
+        use = store.quota_use("token:bench", NOW)
+        times = []
+        for _ in range(50):
+            start = time.perf_counter()
+            store.quota_use("token:bench", NOW)
+            times.append(time.perf_counter() - start)
+        print(f"  quota check alone at {use['live_units']} live units, "
+              f"{use['stored_bytes']:,} stored bytes: p50 "
+              f"{statistics.median(times) * 1000:.2f} ms")
+        store.close()
+
+
+if __name__ == "__main__":
+    main()
