@@ -140,6 +140,50 @@ def main() -> None:
               f"{use['stored_bytes']:,} stored bytes: p50 "
               f"{statistics.median(times) * 1000:.2f} ms")
         store.close()
+    at_quota()
+
+
+def at_quota() -> None:
+    """One member filling its default quota with the amplifying request of
+    tests/test_api_hostile.py (a 5 kB parameter templated into 256 units) until the 429: how
+    much the store grew, and what one daemon pass's view of the queue (``waiting``) holds at
+    its peak for that member's units."""
+    import tracemalloc
+
+    sys.path.insert(0, str(REPO / "tests"))
+    from test_api_hostile import _amplifying
+
+    with tempfile.TemporaryDirectory() as tmp:
+        settings = settings_for(Path(tmp) / "reports")
+        path = Path(tmp) / "quota.db"
+        store = JobStore(f"sqlite:///{path}")
+        secret = new_token()
+        store.create_api_token("mallory", "alignment", "member", token_sha256(secret), NOW,
+                               None, AuditEntry(at=NOW, actor="bench", auth="cli",
+                                                role="operator", team=None,
+                                                action="token.create", target="mallory"))
+        empty = path.stat().st_size
+        app = create_app(settings, store, clock=lambda: NOW)
+        loop = asyncio.new_event_loop()
+        accepted, answer = 0, b""
+        for i in range(100):
+            status, answer = loop.run_until_complete(post(
+                app, "/v1/requests", json.dumps(_amplifying(i)).encode(), secret))
+            if status != 201:
+                break
+            accepted += 1
+        use = store.quota_use("token:mallory", NOW)
+        grown = (path.stat().st_size - empty) / 1e6
+        tracemalloc.start()
+        rows = store.waiting(NOW, lambda row: 3600.0)
+        peak = tracemalloc.get_traced_memory()[1] / 2**20
+        tracemalloc.stop()
+        refused = json.loads(answer)["error"]["quota"]["name"]
+        print(f"  at quota: {accepted} requests accepted, then {refused}: "
+              f"{use['live_units']} live units, "
+              f"{use['stored_bytes']:,} stored bytes; the store grew {grown:.0f} MB; a pass's "
+              f"queue view of them ({len(rows)} waiting) peaked at {peak:.0f} MiB")
+        store.close()
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -60,17 +61,21 @@ def _token(store: str, env: dict[str, str], name: str, role: str) -> str:
 
 
 @contextlib.contextmanager
-def serving(store: str, tokens: dict[str, str]) -> Iterator[tuple[Served, list[str]]]:
-    """A real ``idlegpu serve`` on ``store`` with tokens ``{name: role}`` of team alignment;
-    yields it and, once it has stopped, its whole output (the list is filled then)."""
+def serving(store: str, tokens: dict[str, str],
+            *extra: str) -> Iterator[tuple[Served, list[str]]]:
+    """A real ``idlegpu serve`` on ``store`` (``extra``: more of its options) with tokens
+    ``{name: role}`` of team alignment; yields it and, once it has stopped, its whole output
+    (the list is filled then)."""
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("IDLEGPU_")},
            "PYTHONUNBUFFERED": "1"}
     made = {name: _token(store, env, name, role) for name, role in tokens.items()}
     port = free_port()
+    # its log to a file: a pipe nobody reads while it serves would fill and stop the server
+    log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - closed below
     server = subprocess.Popen(
         [*IDLEGPU, "serve", "--config", "idlegpu.yaml", "--store", store, "--port", str(port),
-         "--now", "2026-01-28T17:00:00+09:00"],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+         "--now", "2026-01-28T17:00:00+09:00", *extra],
+        cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     output: list[str] = []
     try:
@@ -86,7 +91,10 @@ def serving(store: str, tokens: dict[str, str]) -> Iterator[tuple[Served, list[s
         yield Served(url, port, server.pid, made), output
     finally:
         server.send_signal(signal.SIGTERM)
-        out, _ = server.communicate(timeout=30)
+        server.wait(timeout=30)
+        log.seek(0)
+        out = log.read()
+        log.close()
         output.append(out)
     assert "Traceback" not in out, out[-3000:]
 

@@ -27,7 +27,7 @@ from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.ui import Select, WebDriverWait
 from test_api_plan import NOW, settings_for, token
 
-from idlegpu.scheduler.adapters.store import DaemonStatus, JobStore
+from idlegpu.scheduler.adapters.store import SCHEMA_VERSION, DaemonStatus, JobStore
 from idlegpu.scheduler.api import create_app
 from idlegpu.scheduler.console.session import COOKIE
 
@@ -75,7 +75,7 @@ def test_no_daemon_has_reported_yet(pool, browser):
     assert "Operators" in [a.text for a in links]
     next(a for a in links if a.text == "Operators").click()
     assert find(browser, "#no-daemon").text.startswith("No daemon has reported to this store")
-    assert find(browser, "#schema-version").text == "5"
+    assert find(browser, "#schema-version").text == str(SCHEMA_VERSION)
     assert "Open" in find(browser, "#admission-state").text
 
 

@@ -43,6 +43,14 @@ from idlegpu.scheduler.api.docs import add_docs
 from idlegpu.scheduler.api.forecasts import RETRY_AFTER_S, Forecasts, ForecastUnavailable
 from idlegpu.scheduler.api.headers import SecurityHeaders
 from idlegpu.scheduler.api.reads import Reads, add_read_routes, paused_reason
+from idlegpu.scheduler.api.schema import (
+    ERROR_RESPONSES,
+    REQUEST_BODY,
+    RequestId,
+    UnitId,
+    install_openapi,
+    reason_body,
+)
 from idlegpu.scheduler.clock import Clock, as_clock
 from idlegpu.scheduler.limits import SURROGATE_PROBLEM, has_surrogate
 from idlegpu.scheduler.specs import SpecError, load_request_text, validate_request
@@ -129,7 +137,9 @@ def create_app(settings: Settings, store: JobStore, *,
         title="idlegpu job API", version=API_VERSION,
         description="Submit, list and cancel research jobs on the idle GPUs of the pool.",
         docs_url=None, redoc_url=None,  # our own pages and assets (scheduler/api/docs.py)
+        responses=ERROR_RESPONSES,  # every error in the one shape (scheduler/api/schema.py)
     )
+    install_openapi(app)
     add_docs(app, title="idlegpu job API", enabled=api.docs)
     # every body, on every route, read under its route's limit (scheduler/api/bodies.py)
     app.add_middleware(BoundedBodies, max_body_bytes=api.max_body_bytes)
@@ -292,9 +302,8 @@ def create_app(settings: Settings, store: JobStore, *,
 
     @app.post(f"/{API_VERSION}/requests", status_code=201,
               summary="Submit a job request (JSON, or YAML with Content-Type: application/yaml)",
-              openapi_extra={"requestBody": {"required": True, "content": {
-                  "application/json": {"schema": {"type": "object"}},
-                  "application/yaml": {"schema": {"type": "string"}}}}})
+              openapi_extra=REQUEST_BODY, responses={200: {
+                  "description": "submitted before with this Idempotency-Key: that request"}})
     async def submit(request: Request, who: Caller,
                      idempotency_key: Annotated[str | None, Header()] = None) -> JSONResponse:
         require_change(who, "submit requests")
@@ -335,7 +344,7 @@ def create_app(settings: Settings, store: JobStore, *,
         status, payload = await run_in_threadpool(work)
         return JSONResponse(payload, status_code=status)
 
-    @app.post(f"/{API_VERSION}/requests/validate",
+    @app.post(f"/{API_VERSION}/requests/validate", openapi_extra=REQUEST_BODY,
               summary="Validate a request without storing it: the units it expands to, each "
                       "with its runtime estimate and, from tonight's plan with them queued "
                       "now, its estimated start or the reason it would wait; or the error "
@@ -374,7 +383,7 @@ def create_app(settings: Settings, store: JobStore, *,
                 "units": [unit_json(u) for u in units], "unit_ids": [u.id for u in units]}
 
     @app.get(f"/{API_VERSION}/requests/{{request_id}}", summary="One request and its units")
-    def get_request(request_id: str, who: Caller) -> dict[str, Any]:
+    def get_request(request_id: RequestId, who: Caller) -> dict[str, Any]:
         return request_json(request_id)
 
     @app.get(f"/{API_VERSION}/units", summary="The queue: units, filtered")
@@ -406,7 +415,7 @@ def create_app(settings: Settings, store: JobStore, *,
 
     @app.get(f"/{API_VERSION}/units/{{unit_id}}",
              summary="One unit with its attempts, preemptions and checkpoints")
-    def get_unit(unit_id: str, who: Caller) -> dict[str, Any]:
+    def get_unit(unit_id: UnitId, who: Caller) -> dict[str, Any]:
         row = store.unit(unit_id)
         events = store.events(unit_id=unit_id)
         attempts = [{
@@ -450,15 +459,17 @@ def create_app(settings: Settings, store: JobStore, *,
         return _reason_of(data)
 
     @app.post(f"/{API_VERSION}/requests/{{request_id}}/cancel",
-              summary="Cancel every unit of a request")
-    async def cancel_request(request_id: str, request: Request, who: Caller) -> dict[str, Any]:
+              summary="Cancel every unit of a request", openapi_extra=reason_body(False))
+    async def cancel_request(request_id: RequestId, request: Request,
+                             who: Caller) -> dict[str, Any]:
         reason = await cancel_reason(request)
         team = (await run_in_threadpool(store.request, request_id)).team
         return await run_in_threadpool(cancel, who, request_id, team, reason)
 
     @app.post(f"/{API_VERSION}/units/{{unit_id}}/cancel",
-              summary="Cancel a unit and the units depending on it")
-    async def cancel_unit(unit_id: str, request: Request, who: Caller) -> dict[str, Any]:
+              summary="Cancel a unit and the units depending on it",
+              openapi_extra=reason_body(False))
+    async def cancel_unit(unit_id: UnitId, request: Request, who: Caller) -> dict[str, Any]:
         reason = await cancel_reason(request)
         team = (await run_in_threadpool(store.unit, unit_id)).team
         return await run_in_threadpool(cancel, who, unit_id, team, reason)
@@ -520,7 +531,8 @@ def create_app(settings: Settings, store: JobStore, *,
 
     @app.post(f"/{API_VERSION}/admission/pause",
               summary="Pause admission for the pool (operators): the daemon admits nothing "
-                      "until resumed; stops and the backstop go on")
+                      "until resumed; stops and the backstop go on",
+              openapi_extra=reason_body(True))
     async def pause_admission(request: Request, who: Caller) -> dict[str, Any]:
         require_operator(who, "pause admission")
         reason = await pause_reason(request)

@@ -24,6 +24,7 @@ from starlette.concurrency import run_in_threadpool
 
 from idlegpu.scheduler.api.auth import ApiError, Identity
 from idlegpu.scheduler.api.forecasts import Forecasts, ForecastUnavailable, ServerForecast
+from idlegpu.scheduler.api.schema import Month
 
 MONTH = re.compile(r"^[0-9]{4}-(0[1-9]|1[0-2])$")
 REPORT_TYPES = {"md": ("report-{m}.md", "text/markdown; charset=utf-8"),
@@ -379,8 +380,12 @@ def add_read_routes(app: FastAPI, reads: Reads, caller: Callable[..., Identity],
         return reads.reports()
 
     @app.get(f"{prefix}/reports/{{month}}", summary="One monthly report: Markdown (default), "
-                                                   "html or csv (summary.csv)")
-    def get_report(month: str, who: Caller,
+                                                   "html or csv (summary.csv)",
+             responses={200: {"content": {
+                 "text/markdown": {"schema": {"type": "string"}},
+                 "text/html": {"schema": {"type": "string"}},
+                 "text/csv": {"schema": {"type": "string"}}}}})
+    def get_report(month: Month, who: Caller,
                    format: Annotated[str, Query(pattern="^(md|html|csv)$")] = "md",
                    ) -> PlainTextResponse:
         path, media = reads.report_file(month, format)
