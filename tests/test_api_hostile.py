@@ -102,7 +102,8 @@ def serving(store: str, tokens: dict[str, str],
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     store = f"sqlite:///{tmp_path_factory.mktemp('hostile') / 'jobs.db'}"
-    with serving(store, {"mallory": "member", "eve": "viewer"}) as (server, _):
+    with serving(store, {"mallory": "member", "eve": "viewer", "olga": "operator"}) as (
+            server, _):
         yield server
 
 
@@ -395,3 +396,74 @@ def test_requests_per_hour_and_a_users_override(tmp_path) -> None:
     finally:
         server.stop()
         store.close()
+
+
+def _signed_in(served: Served, name: str) -> requests.Session:
+    web = requests.Session()
+    web.get(f"{served.url}/login", timeout=10)
+    signed = web.post(f"{served.url}/login", allow_redirects=False, timeout=10, data={
+        "csrf": web.cookies.get("idlegpu_login_csrf"), "token": served.tokens[name]})
+    assert signed.status_code == 303, signed.text
+    return web
+
+
+def test_the_operators_page_bounds_its_page_and_shows_no_banner_from_the_address(
+        served: Served) -> None:
+    web = _signed_in(served, "olga")
+    page = web.get(f"{served.url}/operators?page=99999999999999999999999", timeout=10)
+    assert page.status_code == 200, page.text[-500:]
+    forged = web.get(f"{served.url}/operators?notice=Your+token+expired%3A+paste+it+at+evil",
+                     timeout=10)
+    assert forged.status_code == 200 and "evil" not in forged.text
+    real = web.get(f"{served.url}/operators?notice=paused", timeout=10)
+    assert 'id="notice">admission paused<' in real.text
+    for answer in (page, forged, real):  # every HTML answer: the policy and nosniff
+        assert "frame-ancestors 'none'" in answer.headers["content-security-policy"]
+        assert answer.headers["x-content-type-options"] == "nosniff"
+
+
+def test_every_html_answer_gets_the_policy_and_json_gets_nosniff() -> None:
+    import asyncio
+
+    from idlegpu.scheduler.api.headers import CSP, SecurityHeaders
+
+    def app_answering(kind: bytes, extra: list[tuple[bytes, bytes]]):
+        async def app(scope, receive, send):
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", kind), *extra]})
+            await send({"type": "http.response.body", "body": b"x"})
+        return app
+
+    def headers_of(app) -> dict[bytes, bytes]:
+        sent = []
+
+        async def send(message):
+            sent.append(message)
+
+        async def receive():
+            return {"type": "http.disconnect"}
+
+        asyncio.run(SecurityHeaders(app)({"type": "http"}, receive, send))
+        return dict(sent[0]["headers"])
+
+    html = headers_of(app_answering(b"text/html; charset=utf-8", []))  # e.g. format=html
+    assert html[b"content-security-policy"] == CSP.encode()
+    assert html[b"x-content-type-options"] == b"nosniff"
+    own = headers_of(app_answering(b"text/html", [(b"content-security-policy", b"mine")]))
+    assert own[b"content-security-policy"] == b"mine"  # a route's own policy stands
+    data = headers_of(app_answering(b"application/json", []))
+    assert data[b"x-content-type-options"] == b"nosniff"
+    assert b"content-security-policy" not in data
+
+
+def test_the_client_behind_trusted_proxies_is_read_from_the_right() -> None:
+    from idlegpu.forecast.config import ApiConfig
+    from idlegpu.scheduler.api.auth import Authenticator
+
+    auth = Authenticator(ApiConfig(trusted_proxies=["10.8.0.0/16", "127.0.0.1/32"]), None)
+    # the client wrote "1.2.3.4" itself; our ingress (10.8.0.7) saw 203.0.113.9 connect
+    assert auth.forwarded_client("1.2.3.4, 203.0.113.9, 10.8.0.7") == "203.0.113.9"
+    assert auth.forwarded_client("203.0.113.9") == "203.0.113.9"
+    assert auth.forwarded_client("10.8.0.1, 10.8.0.7") is None  # only our own hops
+    assert auth.forwarded_client("evil, 10.8.0.7") is None  # not an address: no client
+    assert auth.forwarded_client(", ".join(["9.9.9.9"] * 10_000)) == "9.9.9.9"  # bounded

@@ -213,7 +213,7 @@ class Authenticator:
         proxy appends the address it got the call from, so the rightmost address that is not
         one of ``api.trusted_proxies`` is the last one a proxy of ours vouches for; everything
         left of it is the client's own words. None when the chain names no such address."""
-        hops = [hop.strip() for hop in forwarded_for[:4096].split(",")][-32:]
+        hops = [hop.strip() for hop in forwarded_for[-4096:].split(",")][-32:]  # the right end
         for hop in reversed(hops):
             if not hop:
                 continue
