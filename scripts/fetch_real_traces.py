@@ -1,6 +1,7 @@
 """Regenerate the real-traffic histories in data/real/ from public GitHub repositories.
 
-    python scripts/fetch_real_traces.py --nab DIR --cloud-monitoring DIR [--out data/real]
+    python scripts/fetch_real_traces.py [--nab DIR] [--cloud-monitoring DIR] [--servegen DIR] \
+        [--out data/real]    # the traces of the sources given
 
 ``DIR`` is a copy of the source repository: a bare git directory (a mirror or ``git clone
 --bare``), or an ordinary clone (its work tree). The raw files are read at the pinned commit
@@ -20,7 +21,11 @@ Sources (details, licences and the exact rules in data/real/README.md):
   MongoDB server, 2018-06-13 to 2018-06-26 (MIT);
 * ``msft-purchases-02``, ``-03``, ``-04``: microsoft/cloud-monitoring-dataset
   ``data/consumer-purchase-rate/purchase-0N.csv``, the hourly count of in-app purchases in
-  three markets, 2018-03-15 to 2018-05-05, the span of the e-commerce API's (MIT).
+  three markets, 2018-03-15 to 2018-05-05, the span of the e-commerce API's (MIT);
+* ``servegen-m-mid``: alibaba/ServeGen ``data/language/m-mid/chunk-*-trace.csv``, the request
+  rate of each of the 109 API clients of one language-model family of a cloud model platform
+  per 10 minutes over 14 days, summed (Apache-2.0; its files and blob ids in
+  ``data/real/servegen-m-mid.blobs``).
 
 Each trace becomes one tidy history ``data/real/<trace>.csv`` (``unique_id, ds, y``) with two
 series: ``<trace>/request_rate`` (mean requests per second over each step) and
@@ -41,6 +46,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+MANIFESTS = Path(__file__).resolve().parents[1] / "data" / "real"  # folder sources' file lists
 REQUEST_RATE = "request_rate"
 REPLICAS = "replicas"
 COLUMNS = ["unique_id", "ds", "y"]
@@ -50,9 +56,10 @@ COLUMNS = ["unique_id", "ds", "y"]
 class Source:
     repo: str  # owner/name on GitHub
     commit: str  # the commit the raw file is read at (bare git directory)
-    path: str  # the file inside the repository
-    blob: str  # its git blob id: the exact bytes converted
+    path: str  # the file inside the repository (a folder, for a source of several files)
+    blob: str  # its git blob id: the exact bytes converted (a folder: its git tree id)
     licence: str
+    manifest: str | None = None  # a folder's files and their blob ids (data/real/<this>)
 
 
 @dataclass(frozen=True)
@@ -61,7 +68,9 @@ class Trace:
 
     name: str
     source: Source
-    kind: str  # "nab" (timestamp,value: requests per 5 min) | "cmd" (TimeStamp,Value,Label: a rate)
+    # "nab" (timestamp,value: requests per 5 min) | "cmd" (TimeStamp,Value,Label: a rate) |
+    # "servegen" (one file a client: offset s,rate req/s over the next step,...; summed)
+    kind: str
     step: pd.Timedelta  # the step of the derived history
     capacity: float  # requests per second one replica serves
     min_replicas: int
@@ -71,6 +80,7 @@ class Trace:
     per_seconds: float = 1.0  # the raw value counts events over this many seconds (1: a rate)
     timezone: str = "UTC"  # the pool time zone the benchmark uses for this trace
     holiday_country: str | None = None
+    start: str | None = None  # servegen: the instant offset 0 is pinned to (none is published)
 
     @property
     def csv(self) -> str:
@@ -79,8 +89,10 @@ class Trace:
 
 NAB = "numenta/NAB"
 CMD = "microsoft/cloud-monitoring-dataset"
+SERVEGEN = "alibaba/ServeGen"
 NAB_COMMIT = "ea702d75cc2258d9d7dd35ca8e5e2539d71f3140"
 CMD_COMMIT = "6a07a53c2fac495fb6831811df4c980d6c04bd10"
+SERVEGEN_COMMIT = "f891d1189eb32b3868dfc443800c4150548c282a"
 
 def _purchases(n: str, blob: str, capacity: float) -> Trace:
     """The hourly count of in-app purchases of one market, read on the e-commerce API's wall
@@ -146,6 +158,25 @@ TRACES = (
         ("03", "48521e9a0b4f660ec5318da46a3bfee75ec65f38", 0.36),
         ("04", "efa4e9b152efb67100eaa30c2568bedf6751b659", 0.016),
     )),
+    Trace(
+        # the m-mid language-model family of a cloud model platform: 109 API clients, 14 days
+        # at 10 minutes. Offset 0 is a midnight (the publisher's own example reads offset
+        # 72,000 s as 20:00); which day and zone is not published: pinned to Monday 2025-01-06
+        # in Asia/Shanghai (no public holiday falls in its 14 days)
+        name="servegen-m-mid",
+        source=Source(SERVEGEN, SERVEGEN_COMMIT, "data/language/m-mid",
+                      "42ddd24ec2a7b4e6be0ba2c6c97a9111a35bf3ca", "Apache-2.0",
+                      manifest="servegen-m-mid.blobs"),
+        kind="servegen",
+        step=pd.Timedelta(minutes=10),
+        capacity=300.0,
+        min_replicas=1,
+        max_replicas=16,
+        stabilization=pd.Timedelta(minutes=30),
+        timezone="Asia/Shanghai",
+        holiday_country="CN",
+        start="2025-01-06T00:00:00+08:00",
+    ),
 )
 BY_NAME = {t.name: t for t in TRACES}
 
@@ -182,6 +213,56 @@ def read_raw(root: Path, source: Source) -> bytes:
             f"(commit {source.commit}); this is another version of the raw file"
         )
     return data
+
+
+def read_manifest(path: Path) -> list[tuple[str, str]]:
+    """``(file name, blob id)`` per line of a folder source's manifest (``#`` comments)."""
+    entries = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            name, blob = line.split()
+            entries.append((name, blob))
+    return entries
+
+
+def read_raw_files(root: Path, source: Source, manifest: Path) -> dict[str, bytes]:
+    """Every file the manifest names in the source's folder, each refused unless its bytes
+    are its recorded blob; from a bare git directory the folder's tree id is checked too."""
+    root = Path(root)
+    if (root / "objects").is_dir() and (root / "HEAD").is_file():
+        tree = subprocess.run(
+            ["git", "--git-dir", str(root), "rev-parse", f"{source.commit}:{source.path}"],
+            capture_output=True, text=True, check=False).stdout.strip()
+        if tree != source.blob:
+            raise SystemExit(f"error: {source.repo}:{source.path} at {source.commit} is tree "
+                             f"{tree or '(none)'}, expected {source.blob}")
+    out = {}
+    for name, blob in read_manifest(manifest):
+        out[name] = read_raw(root, Source(source.repo, source.commit, f"{source.path}/{name}",
+                                          blob, source.licence))
+    return out
+
+
+def parse_servegen(files: dict[str, bytes], start: str, step: pd.Timedelta) -> pd.Series:
+    """ServeGen clients' traces (``offset,rate,cv,family,p1,p2``: the client's mean request
+    rate in req/s over the ``step`` from ``offset`` seconds) summed into the family's load,
+    offset 0 at ``start``. A step where every client's rate is 0 is the data's own collection
+    gap (84 steps, 14 h, in m-mid): missing, not an idle service."""
+    total: pd.Series | None = None
+    for name in sorted(files):
+        raw = pd.read_csv(io.BytesIO(files[name]), header=None,
+                          names=["offset", "rate", "cv", "family", "p1", "p2"],
+                          usecols=["offset", "rate"])
+        rate = pd.Series(raw["rate"].astype(float).to_numpy(),
+                         index=raw["offset"].astype(int).to_numpy())
+        if rate.index.duplicated().any() or (rate.index % int(step.total_seconds())).any():
+            raise ValueError(f"{name}: offsets are not one per {step} step")
+        total = rate if total is None else total.add(rate, fill_value=0.0)
+    assert total is not None
+    total = total[total > 0].sort_index()
+    origin = pd.Timestamp(start).tz_convert("UTC")
+    return pd.Series(total.to_numpy(), index=origin + pd.to_timedelta(total.index, unit="s"))
 
 
 def parse_nab(text: str) -> pd.Series:
@@ -251,13 +332,17 @@ def hpa_replicas(
     return held.astype(float)
 
 
-def convert(trace: Trace, data: bytes) -> pd.DataFrame:
-    """The tidy history of one trace from its raw file's bytes."""
-    text = data.decode("utf-8")
-    if trace.kind == "nab":
-        raw = parse_nab(text)
+def convert(trace: Trace, data: bytes | dict[str, bytes]) -> pd.DataFrame:
+    """The tidy history of one trace from its raw file's bytes (a folder source: each file's,
+    by name)."""
+    if trace.kind == "servegen":
+        assert isinstance(data, dict) and trace.start is not None
+        raw = parse_servegen(data, trace.start, trace.step)
+    elif trace.kind == "nab":
+        raw = parse_nab(data.decode("utf-8"))  # type: ignore[union-attr]
     elif trace.kind == "cmd":
-        raw = parse_cmd(text, trace.wall_clock_tz) / trace.per_seconds
+        raw = parse_cmd(data.decode("utf-8"),  # type: ignore[union-attr]
+                        trace.wall_clock_tz) / trace.per_seconds
     else:
         raise ValueError(f"unknown trace kind {trace.kind!r}")
     rate = to_step(raw, trace.step)
@@ -289,16 +374,26 @@ def _number(value: float) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nab", type=Path, required=True, help="a copy of numenta/NAB")
-    parser.add_argument("--cloud-monitoring", type=Path, required=True,
+    parser.add_argument("--nab", type=Path, help="a copy of numenta/NAB")
+    parser.add_argument("--cloud-monitoring", type=Path,
                         help="a copy of microsoft/cloud-monitoring-dataset")
+    parser.add_argument("--servegen", type=Path, help="a copy of alibaba/ServeGen")
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1]
                         / "data" / "real")
     args = parser.parse_args(argv)
-    roots = {NAB: args.nab, CMD: args.cloud_monitoring}
+    roots = {NAB: args.nab, CMD: args.cloud_monitoring, SERVEGEN: args.servegen}
+    if not any(roots.values()):
+        parser.error("give a copy of at least one source: --nab, --cloud-monitoring, --servegen")
     args.out.mkdir(parents=True, exist_ok=True)
     for trace in TRACES:
-        frame = convert(trace, read_raw(roots[trace.source.repo], trace.source))
+        source = trace.source
+        if roots[source.repo] is None:
+            print(f"{trace.name}: skipped (no copy of {source.repo} given)")
+            continue
+        raw: bytes | dict[str, bytes] = (
+            read_raw_files(roots[source.repo], source, MANIFESTS / source.manifest)
+            if source.manifest else read_raw(roots[source.repo], source))
+        frame = convert(trace, raw)
         target = args.out / trace.csv
         target.write_text(to_csv_text(frame), encoding="utf-8")
         span = frame["ds"].max() - frame["ds"].min()

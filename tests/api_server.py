@@ -22,6 +22,19 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def wait_healthy(url: str, process: Any, timeout: float = 60) -> None:
+    """Wait until the ``idlegpu serve`` subprocess ``process`` at ``url`` answers /healthz."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if requests.get(f"{url}/healthz", timeout=2).status_code == 200:
+                return
+        except requests.ConnectionError:
+            pass
+        assert process.poll() is None and time.monotonic() < deadline, "serve did not start"
+        time.sleep(0.2)
+
+
 class MovableClock:
     """The server's clock in tests: ``now()``, moved by hand with ``advance``."""
 

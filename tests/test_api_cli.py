@@ -8,11 +8,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import requests
-from api_server import free_port
+from api_server import free_port, wait_healthy
 
 REPO = Path(__file__).resolve().parents[1]
 IDLEGPU = [sys.executable, "-c", "from idlegpu.scheduler.cli import main; main()"]
@@ -34,15 +33,7 @@ def test_serve_token_and_run_on_one_machine(tmp_path):
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if requests.get(f"{url}/healthz", timeout=2).status_code == 200:
-                    break
-            except requests.ConnectionError:
-                pass
-            assert server.poll() is None and time.monotonic() < deadline, "serve did not start"
-            time.sleep(0.2)
+        wait_healthy(url, server)
         response = requests.post(
             f"{url}/v1/requests", data=(REPO / "examples/jobs/pretrain.yaml").read_bytes(),
             headers={"Authorization": f"Bearer {token}", "Content-Type": "application/yaml"},

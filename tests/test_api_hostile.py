@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import requests
-from api_server import free_port
+from api_server import free_port, wait_healthy
 
 REPO = Path(__file__).resolve().parents[1]
 IDLEGPU = [sys.executable, "-c", "from idlegpu.scheduler.cli import main; main()"]
@@ -79,15 +79,7 @@ def serving(store: str, tokens: dict[str, str],
     url = f"http://127.0.0.1:{port}"
     output: list[str] = []
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if requests.get(f"{url}/healthz", timeout=2).status_code == 200:
-                    break
-            except requests.ConnectionError:
-                pass
-            assert server.poll() is None and time.monotonic() < deadline, "serve did not start"
-            time.sleep(0.2)
+        wait_healthy(url, server)
         yield Served(url, port, server.pid, made), output
     finally:
         server.send_signal(signal.SIGTERM)

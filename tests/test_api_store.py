@@ -105,3 +105,40 @@ def test_tokens_are_stored_by_hash_with_expiry_and_revocation(url):
         with pytest.raises(store_mod.StoreError, match="no token named 'nope'"):
             store.revoke_api_token("nope", T0, entry("token.revoke", "nope"))
         assert [e.action for e in store.audit_log()] == ["token.create", "token.revoke"]
+
+
+def test_concurrent_submissions_never_both_pass_a_quota(url):
+    """Six submissions of one caller at once, each of 4 units, against a quota of 8 live
+    units: exactly two get in, whatever the backend (PostgreSQL: a per-caller lock in the
+    submission's transaction)."""
+    from idlegpu.scheduler.adapters.store import QuotaExceededError, SubmitQuota
+
+    quota = SubmitQuota(live_units=8, requests_per_hour=100, stored_bytes=10**9)
+    with JobStore(url) as store:
+        created, refused, errors = [], [], []
+        barrier = threading.Barrier(6)
+
+        def go(i: int) -> None:
+            request = validate_request(job(f"q{i}"), api_settings().admission)
+            barrier.wait()
+            try:
+                created.append(store.submit_from_api(
+                    principal="token:alice", idempotency_key=None, body_sha256="h" * 64,
+                    request_name=request.name, team=request.team, kind=request.kind,
+                    raw=request.model_dump(mode="json"), units=expand_units(request), now=T0,
+                    audit=entry(), quota=quota))
+            except QuotaExceededError as exc:
+                refused.append(exc)
+            except Exception as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=go, args=(i,)) for i in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not errors, errors
+        assert len(created) == 2 and len(refused) == 4
+        assert all(e.quota == "live_units" and e.limit == 8 for e in refused)
+        assert len(store.find_units()) == 8
+        assert store.quota_use("token:alice", T0)["live_units"] == 8

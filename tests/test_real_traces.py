@@ -42,6 +42,9 @@ DOCUMENTED = {
     "msft-purchases-02": ("2018-03-15T07:00:00Z", "2018-05-06T06:00:00Z", "1h", 1248, 0),
     "msft-purchases-03": ("2018-03-15T07:00:00Z", "2018-05-06T06:00:00Z", "1h", 1248, 0),
     "msft-purchases-04": ("2018-03-15T07:00:00Z", "2018-05-06T06:00:00Z", "1h", 1248, 0),
+    # 14 days at 10 min, offset 0 pinned to 2025-01-06 00:00 in Shanghai; 84 steps every client
+    # reports 0 (the data's own collection gap) are missing
+    "servegen-m-mid": ("2025-01-05T16:00:00Z", "2025-01-19T15:50:00Z", "10min", 1932, 84),
 }
 
 
@@ -264,3 +267,39 @@ def test_raw_files_are_checked_against_the_recorded_blob(tmp_path):
         ft.read_raw(clone, trace.source)
     with pytest.raises(SystemExit, match="not found"):
         ft.read_raw(tmp_path / "empty", trace.source)
+
+
+# rows copied verbatim from alibaba/ServeGen data/language/m-mid (commit f891d11): the first
+# three steps and the first two of the collection gap (offsets 313,200 and 313,800 s)
+SERVEGEN_5 = b"""0,0.26666666666666666,2.1060291982792205,Gamma,0.22546089361916535,15.990752320755316
+600,6.503333333333333,7.20586881122233,Weibull,0.3134878953077559,0.027528341328608544
+1200,10.915,1.972765589633565,Weibull,0.662691942678083,0.08666301248281168
+313200,0,0,,0,0
+313800,0,0,,0,0
+"""
+SERVEGEN_10 = b"""0,25.98,2.881619987461855,Weibull,0.37006838960803945,0.007374370872861301
+600,26.141666666666666,3.214460910896532,Weibull,0.36061695246869835,0.007173701205890796
+1200,26.111666666666668,3.39676813340311,Weibull,0.34476325127635765,0.005974686093335146
+313200,0,0,,0,0
+313800,0,0,,0,0
+"""
+
+
+def test_servegen_clients_are_summed_on_the_pinned_clock_and_the_gap_stays_a_gap():
+    trace = ft.BY_NAME["servegen-m-mid"]
+    got = ft.parse_servegen({"chunk-5-trace.csv": SERVEGEN_5, "chunk-10-trace.csv": SERVEGEN_10},
+                            trace.start, trace.step)
+    assert list(got.index) == list(pd.date_range("2025-01-05T16:00:00Z", periods=3,
+                                                 freq="10min"))  # 00:00 in Shanghai
+    assert got.round(6).tolist() == [26.246667, 32.645, 37.026667]
+    with pytest.raises(ValueError, match="one per"):
+        ft.parse_servegen({"x": b"0,1,0,,0,0\n300,1,0,,0,0\n"}, trace.start, trace.step)
+
+
+def test_servegen_manifest_names_every_client_once_with_its_blob():
+    entries = ft.read_manifest(REAL / "servegen-m-mid.blobs")
+    names = [name for name, _ in entries]
+    assert len(names) == len(set(names)) == 109
+    assert all(name.startswith("chunk-") and name.endswith("-trace.csv") for name in names)
+    assert all(len(blob) == 40 for _, blob in entries)
+    assert ("chunk-5-trace.csv", ft.git_blob_id(SERVEGEN_5)) not in entries  # only a part

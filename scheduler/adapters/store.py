@@ -77,6 +77,7 @@ are stored as UTC.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import re
@@ -1972,6 +1973,12 @@ class JobStore:
 
     def _check_quota(self, conn: Connection, principal: str, quota: SubmitQuota, units: int,
                      asked_bytes: int, now: datetime) -> None:
+        if conn.dialect.name == "postgresql":
+            # one submission of a caller at a time until its transaction ends, so two cannot
+            # both pass the check (SQLite's write transactions are one at a time already)
+            key = int.from_bytes(hashlib.sha256(b"idlegpu-quota:" + principal.encode())
+                                 .digest()[:8], "big", signed=True)
+            conn.execute(sa.select(sa.func.pg_advisory_xact_lock(key)))
         use = self._quota_use(conn, principal, now)
         where = f"({quota.setting})"
         if use["requests_last_hour"] + 1 > quota.requests_per_hour:
