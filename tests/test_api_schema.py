@@ -2,7 +2,7 @@
 plan routes answer too), with a member's and an operator's token: for every operation of the
 OpenAPI document, examples, the coverage phase and bounded fuzzing, and the checks that no
 answer is a 5xx and that every answer's status, content type, headers and body are the ones
-the document declares. ``IDLEGPU_SCHEMATHESIS_EXAMPLES`` (default 15) sets the examples per
+the document declares. ``IDLEGPU_SCHEMATHESIS_EXAMPLES`` (default 10) sets the examples per
 operation; the README says how to run it longer."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from test_api_hostile import serving
 
 REPO = Path(__file__).resolve().parents[1]
 ST = Path(sys.executable).with_name("st")
-EXAMPLES = os.environ.get("IDLEGPU_SCHEMATHESIS_EXAMPLES", "15")
+EXAMPLES = os.environ.get("IDLEGPU_SCHEMATHESIS_EXAMPLES", "10")
 CHECKS = ("not_a_server_error,status_code_conformance,content_type_conformance,"
           "response_headers_conformance,response_schema_conformance")
 
