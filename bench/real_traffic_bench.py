@@ -104,6 +104,8 @@ PLANS = {
     "msft-purchases-02": Plan(cutoff_hour=18, days=14),
     "msft-purchases-03": Plan(cutoff_hour=18, days=14),
     "msft-purchases-04": Plan(cutoff_hour=18, days=14),
+    # LLM serving (14 days, the collection gap on day 4): the last 6 days' 17:00 cutoffs
+    "servegen-m-mid": Plan(cutoff_hour=17, days=6),
 }
 
 GOALS = {"seasonal_naive": 0.8, "prophet": 0.9, "best_sf": 1.0}
