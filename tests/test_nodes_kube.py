@@ -124,7 +124,14 @@ def test_a_tainted_or_cordoned_node_is_not_offered(pool, kube_control_plane) -> 
     by_name = {n.name: n for n in daemon.cluster.nodes().nodes}
     assert not by_name[sim.node_names[1]].schedulable  # cordoned
     core.patch_node(sim.node_names[1], {"spec": {"unschedulable": False}})
-    by_name = {n.name: n for n in daemon.cluster.nodes().nodes}
+    # the node-lifecycle controller lifts its node.kubernetes.io/unschedulable taint a moment
+    # after the uncordon (seen: a read in between still found the node unschedulable)
+    deadline = time.monotonic() + 15
+    while True:
+        by_name = {n.name: n for n in daemon.cluster.nodes().nodes}
+        if by_name[sim.node_names[1]].free_gpus == GPUS or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
     assert by_name[sim.node_names[1]].free_gpus == GPUS
     unit = submit(daemon.store, request("fits", gpus=8, cpu=64, memory="512Gi"))
     report = daemon.reconcile()
