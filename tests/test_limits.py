@@ -186,7 +186,9 @@ def test_a_40k_value_sweep_within_the_size_limit_is_refused_in_milliseconds() ->
     assert len(text) < 256 * 1024
     message, seconds, _ = refused(lambda: parse_request_text(text))
     assert message.startswith("request: sweep.seed: 40,000 values")
-    assert seconds < 1.0
+    # about 0.2 s alone; the full suite on 2 shared cores (its control plane and servers still
+    # running) once took 1.4 s: the bound catches an expansion (tens of seconds), not noise
+    assert seconds < 2.5
 
 
 def test_a_sweep_product_past_the_limit_is_refused_before_expansion() -> None:
