@@ -88,6 +88,7 @@ def backtest(
             started = time.perf_counter()
             forecast = factory().fit(past).predict(horizon, qs)
             seconds[name] += time.perf_counter() - started
+            forecast[MODEL] = name  # two set-ups of one forecaster stay apart
             forecast[CUTOFF] = cutoff
             forecast[HORIZON] = horizon
             frames.append(forecast)

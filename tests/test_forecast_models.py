@@ -88,9 +88,12 @@ def test_short_history_falls_back_to_one_daily_curve():
 
 
 def test_too_little_history_is_refused_clearly():
-    history = replica_history(days=1)
-    with pytest.raises(HistoryError, match="the auto model needs at least 1 day "):
-        AutoForecaster(timezone=TZ).fit(history.iloc[:50])
+    history = replica_history(days=3)
+    with pytest.raises(HistoryError, match=r"series svc/replicas covers 2 days 23:55:00; the "
+                       r"auto model needs at least 3 days of history"):
+        AutoForecaster(timezone=TZ).fit(history.iloc[:-1])
+    with pytest.raises(HistoryError, match="the curve model needs at least 1 day "):
+        make_model("curve", timezone=TZ).fit(history.iloc[:50])
     with pytest.raises(HistoryError, match="the seasonal_naive model needs at least 7 days"):
         make_model("seasonal_naive").fit(replica_history(days=5))
 

@@ -1,4 +1,4 @@
-"""``auto`` under regime changes: a launch (+40 % step), a surge (+20 %/day for three days),
+"""The curve model (``auto``'s candidate) and ``auto`` under regime changes: a launch (+40 % step), a surge (+20 %/day for three days),
 ordinary and quiet days that must not be mistaken for one. The synthetic pools come from
 ``idlegpu.forecast.synthetic`` (the sample's four services with room to grow), as in
 bench/regime_bench.py; the bounds asserted are the figures measured, with margin."""
@@ -11,10 +11,10 @@ import pytest
 from forecast_data import TZ, replica_history
 
 from idlegpu.forecast.models import make_model
-from idlegpu.forecast.models.auto import AutoForecaster
+from idlegpu.forecast.models.curve import CurveForecaster
 from idlegpu.forecast.synthetic import SAMPLE_POOL, generate_pool_history
 
-STATIC = {"level_band": None, "aci_gamma": None}  # auto without its regime handling
+STATIC = {"level_band": None, "aci_gamma": None}  # the curve without its regime handling
 SHIFTS = {
     "stable": (),
     "step": (("2025-12-01T09:00", 1.4, 0.0),),  # a launch on Monday morning
@@ -42,12 +42,13 @@ def histories():
     return out
 
 
-def scores(history, days, **options):
+def scores(history, days, model="curve", **options):
     """q0.9 coverage and MAE of the median per 18:00 cutoff, 24 h ahead, four series."""
     out = []
+    name = model
     for day in days:
         cutoff = pd.Timestamp(f"{day}T18:00", tz=TZ).tz_convert("UTC")
-        model = make_model("auto", timezone=TZ, holiday_country="KR", bounds=BOUNDS, **options)
+        model = make_model(name, timezone=TZ, holiday_country="KR", bounds=BOUNDS, **options)
         forecast = model.fit(history[history["ds"] <= cutoff]).predict("24h", [0.5, 0.9])
         joined = forecast.merge(history, on=["unique_id", "ds"])
         assert len(joined) == 4 * 288
@@ -95,7 +96,7 @@ def test_the_adaptive_level_widens_only_while_the_replays_miss(histories):
     def levels(name, day):
         cutoff = pd.Timestamp(f"{day}T18:00", tz=TZ).tz_convert("UTC")
         history = histories[name]
-        model = AutoForecaster(timezone=TZ, holiday_country="KR", bounds=BOUNDS)
+        model = CurveForecaster(timezone=TZ, holiday_country="KR", bounds=BOUNDS)
         model.fit(history[history["ds"] <= cutoff])
         return np.array([model._adapted_levels(f, (0.5, 0.9)) for f in model.fitted_])
 
@@ -125,7 +126,7 @@ def test_an_ordinary_day_and_a_quiet_day_are_not_new_regimes():
 
     def peak(days=0, factor=1.0, **options):
         frame = shifted(history, factor, days, 6.0)
-        model = AutoForecaster(timezone=TZ, bounds={"svc/replicas": (6, 60)}, **options)
+        model = CurveForecaster(timezone=TZ, bounds={"svc/replicas": (6, 60)}, **options)
         return model.fit(frame).predict("1d", [0.5])["q0.5"].max()
 
     base = peak()

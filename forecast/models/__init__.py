@@ -24,6 +24,7 @@ from idlegpu.forecast.schema import REPLICAS, series_id
 # name -> (module, class); heavy libraries load only when their model is used
 MODELS = {
     "auto": ("idlegpu.forecast.models.auto", "AutoForecaster"),
+    "curve": ("idlegpu.forecast.models.curve", "CurveForecaster"),
     "seasonal_naive": ("idlegpu.forecast.models.naive", "SeasonalNaiveForecaster"),
     "prophet": ("idlegpu.forecast.models.prophet_model", "ProphetForecaster"),
     "statsmodels": ("idlegpu.forecast.models.mstl_model", "MSTLForecaster"),
