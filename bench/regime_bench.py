@@ -78,11 +78,11 @@ def metrics(frame: pd.DataFrame) -> dict[str, float]:
             "pinball": float(np.mean(np.maximum(0.9 * diff, -0.1 * diff)))}
 
 
-STATIC = {"level_band": None, "aci_gamma": None}  # auto_static: auto without regime handling
+STATIC = {"level_band": None, "aci_gamma": None}  # curve_static: the curve without regime handling
 
 
 def factory(label: str):
-    name, options = ("auto", STATIC) if label == "auto_static" else (label, {})
+    name, options = ("curve", STATIC) if label == "curve_static" else (label, {})
     return lambda: make_model(name, timezone=TZ, holiday_country="KR", bounds=bounds(),
                               **options)
 
@@ -103,7 +103,7 @@ def run(models: list[str], days: int, hourly: bool) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default="auto,auto_static")
+    parser.add_argument("--models", default="auto,curve,curve_static")
     parser.add_argument("--days", type=int, default=5, help="daily cutoffs from the event on")
     parser.add_argument("--hourly", action="store_true", help="a cutoff every hour")
     args = parser.parse_args()

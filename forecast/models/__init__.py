@@ -1,12 +1,16 @@
 """Forecasters of every series of a history, behind one protocol.
 
-``make_model(name, ...)`` builds one by name: ``auto`` (ours, the default), ``seasonal_naive``,
-``prophet``, ``statsmodels`` (MSTL) and ``gbm`` (scikit-learn quantile gradient boosting).
+``make_model(name, ...)`` builds one by name: ``auto`` (ours, the default: a choice per series
+among simple candidates by backtest), ``curve`` (the day-type curve, one of them),
+``seasonal_naive``, ``prophet``, ``statsmodels`` (MSTL) and ``gbm`` (scikit-learn quantile
+gradient boosting).
 """
 
 from __future__ import annotations
 
 from importlib import import_module
+
+import pandas as pd
 
 from idlegpu.forecast.calendar import HolidayCalendar
 from idlegpu.forecast.config import Settings
@@ -19,7 +23,7 @@ from idlegpu.forecast.models.base import (
     quantile_columns,
     validate_quantiles,
 )
-from idlegpu.forecast.schema import REPLICAS, series_id
+from idlegpu.forecast.schema import DS, REPLICAS, UNIQUE_ID, series_id
 
 # name -> (module, class); heavy libraries load only when their model is used
 MODELS = {
@@ -46,6 +50,24 @@ def make_model(
     module, cls = MODELS[name]
     factory = getattr(import_module(module), cls)
     return factory(timezone=timezone, holiday_country=holiday_country, bounds=bounds, **options)
+
+
+SERVED_BY, SKILL = "served_by", "skill"  # the columns ``auto`` adds (models.auto)
+
+
+def served_summary(forecast: pd.DataFrame) -> pd.DataFrame:
+    """Per series of a forecast: what served it (``auto``'s choices in the order of lead time,
+    "median_7d+now -> curve") and the mean backtest skill of those choices against the better
+    seasonal naive over its steps; empty when the forecast does not say (other models)."""
+    columns = [UNIQUE_ID, SERVED_BY, SKILL]
+    if SERVED_BY not in forecast.columns or forecast.empty:
+        return pd.DataFrame(columns=columns)
+    rows = []
+    for uid, group in forecast.sort_values(DS).groupby(UNIQUE_ID, sort=True, observed=True):
+        labels = list(dict.fromkeys(str(v) for v in group[SERVED_BY]))
+        rows.append({UNIQUE_ID: str(uid), SERVED_BY: " -> ".join(labels),
+                     SKILL: float(group[SKILL].mean()) if SKILL in group else float("nan")})
+    return pd.DataFrame(rows, columns=columns)
 
 
 def replica_bounds(settings: Settings) -> dict[str, tuple[float, float]]:
@@ -82,5 +104,6 @@ __all__ = [
     "quantile_column",
     "quantile_columns",
     "replica_bounds",
+    "served_summary",
     "validate_quantiles",
 ]

@@ -61,6 +61,7 @@ BASE = ("snaive_1d", "snaive_7d", "median_7d", "median_3w", "smooth_1d", "level_
 CORRECTED = ("snaive_1d", "snaive_7d", "median_7d", "median_3w", "smooth_1d")
 SMOOTH_ALPHA = 0.3  # smooth_1d: each day's weight in the slot's running mean
 NAIVE = ("snaive_1d", "snaive_7d")
+SERVED_BY, SKILL = "served_by", "skill"  # the columns auto adds to its forecasts
 
 
 @dataclass
@@ -103,14 +104,15 @@ class AutoForecaster(SeriesForecaster):
         timezone: str = "UTC",
         holiday_country: str | None = None,
         bounds: dict[str, tuple[float, float]] | None = None,
-        backtest_days: float = 14.0,
+        backtest_days: float = 21.0,
         origin_hours: float = 2.0,
         backtest_hours: float = 48.0,
         select_quantile: float = 0.9,
-        aci_gamma: float | None = 0.05,
-        aci_days: int = 3,
+        aci_gamma: float | None = 0.02,
+        aci_days: int = 7,
         cache: dict | None = None,
         candidates: tuple[str, ...] | None = None,
+        combined: tuple[int, ...] = (1,) + COMBINED,
         **curve_options,
     ) -> None:
         """``cache``: a dict shared by fits on growing prefixes of one history (the
@@ -126,6 +128,7 @@ class AutoForecaster(SeriesForecaster):
         self.aci_days = aci_days
         self.cache = cache
         self.candidates = tuple(candidates) if candidates else BASE
+        self.combined = combined
         unknown = sorted(set(self.candidates) - set(BASE))
         if unknown:
             raise ValueError(f"unknown auto candidate(s) {unknown}; choose from {', '.join(BASE)}")
@@ -310,8 +313,9 @@ class AutoForecaster(SeriesForecaster):
             e = errors[:, cells]  # candidates x cells
             scores = _calibrated_pinball(e, q)
             order = np.argsort(scores, kind="stable")
-            options = [_Choice(s.names[i], (int(i),), float(scores[i]), 0.0) for i in order]
-            for size in COMBINED:
+            options = ([_Choice(s.names[i], (int(i),), float(scores[i]), 0.0) for i in order]
+                       if 1 in self.combined else [])
+            for size in [c for c in self.combined if c > 1]:
                 if len(order) >= size:
                     parts = tuple(sorted(int(i) for i in order[:size]))
                     mixed = e[list(parts)].mean(axis=0)
@@ -367,6 +371,8 @@ class AutoForecaster(SeriesForecaster):
         lead_h = np.arange(1, len(index) + 1) * step_h
         blocks = np.digitize(lead_h, LEAD_EDGES_H)
         point = np.full(len(index), np.nan)
+        served = np.full(len(index), "snaive_1d", dtype=object)
+        skill = np.zeros(len(index))
         for block, choice in enumerate(s.choices):
             at = blocks == block
             if choice is None:
@@ -377,12 +383,16 @@ class AutoForecaster(SeriesForecaster):
                     continue
                 choice = s.choices[min(known, key=lambda b: abs(b - block))]
             point[at] = forecasts[list(choice.parts)].mean(axis=0)[at]
+            served[at] = choice.label
+            skill[at] = _skill(choice)
         if curve_points is not None and not s.curve.one_curve:
             # a holiday on a weekday is a calendar fact a few weeks of backtest cannot teach:
             # only the curve's day types know it looks like a Sunday
             weekday = index.tz_convert(self.timezone).day_of_week.to_numpy()
             holiday = (kinds == SUNDAY_OR_HOLIDAY) & (weekday < 5)
             point[holiday] = forecasts[s.names.index("curve")][holiday]
+            served[holiday] = "curve (holiday)"
+        self._served.append((served, skill))
         hour = np.floor(slots * step_h).astype(np.int64)
         levels = tuple(adapted_levels(
             s.errors, qs, end=n, steps_per_day=s.steps_per_day,
@@ -393,6 +403,17 @@ class AutoForecaster(SeriesForecaster):
         if series.is_integer:
             out = ROUNDINGS[s.rounding](out + (1e-6 if s.rounding == "down" else 0.0))
         return series, index, out
+
+    def predict(self, horizon, quantiles) -> pd.DataFrame:
+        """The tidy forecast with two more columns: ``served_by``, the candidate (or mean of
+        candidates) that made each step's forecast, and ``skill``, that choice's backtest
+        skill against the better seasonal naive in the step's lead block (1 - the ratio of
+        their pinball losses: 0.3 is 30 % less loss; below 0 the naive did better)."""
+        self._served: list[tuple[np.ndarray, np.ndarray]] = []
+        frame = super().predict(horizon, quantiles)
+        frame[SERVED_BY] = np.concatenate([served for served, _ in self._served])
+        frame[SKILL] = np.concatenate([skill for _, skill in self._served])
+        return frame
 
     # ---------------------------------------------------------------- the choice
     @property
@@ -409,11 +430,15 @@ class AutoForecaster(SeriesForecaster):
                     "unique_id": s.series.uid, "lead": BLOCK_NAMES[block],
                     "chosen": choice.label, "pinball": choice.score,
                     "naive_pinball": choice.naive,
-                    "skill": 1.0 - choice.score / choice.naive if choice.naive > 0 else 0.0,
+                    "skill": _skill(choice),
                     "history_days": s.span / DAY,
                 })
         return pd.DataFrame(rows, columns=["unique_id", "lead", "chosen", "pinball",
                                            "naive_pinball", "skill", "history_days"])
+
+
+def _skill(choice: _Choice) -> float:
+    return 1.0 - choice.score / choice.naive if choice.naive > 0 else 0.0
 
 
 def _rounding(actual: np.ndarray, quantile: np.ndarray, q: float) -> str:

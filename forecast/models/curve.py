@@ -89,21 +89,7 @@ class _Errors:
         self._keys = keys
         # position of each error's target step in the series (for the adaptive level)
         self.targets = np.zeros(len(errors), dtype=np.int64) if targets is None else targets
-        self._levels: dict[int, dict[int, np.ndarray]] = {}
-        self._sorted: dict[tuple[int, int], np.ndarray] = {}
-
-    def level(self, n: int) -> dict[int, np.ndarray]:
-        """Errors by bucket: 0 (lead, hour, off day), 1 (lead, off day), 2 (lead); built lazily
-        since the coarser ones are rarely needed."""
-        if n not in self._levels:
-            coarse = _coarse_key(self._keys, n).astype(np.int16)
-            order = np.argsort(coarse, kind="stable")  # radix sort on small integers
-            sorted_keys, sorted_errors = coarse[order], self.all[order]
-            uniq, starts, counts = np.unique(sorted_keys, return_index=True, return_counts=True)
-            self._levels[n] = {
-                int(k): sorted_errors[s : s + c] for k, s, c in zip(uniq, starts, counts)
-            }
-        return self._levels[n]
+        self._sorted: dict[int, tuple] = {}
 
     def offsets(
         self, qs: tuple[float, ...], lead: np.ndarray, hour: np.ndarray, off: np.ndarray
@@ -116,37 +102,44 @@ class _Errors:
         if len(self.all) == 0:
             return np.zeros((len(keys), len(qs)))
         fine, inverse = np.unique(keys, return_inverse=True)
-        table = np.empty((len(fine), len(qs)))
         qs = np.asarray(qs, dtype=float)
-        levels = [self.level(n) for n in range(3)]
-        for i, key in enumerate(fine.tolist()):
-            for level in range(3):
-                coarse = _coarse_key(key, level)
-                sample = levels[level].get(coarse)
-                if sample is not None and len(sample) >= MIN_BUCKET:
-                    table[i] = _sorted_quantiles(self._sorted_sample(level, coarse), qs)
-                    break
-            else:
-                table[i] = _sorted_quantiles(self._sorted_sample(-1, 0), qs)
+        table = np.empty((len(fine), len(qs)))
+        todo = np.ones(len(fine), dtype=bool)
+        for level in (0, 1, 2, -1):
+            if not todo.any():
+                break
+            uniq, starts, counts, values = self._grouped(level)
+            coarse = _coarse_key(fine[todo], level) if level >= 0 else np.zeros(todo.sum(), int)
+            at = np.clip(np.searchsorted(uniq, coarse), 0, len(uniq) - 1)
+            found = uniq[at] == coarse
+            if level >= 0:
+                found &= counts[at] >= MIN_BUCKET
+            rows = np.flatnonzero(todo)[found]
+            table[rows] = _grouped_quantiles(values, starts[at[found]], counts[at[found]], qs)
+            todo[rows] = False
         return table[inverse.reshape(-1)]
 
-    def _sorted_sample(self, level: int, key: int) -> np.ndarray:
-        """A bucket's errors sorted (level -1: all of them), once per fit: the adaptive level
-        and the forecast read quantiles of the same buckets."""
-        found = self._sorted.get((level, key))
-        if found is None:
-            found = np.sort(self.all if level < 0 else self.level(level)[key])
-            self._sorted[(level, key)] = found
-        return found
+    def _grouped(self, level: int):
+        """The errors sorted by bucket of grouping ``level`` (-1: one bucket) and by value:
+        each bucket's keys, first positions, sizes, and the sorted errors; once per fit."""
+        if level not in self._sorted:
+            keys = (_coarse_key(self._keys, level) if level >= 0
+                    else np.zeros(len(self.all), dtype=np.int64))
+            order = np.lexsort((self.all, keys))
+            uniq, starts, counts = np.unique(keys[order], return_index=True, return_counts=True)
+            self._sorted[level] = (uniq, starts, counts, self.all[order])
+        return self._sorted[level]
 
 
-def _sorted_quantiles(values: np.ndarray, qs: np.ndarray) -> np.ndarray:
-    """``np.quantile(values, qs)`` (its default, linear method) of already sorted values."""
-    index = qs * (len(values) - 1)
+def _grouped_quantiles(values: np.ndarray, starts: np.ndarray, counts: np.ndarray,
+                       qs: np.ndarray) -> np.ndarray:
+    """``np.quantile(run, qs)`` (its default, linear method) of many sorted runs of
+    ``values`` at once, one row per run."""
+    index = qs[None, :] * (counts[:, None] - 1)
     below = np.floor(index).astype(np.int64)
-    above = np.minimum(below + 1, len(values) - 1)
+    above = np.minimum(below + 1, counts[:, None] - 1)
     t = index - below
-    a, b = values[below], values[above]
+    a, b = values[starts[:, None] + below], values[starts[:, None] + above]
     diff = b - a
     return np.where(t >= 0.5, b - diff * (1 - t), a + diff * t)
 
