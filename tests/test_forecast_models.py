@@ -22,7 +22,8 @@ def test_recovers_a_known_daily_and_weekly_pattern(name):
     history = replica_history(days=28)
     model = make_model(name, timezone=TZ, holiday_country="KR").fit(history)
     forecast = model.predict("7d", QS)
-    assert list(forecast.columns) == ["unique_id", "ds", "model", "q0.1", "q0.5", "q0.9"]
+    served = ["served_by", "skill"] if name == "auto" else []  # auto names its choice
+    assert list(forecast.columns) == ["unique_id", "ds", "model", "q0.1", "q0.5", "q0.9", *served]
     assert (forecast["model"] == name).all()
     step = pd.Timedelta("15min")
     assert forecast["ds"].iloc[0] == history["ds"].max() + step
