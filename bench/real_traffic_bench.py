@@ -288,8 +288,9 @@ def verdicts(table: pd.DataFrame, r: dict) -> list[str]:
     """One line per goal: measured value, target, met or missed."""
     lines = []
     if "best" in r:
+        met = "met" if r["best"] <= BEST_GOAL + 1e-9 else "MISSED"
         lines.append(f"pinball auto / the best baseline ({r['best_name']}): {r['best']:.2f}x "
-                     f"(goal <= {BEST_GOAL}x) {'met' if r['best'] <= BEST_GOAL + 1e-9 else 'MISSED'}")
+                     f"(goal <= {BEST_GOAL}x) {met}")
     if "naive" in r:
         lines.append(f"pinball auto / the better seasonal naive: {r['naive']:.2f}x")
     if "auto" in table.index:

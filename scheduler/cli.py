@@ -441,8 +441,30 @@ def _fit_predict_with_progress(name, settings, history, horizon, quantiles):
 
 
 ModelOption = Annotated[
-    str, typer.Option("--model", "-m", help="auto | seasonal_naive | prophet | statsmodels | gbm")
+    str, typer.Option("--model", "-m",
+                      help="auto | curve | seasonal_naive | prophet | statsmodels | gbm")
 ]
+
+
+def _print_served(forecast, title: str = "What forecasts each series") -> None:
+    """``auto``'s choice per series (in the order of lead time) and its backtest skill against
+    the better seasonal naive; nothing for models that do not choose."""
+    from rich.table import Table
+
+    from idlegpu.forecast.models import served_summary
+
+    summary = served_summary(forecast)
+    if summary.empty:
+        return
+    view = Table(title=f"{title} (auto: the backtest's choice per lead block; skill = 1 - "
+                 "pinball / the better seasonal naive's)", title_justify="left")
+    for col in ("series", "served by", "skill"):
+        view.add_column(col, justify="right" if col == "skill" else "left")
+    for _, row in summary.iterrows():
+        skill = row["skill"]
+        view.add_row(escape(plain(str(row["unique_id"]))), escape(plain(str(row["served_by"]))),
+                     Text(f"{skill:+.0%}", style="green" if skill > 0 else "yellow"))
+    console.print(view)
 NowOption = Annotated[
     Optional[str],
     typer.Option(help="Pretend it is this time: use only history up to it (audits, demos)."),
@@ -496,6 +518,7 @@ def forecast_cmd(
         f"wrote {len(result):,} rows ({result['unique_id'].nunique()} series x {horizon} "
         f"ahead) to {out}"
     )
+    _print_served(result)
     if plot is not None:
         from idlegpu.forecast import plots
 
@@ -688,6 +711,12 @@ def backtest_cmd(
                      f"{row[f'coverage_{target:g}']:.3f}", Text(str(mark), style=style))
     console.print(view)
     console.print(f"per series: {series_out}")
+    if "auto" in names:
+        from idlegpu.forecast.backtest import CUTOFF
+
+        auto = run.forecasts[run.forecasts["model"] == "auto"]
+        _print_served(auto[auto[CUTOFF] == auto[CUTOFF].max()],
+                      "What auto chose at the last cutoff")
 
 
 @app.command(short_help="Compare admission policies on a history and a job trace.")
@@ -934,6 +963,7 @@ def plan(
         best = table.loc[(table["hours"] * table["gpus"]).idxmax()]
         console.print(f"largest idle window: {best['gpus']} GPUs from {best['start']:%a %H:%M} "
                       f"to {best['end']:%a %H:%M} ({best['hours']:.1f} h)")
+    _print_served(refreshed.forecast, "What forecasts each service")
     starts = [{"job": r.job_id, "team": r.team, "kind": r.kind, "gpus": r.gpus,
                "from": pd.Timestamp(r.start).tz_convert(tz).strftime("%a %H:%M"),
                "until": pd.Timestamp(r.end).tz_convert(tz).strftime("%a %H:%M"),

@@ -20,6 +20,7 @@ import pandas as pd
 from idlegpu.forecast.calendar import local_hour
 from idlegpu.forecast.config import Settings
 from idlegpu.forecast.errors import HistoryError
+from idlegpu.forecast.models import CACHED_MODELS
 from idlegpu.forecast.schema import DS, REPLICAS, metric_rows
 from idlegpu.scheduler.coverage import (
     WIDENED,
@@ -79,7 +80,7 @@ class Refresher:
         if not self.promises:
             # the backfill's fits share a cache of their own: reused replays keep the decay
             # rate of the fit that made them, so the forecast in use stays what it would be
-            own = {**self.options, "cache": {}} if self.model == "auto" else self.options
+            own = {**self.options, "cache": {}} if self.model in CACHED_MODELS else self.options
             self.backfill(replicas, now, **own)
         confidence = self.settings.admission.confidence
         services = self.settings.service_names

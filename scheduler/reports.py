@@ -56,6 +56,7 @@ import numpy as np
 import pandas as pd
 
 from idlegpu.forecast.errors import PermanentError
+from idlegpu.forecast.models import CACHED_MODELS
 from idlegpu.forecast.tables import write_csv
 
 RUN_COLUMNS = (
@@ -528,7 +529,7 @@ def idle_by_month(idle_daily: pd.Series) -> pd.Series:
 SERVICE_COVERAGE_COLUMNS = (
     "month", "service", "forecasts", "points", "quantile", "strict_coverage", "coverage",
     "verdict", "pinball", "mae", "evenings", "days_widened", "widened_on", "widened_quantile",
-    "held_back_gpu_hours",
+    "held_back_gpu_hours", "served_by", "skill",
 )
 DAILY_COVERAGE_COLUMNS = (
     "date", "made_at", "service", "points", "strict_coverage", "coverage", "widened",
@@ -633,7 +634,8 @@ def _replay_check(
     first, newest = replicas[DS].min(), replicas[DS].max()
     day = pd.Timedelta(hours=24)
     cache: dict = {}
-    refresher = Refresher(settings, model=model, **({"cache": cache} if model == "auto" else {}))
+    refresher = Refresher(settings, model=model,
+                          **({"cache": cache} if model in CACHED_MODELS else {}))
     hour = refresher.refresh_hour
     # by the wall clock, as the daemon refreshes: local midnight + 17 h is 16:00 or 18:00 on a
     # day that changes to or from daylight saving time
@@ -740,6 +742,7 @@ def _replay_check(
             "widened_on": " ".join(wide["date"]),
             "widened_quantile": refresher.widened,
             "held_back_gpu_hours": float(wide["held_back_gpu_hours"].sum()),
+            **_served(group),
         })
     return ForecastCheck(
         month=month, confidence=confidence, widened_quantile=refresher.widened,
@@ -747,6 +750,19 @@ def _replay_check(
         services=pd.DataFrame(rows, columns=list(SERVICE_COVERAGE_COLUMNS)),
         daily=daily_frame, held_back_gpu_hours=held_total, label=label, evenings=len(days),
     )
+
+
+def _served(forecasts: pd.DataFrame) -> dict[str, Any]:
+    """What served a service's forecasts over the checked days (``auto``'s choice the most
+    steps, e.g. "curve (62 %)") and the mean backtest skill of its choices against the better
+    seasonal naive; empty for a model that does not choose."""
+    from idlegpu.forecast.models import SERVED_BY, SKILL
+
+    if SERVED_BY not in forecasts or forecasts[SERVED_BY].isna().all():
+        return {"served_by": "", "skill": np.nan}
+    shares = forecasts[SERVED_BY].value_counts(normalize=True)
+    return {"served_by": f"{shares.index[0]} ({shares.iloc[0]:.0%})",
+            "skill": float(forecasts[SKILL].mean())}
 
 
 def forecast_accuracy(
@@ -1022,11 +1038,13 @@ def _forecast_sections(report: Report, charts: dict[str, Path]):
             "n/a" if not math.isfinite(r.mae) else f"{r.mae:.3f}",
             f"{r.days_widened} of {r.evenings}", days,
             format_hours(r.held_back_gpu_hours),
+            r.served_by or "n/a",
+            "n/a" if not math.isfinite(r.skill) else f"{r.skill:+.0%}",
         ])
     yield ("table", (
         ["service", "forecasts", f"coverage q{c:g}: strict / plain", "verdict",
          f"pinball q{c:g}", "MAE (replicas)", "evenings widened", "widened on",
-         "GPU-hours held back"], rows))
+         "GPU-hours held back", "served by (most steps)", "skill vs seasonal naive"], rows))
     yield ("text", (
         f"Coverage: the share of steps strictly below (strict) and at or below (plain) the "
         f"q{c:g} forecast. Replica counts are whole numbers, so a forecast that keeps its "

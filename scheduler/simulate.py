@@ -66,6 +66,7 @@ import pandas as pd
 from idlegpu.forecast.calendar import wall_clock
 from idlegpu.forecast.capacity import FREE, IN_USE, pool_usage
 from idlegpu.forecast.config import Settings
+from idlegpu.forecast.models import CACHED_MODELS
 from idlegpu.forecast.nodes import STRATEGIES, ServicePlacement
 from idlegpu.forecast.schema import DS, KV_CACHE_USAGE, REPLICAS, UNIQUE_ID, Y, metric_rows
 from idlegpu.scheduler.policy import decide, policy_settings
@@ -701,7 +702,7 @@ def forecast_profiles_for(
     local = index.tz_convert(settings.pool.timezone)
     refresh = sorted({index[0], *index[(local.hour == refresh_hour) & (local.minute == 0)]})
     cache: dict = {}  # the refits see growing prefixes of one history: reuse their work
-    options = {"cache": cache} if model == "auto" else {}
+    options = {"cache": cache} if model in CACHED_MODELS else {}
     refresher = Refresher(settings, horizon=horizon, model=model, refresh_hour=refresh_hour,
                           **options)
     profiles = {}

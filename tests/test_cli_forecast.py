@@ -22,8 +22,12 @@ def test_forecast_writes_quantile_columns_and_a_plot(tmp_path, cli):
          "--out", str(out), "--plot", str(png)])
     assert code == 0, err
     frame = pd.read_csv(out, parse_dates=["ds"])
-    assert list(frame.columns) == ["unique_id", "ds", "model", "q0.5", "q0.9", "q0.95"]
+    assert list(frame.columns) == ["unique_id", "ds", "model", "q0.5", "q0.9", "q0.95",
+                                   "served_by", "skill"]
     assert frame["unique_id"].nunique() == 4 and len(frame) == 4 * 288
+    # auto names what served every series, in the file and on the screen
+    assert frame["served_by"].notna().all() and frame["skill"].between(-5, 1).all()
+    assert "What forecasts each series" in stdout and "summarize/replicas" in stdout
     assert frame["ds"].min() == pd.Timestamp(NOW) + pd.Timedelta("5min")
     assert (frame["q0.5"] <= frame["q0.9"]).all() and (frame["q0.9"] <= frame["q0.95"]).all()
     image = imread(png)

@@ -35,6 +35,9 @@ MODELS = {
     "gbm": ("idlegpu.forecast.models.gbm_model", "GBMForecaster"),
 }
 MODEL_NAMES = tuple(MODELS)
+# the models whose refits on growing prefixes of one history share a cache (the simulator's
+# and the reports' nightly refits)
+CACHED_MODELS = ("auto", "curve")
 
 
 def make_model(
@@ -93,6 +96,7 @@ def model_for(name: str, settings: Settings | None, **options) -> Forecaster:
 
 
 __all__ = [
+    "CACHED_MODELS",
     "DEFAULT_QUANTILES",
     "MODEL",
     "MODELS",

@@ -379,7 +379,9 @@ def accuracy_view(state: Accuracy, settings: Any, local: Callable[..., str]) -> 
         "strict": share(r.strict_coverage), "verdict": r.verdict or "n/a",
         "pinball": "n/a" if not math.isfinite(r.pinball) else f"{r.pinball:.3f}",
         "mae": "n/a" if not math.isfinite(r.mae) else f"{r.mae:.3f}",
-        "widened": f"{r.days_widened} of {r.evenings}"} for r in check.services.itertuples()]
+        "widened": f"{r.days_widened} of {r.evenings}", "served_by": r.served_by or "n/a",
+        "skill": "n/a" if not math.isfinite(r.skill) else f"{r.skill:+.0%}"}
+        for r in check.services.itertuples()]
     view["short"] = int(a["cutoffs"]) < state.days
     daily = check.daily
     services = list(check.services["service"])
