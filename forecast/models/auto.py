@@ -56,7 +56,13 @@ WEEKLY_HISTORY = pd.Timedelta(days=8)  # a week to look back on and a day of rep
 LONG_WEEKLY_HISTORY = pd.Timedelta(days=15)
 BLOCK_NAMES = ("<1h", "1-6h", "6-24h", ">=24h")
 COMBINED = (2, 3, 5, 8)  # the means of the best this many candidates are candidates too
-NOW_STEPS = 3  # the error of the last steps a ``+now`` candidate corrects by
+NOW_STEPS = 3
+FUTURE_DAYS = 3  # the grid's empty days past the history
+LOOKBACK_DAYS = {  # how many days back a candidate's value at a day looks, seeing k days back
+    "snaive_1d": lambda k: k, "snaive_7d": lambda k: 7 * k, "median_7d": lambda k: k + 7,
+    "log_median_7d": lambda k: k + 7, "median_3w": lambda k: 7 * k + 14,
+    "smooth_1d": lambda k: k + 22,  # and the running mean's warm-up (0.7 ** 22 < 0.1 %)
+}  # the error of the last steps a ``+now`` candidate corrects by
 BASE = ("snaive_1d", "snaive_7d", "median_7d", "median_3w", "smooth_1d", "level_7d", "curve")
 CORRECTED = ("snaive_1d", "snaive_7d", "median_7d", "median_3w", "smooth_1d")
 SMOOTH_ALPHA = 0.3  # smooth_1d: each day's weight in the slot's running mean
@@ -89,6 +95,7 @@ class _State:
     errors: _Errors = field(default_factory=lambda: _Errors(np.zeros(0, np.int64), np.zeros(0)))
     rounding: str = "down"  # integer series: how a quantile becomes a replica count
     lines: dict = field(default_factory=dict)  # the grid's medians, by (kind, k)
+    first_row: int = 0  # the first day the candidates are read at (earlier days only feed them)
 
 
 ROUNDINGS = {"down": np.floor, "nearest": np.round, "up": np.ceil}
@@ -107,6 +114,7 @@ class AutoForecaster(SeriesForecaster):
         backtest_days: float = 21.0,
         origin_hours: float = 2.0,
         backtest_hours: float = 48.0,
+        lead_minutes: float = 15.0,
         select_quantile: float = 0.9,
         aci_gamma: float | None = 0.02,
         aci_days: int = 7,
@@ -123,6 +131,7 @@ class AutoForecaster(SeriesForecaster):
         self.backtest_days = backtest_days
         self.origin_hours = origin_hours
         self.backtest_hours = backtest_hours
+        self.lead_minutes = lead_minutes
         self.select_quantile = select_quantile
         self.aci_gamma = aci_gamma
         self.aci_days = aci_days
@@ -151,10 +160,13 @@ class AutoForecaster(SeriesForecaster):
         """A candidate's value at every grid position when it must look ``k`` days (weekly
         kinds: weeks) back at least; one entry past the grid's end is NaN."""
         key = (kind, k)
-        if key in s.lines:
-            return s.lines[key]
+        if key in s.lines and s.lines[key][0] <= s.first_row:
+            return s.lines[key][1]
         S = s.steps_per_day
-        flat = s.flat
+        # from the days the candidates are read at, back as far as a line looks (and the
+        # smoothed mean's warm-up): older days change nothing
+        start = max(0, s.first_row - LOOKBACK_DAYS[kind](k))
+        flat = s.flat[start * S :]
         rows = flat.reshape(-1, S)
         if kind == "snaive_1d":
             line = _shift(flat, k * S)
@@ -171,8 +183,8 @@ class AutoForecaster(SeriesForecaster):
                                    stride=1).reshape(-1)
         else:
             raise KeyError(kind)
-        s.lines[key] = np.append(line, np.nan)
-        return s.lines[key]
+        s.lines[key] = (s.first_row, np.concatenate([np.full(start * S, np.nan), line, [np.nan]]))
+        return s.lines[key][1]
 
     # ---------------------------------------------------------------- candidates
     def _forecasts(self, s: _State, origins: np.ndarray, targets: np.ndarray,
@@ -188,7 +200,7 @@ class AutoForecaster(SeriesForecaster):
 
         def by_k(kind: str, ks: np.ndarray) -> np.ndarray:
             out = np.full(safe.shape, np.nan)
-            for k in np.unique(ks):
+            for k in range(int(ks.min()), int(ks.max()) + 1):
                 hit = ks == k
                 out[hit] = self._line(s, kind, int(k))[safe[hit]]
             return out
@@ -233,11 +245,13 @@ class AutoForecaster(SeriesForecaster):
         S = s.steps_per_day
         log = s.series.lower >= 0
         shape_kind = "log_median_7d" if log else "median_7d"
-        values = np.log1p(np.maximum(s.flat, 0.0)) if log else s.flat
-        deviation = values - self._line(s, shape_kind, 1)[:-1]
-        level = _trailing_nanmean(deviation, S)[origins]
+        lo = s.first_row * S
+        values = s.flat[lo:]
+        values = np.log1p(np.maximum(values, 0.0)) if log else values
+        deviation = values - self._line(s, shape_kind, 1)[lo:-1]
+        level = _trailing_nanmean(deviation, S)[origins - lo]
         out = np.full(safe.shape, np.nan)
-        for k in np.unique(k_day):
+        for k in range(int(k_day.min()), int(k_day.max()) + 1):
             hit = k_day == k
             out[hit] = self._line(s, shape_kind, int(k))[safe[hit]]
         out = out + np.nan_to_num(level)[:, None]
@@ -246,8 +260,9 @@ class AutoForecaster(SeriesForecaster):
     def _nowcast(self, s: _State, raw: str, origins: np.ndarray, gap: np.ndarray) -> np.ndarray:
         """The correction of a ``+now`` candidate: its error over the last ``NOW_STEPS`` up to
         each origin, decayed over the lead by the AR(1) of its one-day-ahead errors."""
-        residual = s.flat - self._line(s, raw, 1)[:-1]
-        level = _trailing_nanmean(residual, NOW_STEPS)[origins]
+        lo = s.first_row * s.steps_per_day
+        residual = s.flat[lo:] - self._line(s, raw, 1)[lo:-1]
+        level = _trailing_nanmean(residual, NOW_STEPS)[origins - lo]
         phi = s.phis.setdefault(raw, _lag_one(residual))
         return np.nan_to_num(level)[:, None] * phi ** gap
 
@@ -257,7 +272,8 @@ class AutoForecaster(SeriesForecaster):
         steps_per_day = int(DAY / series.step)
         pos, slots, kinds, first_day = self._grid(series.values.index, series.step)
         n_days = int(pos[-1] // steps_per_day) + 1
-        flat = np.full(n_days * steps_per_day, np.nan)
+        # and empty days ahead, so that a forecast of up to two days reuses the fit's lines
+        flat = np.full((n_days + FUTURE_DAYS) * steps_per_day, np.nan)
         flat[pos] = series.values.to_numpy()
         names = [c for c in self.candidates
                  if not (c in ("snaive_7d",) and span < WEEKLY_HISTORY)
@@ -291,18 +307,15 @@ class AutoForecaster(SeriesForecaster):
         origins = self._origins(s)
         if len(origins) == 0:
             return
-        target_idx = origins[:, None] + np.arange(1, steps + 1)[None, :]
+        leads = _backtest_leads(steps, step_h, self.lead_minutes)
+        target_idx = origins[:, None] + leads[None, :]
         inside = target_idx < n
         target_idx = np.where(inside, target_idx, n - 1)
         actual = np.where(inside, values[target_idx], np.nan)
-        targets = np.where(inside, s.pos[target_idx], -1)
-        curve_points = (self.curve_model.points(s.curve, origins, steps)
-                        if s.curve is not None else None)
-        forecasts = self._clip(s, self._forecasts(s, s.pos[origins], targets, curve_points))
+        forecasts = self._replays(s, origins, leads, target_idx, inside, steps)
         errors = actual[None] - forecasts  # candidates x origins x leads
         ok = np.isfinite(errors).all(axis=0)
-        lead_h = np.arange(1, steps + 1) * step_h
-        blocks = np.digitize(lead_h, LEAD_EDGES_H)
+        blocks = np.digitize(leads * step_h, LEAD_EDGES_H)
         chosen = np.full(errors.shape[1:], np.nan)
         q = self.select_quantile
         naive = [s.names.index(c) for c in NAIVE if c in s.names]
@@ -315,13 +328,13 @@ class AutoForecaster(SeriesForecaster):
             order = np.argsort(scores, kind="stable")
             options = ([_Choice(s.names[i], (int(i),), float(scores[i]), 0.0) for i in order]
                        if 1 in self.combined else [])
-            for size in [c for c in self.combined if c > 1]:
-                if len(order) >= size:
-                    parts = tuple(sorted(int(i) for i in order[:size]))
-                    mixed = e[list(parts)].mean(axis=0)
+            mixes = [tuple(sorted(int(i) for i in order[:size]))
+                     for size in self.combined if 1 < size <= len(order)]
+            if mixes:
+                mixed = np.stack([e[list(parts)].mean(axis=0) for parts in mixes])
+                for parts, score in zip(mixes, _calibrated_pinball(mixed, q)):
                     label = f"mean({', '.join(s.names[i] for i in parts)})"
-                    options.append(_Choice(label, parts, float(_calibrated_pinball(
-                        mixed[None], q)[0]), 0.0))
+                    options.append(_Choice(label, parts, float(score), 0.0))
             best = min(options, key=lambda c: c.score)
             best.naive = float(min(scores[i] for i in naive)) if naive else float("nan")
             s.choices[block] = best
@@ -338,6 +351,46 @@ class AutoForecaster(SeriesForecaster):
             point = actual[fine] - chosen[fine]
             s.rounding = _rounding(actual[fine], point + s.errors.quantiles((q,), keys)[:, 0], q)
 
+    def _replays(self, s: _State, origins: np.ndarray, leads: np.ndarray,
+                 target_idx: np.ndarray, inside: np.ndarray, steps: int) -> np.ndarray:
+        """Every candidate's forecasts from each backtest origin at ``leads``: candidates x
+        origins x leads. With a cache, an origin whose every target is in the history is
+        computed once and reused by later refits (with the decay rates of the fit that made
+        it)."""
+        n = len(s.series.values)
+        store = None
+        if self.cache is not None:
+            key = ("auto-replays", s.series.uid, s.first_day, tuple(s.names), steps,
+                   len(leads))
+            store = self.cache.setdefault(key, {})
+        todo = [i for i, o in enumerate(origins.tolist()) if store is None or o not in store]
+        out = np.empty((len(s.names), len(origins), len(leads)))
+        if todo:
+            picked = origins[todo]
+            self._read_from(s, int(s.pos[picked[0]]))
+            targets = np.where(inside[todo], s.pos[target_idx[todo]], -1)
+            curve_points = None
+            if s.curve is not None:
+                curve_points = self.curve_model.points(s.curve, picked, steps)[:, leads - 1]
+            fresh = self._clip(s, self._forecasts(s, s.pos[picked], targets, curve_points))
+            out[:, todo] = fresh
+            if store is not None:
+                for j, o in enumerate(picked.tolist()):
+                    if o + steps < n:  # complete: no later refit sees more of its future
+                        store[o] = fresh[:, j]
+        if store is not None:
+            fresh_rows = set(todo)
+            for i, o in enumerate(origins.tolist()):
+                if i not in fresh_rows:
+                    out[:, i] = store[o]
+        return out
+
+    def _read_from(self, s: _State, origin: int) -> None:
+        """The candidates are read from grid position ``origin`` on (and the decay rates fitted
+        on the week before it)."""
+        history_days = int(s.pos[-1] // s.steps_per_day) + 1
+        s.first_row = max(0, min(origin // s.steps_per_day - 1, history_days - 8))
+
     def _clip(self, s: _State, forecasts: np.ndarray) -> np.ndarray:
         return np.clip(forecasts, s.series.lower, s.series.upper)
 
@@ -351,6 +404,7 @@ class AutoForecaster(SeriesForecaster):
         step_h = series.step / pd.Timedelta(hours=1)
         targets, slots, kinds, _ = self._grid(index, series.step, s.first_day)
         origin = np.array([s.pos[-1]])
+        self._read_from(s, int(origin[0]))
         curve_points = None
         if s.curve is not None:
             curve = self.curve_model
@@ -435,6 +489,16 @@ class AutoForecaster(SeriesForecaster):
                 })
         return pd.DataFrame(rows, columns=["unique_id", "lead", "chosen", "pinball",
                                            "naive_pinball", "skill", "history_days"])
+
+
+def _backtest_leads(steps: int, step_h: float, minutes: float) -> np.ndarray:
+    """The leads (in steps) the backtest scores: every step of the first hour, then every
+    ``minutes`` (neighbouring leads' errors tell the same story; fewer, measured on the real
+    traces, choose worse)."""
+    every = max(1, round(minutes / (step_h * 60)))
+    hour = max(1, round(1 / step_h))
+    return np.unique(np.concatenate([np.arange(1, min(hour, steps) + 1),
+                                     np.arange(hour + every, steps + 1, every)]))
 
 
 def _skill(choice: _Choice) -> float:

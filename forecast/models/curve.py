@@ -228,6 +228,7 @@ class CurveForecaster(SeriesForecaster):
         out = np.full((len(origins), steps), np.nan)
         leads_all = np.arange(1, steps + 1)
         last_slot = f.matrix.shape[1] - 1
+        profiles: dict[int, np.ndarray] = {}
         for i, cutoff in enumerate(np.asarray(origins).tolist()):
             m = min(steps, n - 1 - cutoff)
             if m <= 0:
@@ -237,7 +238,10 @@ class CurveForecaster(SeriesForecaster):
                 out[i] = self.cache[key]
                 continue
             day = f.day_of[cutoff]
-            profile = self._profile(f, day + 1 if f.slots[cutoff] == last_slot else max(1, day))
+            before = day + 1 if f.slots[cutoff] == last_slot else max(1, day)
+            if before not in profiles:  # the replays of one day share its curve
+                profiles[before] = self._profile(f, before)
+            profile = profiles[before]
             ahead = slice(cutoff + 1, cutoff + 1 + m)
             point, _ = self._point(f, profile, cutoff, f.kinds[ahead], f.slots[ahead],
                                    leads_all[:m])
@@ -250,10 +254,20 @@ class CurveForecaster(SeriesForecaster):
         self, index: pd.DatetimeIndex, step: pd.Timedelta, one_curve: bool
     ) -> tuple[pd.DatetimeIndex, np.ndarray, np.ndarray]:
         """Wall-clock times (naive, local), slot of day and day type of every step of ``index``;
-        with ``one_curve`` every day counts as a working day."""
-        wall = wall_clock(index, self.timezone)
-        slots = ((wall - wall.normalize()) // step).to_numpy().astype(int)
-        kinds = day_types(index, self.timezone, self.calendar)
+        with ``one_curve`` every day counts as a working day. A regular index's calendar is
+        kept for the next call with the same one (``auto`` and its curve read the same
+        history's)."""
+        key = (index[0], len(index), index.freq) if index.freq is not None and len(index) else None
+        memo = self.__dict__.setdefault("_calendar_memo", {})
+        if key is not None and key in memo:
+            wall, slots, kinds = memo[key]
+        else:
+            wall = wall_clock(index, self.timezone)
+            slots = ((wall - wall.normalize()) // step).to_numpy().astype(int)
+            kinds = day_types(index, self.timezone, self.calendar)
+            if key is not None:
+                memo.clear()  # the last one only: a refit's history is new each time
+                memo[key] = (wall, slots, kinds)
         if one_curve:
             kinds = np.full_like(kinds, WORKING_DAY)
         return wall, slots, kinds
