@@ -62,9 +62,11 @@ LOOKBACK_DAYS = {  # how many days back a candidate's value at a day looks, seei
     "snaive_1d": lambda k: k, "snaive_7d": lambda k: 7 * k, "median_7d": lambda k: k + 7,
     "log_median_7d": lambda k: k + 7, "median_3w": lambda k: 7 * k + 14,
     "smooth_1d": lambda k: k + 22,  # and the running mean's warm-up (0.7 ** 22 < 0.1 %)
+    "profile_7d": lambda k: k + 8,
 }  # the error of the last steps a ``+now`` candidate corrects by
-BASE = ("snaive_1d", "snaive_7d", "median_7d", "median_3w", "smooth_1d", "level_7d", "curve")
-CORRECTED = ("snaive_1d", "snaive_7d", "median_7d", "median_3w", "smooth_1d")
+BASE = ("snaive_1d", "snaive_7d", "median_7d", "median_3w", "smooth_1d", "profile_7d",
+        "level_7d", "curve")
+CORRECTED = ("snaive_1d", "snaive_7d", "median_7d", "median_3w", "smooth_1d", "profile_7d")
 SMOOTH_ALPHA = 0.3  # smooth_1d: each day's weight in the slot's running mean
 NAIVE = ("snaive_1d", "snaive_7d")
 SERVED_BY, SKILL = "served_by", "skill"  # the columns auto adds to its forecasts
@@ -178,6 +180,9 @@ class AutoForecaster(SeriesForecaster):
             line = _rolling_median(rows, lag=7 * k, count=3, stride=7).reshape(-1)
         elif kind == "smooth_1d":
             line = _shift(_slot_ewm(rows, SMOOTH_ALPHA).reshape(-1), k * S)
+        elif kind == "profile_7d":
+            line = _smooth_along(_rolling_mean(rows, lag=k, count=7).reshape(-1),
+                                 _half_width(S))
         elif kind == "log_median_7d":
             line = _rolling_median(np.log1p(np.maximum(rows, 0.0)), lag=k, count=7,
                                    stride=1).reshape(-1)
@@ -219,6 +224,9 @@ class AutoForecaster(SeriesForecaster):
                 value = by_k("median_3w", k_week)
             elif name == "smooth_1d":
                 value = by_k("smooth_1d", k_day)
+            elif name == "profile_7d":
+                # smoothed over the neighbouring slots: it must look back a day more often
+                value = by_k("profile_7d", -(-(gap + _half_width(S)) // S))
             elif name == "level_7d":
                 value = self._level(s, origins, k_day, safe)
             elif name == "curve":
@@ -550,6 +558,38 @@ def _rolling_median(rows: np.ndarray, *, lag: int, count: int, stride: int) -> n
     a = np.take_along_axis(ordered, lo[None], axis=0)[0]
     b = np.take_along_axis(ordered, hi[None], axis=0)[0]
     return np.where(finite > 0, (a + b) / 2, np.nan)
+
+
+def _half_width(steps_per_day: int) -> int:
+    """``profile_7d``'s smoothing over the time of day: an hour each side (at least a step)."""
+    return max(1, round(steps_per_day / 24))
+
+
+def _rolling_mean(rows: np.ndarray, *, lag: int, count: int) -> np.ndarray:
+    """Per day and slot: the mean of the same slot on the ``count`` days from ``lag`` days
+    before, ignoring missing ones."""
+    n_days, S = rows.shape
+    total = np.zeros((n_days, S))
+    seen = np.zeros((n_days, S))
+    for j in range(count):
+        back = lag + j
+        if back < n_days:
+            part = rows[: n_days - back]
+            ok = np.isfinite(part)
+            total[back:] += np.where(ok, part, 0.0)
+            seen[back:] += ok
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(seen > 0, total / seen, np.nan)
+
+
+def _smooth_along(values: np.ndarray, half: int) -> np.ndarray:
+    """A triangular moving average of ``half`` steps each side (missing values left out)."""
+    weights = np.concatenate([np.arange(1, half + 2), np.arange(half, 0, -1)]).astype(float)
+    ok = np.isfinite(values)
+    num = np.convolve(np.where(ok, values, 0.0), weights, mode="same")
+    den = np.convolve(ok.astype(float), weights, mode="same")
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(den > 0, num / den, np.nan)
 
 
 def _slot_ewm(rows: np.ndarray, alpha: float) -> np.ndarray:
