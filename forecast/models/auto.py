@@ -11,22 +11,29 @@ tomorrow best). The candidates, each a point forecast:
   one the forecast can see;
 * ``median_7d``: the median of that slot over the last seven days; ``median_3w``: of that slot
   of the week over the last three weeks (from 15 days of history);
+* ``smooth_1d``: an exponentially weighted mean of that slot over the days (each day 0.3);
+* ``profile_7d``: the seven days' mean of that slot, smoothed over an hour each side of the
+  time of day (what a noisy count needs);
 * ``level_7d``: ``median_7d``'s shape at the level of the last 24 hours (as a ratio, in log
   space, for series that never go below zero): it follows drift and trends, since a steady
   trend keeps the last day the same distance above the median of the week;
 * ``curve``: the day-type curve model (``idlegpu.forecast.models.curve``), whose rescaling
   follows a launch or a surge within hours;
-* each of the first four also ``+now``: corrected by its error over the last few steps, which
+* each of the first six also ``+now``: corrected by its error over the last few steps, which
   decays with the lead at the rate the candidate's own errors do (an AR(1));
-* ``mean(a, b[, c])``: the mean of the two or three best in the block.
+* ``mean(...)``: the mean of the best 2, 3, 5 or 8 in the block.
 
 The backtest replays every candidate at origins every ``origin_hours`` over the last
-``backtest_days`` (each replay sees only its past) for up to ``backtest_hours`` ahead, and
-picks, per lead block, the one with the lowest pinball loss at ``select_quantile`` after
-calibration (of its errors around their own quantile). The chosen forecast's replay errors then
-calibrate it (split-conformal per lead block, hour of day and working/off day, read at a level
-the replays' recent misses adapt: ``curve.adapted_levels``). ``choices_`` names the choice and
-its backtest skill against the better seasonal naive, per series and lead block.
+``backtest_days`` (each replay sees only its past) for up to ``backtest_hours`` ahead (every
+step of the first hour, then every ``lead_minutes``), and picks, per lead block, the one with
+the lowest pinball loss at ``select_quantile`` after calibration (of its errors around their own
+quantile). The chosen forecast's replay errors then calibrate it (split-conformal per lead
+block, hour of day and working/off day, read at a level the replays' recent misses adapt:
+``curve.adapted_levels``); an integer series' quantiles are rounded down, to the nearest or up,
+whichever the replays lose least with. A holiday on a weekday takes the curve's forecast (only
+its day types know it). ``choices_`` names the choice and its backtest skill against the better
+seasonal naive, per series and lead block; every forecast row says what served it
+(``served_by``) and that choice's ``skill``.
 
 History: from 3 days (the daily candidates only); the weekly ones join at 8 days (15 for
 ``median_3w``), the curve's day types at a week. Less than 3 days is refused with a line saying
