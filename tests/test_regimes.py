@@ -137,3 +137,15 @@ def test_an_ordinary_day_and_a_quiet_day_are_not_new_regimes():
     assert peak(1, 1.15) >= 27  # +15 %: outside the band (28 measured)
     assert peak(1, 1.4) >= 32  # a rise at once (34 measured)
     assert peak(1, 1.4, **STATIC) <= base + 1  # where the static curve lags
+
+
+def test_auto_keeps_the_curves_regime_handling(histories):
+    """``auto`` chooses among candidates; after a launch or in a surge its choice must follow
+    as well as the curve does (bench/regime_bench.py: the same, over five cutoffs)."""
+    for name, floor in (("step", 0.92), ("surge", 0.84)):
+        auto = scores(histories[name], AFTER, model="auto")
+        curve = scores(histories[name], AFTER)
+        # measured, Tuesday to Thursday: step coverage 0.96 (the curve 0.96), MAE 0.53 (0.51);
+        # surge 0.88 (0.90), MAE 0.71 (0.73)
+        assert auto[:, 0].mean() >= floor, (name, auto[:, 0])
+        assert auto[:, 1].mean() <= 1.2 * curve[:, 1].mean(), (name, auto[:, 1], curve[:, 1])
