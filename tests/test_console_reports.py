@@ -11,6 +11,7 @@ asked for the last 3 evenings (``?days=3``; the default is 28) and compared with
 from __future__ import annotations
 
 import random
+import re
 import shutil
 import tempfile
 import time
@@ -165,6 +166,11 @@ def test_the_accuracy_page_computes_off_the_request_and_shows_each_services_cove
         assert rows[r.service].find_element(By.CSS_SELECTOR, "td.strict").text == \
             format_share(r.strict_coverage)
         assert rows[r.service].find_element(By.CSS_SELECTOR, "td.verdict").text == r.verdict
+        # the forecast that served it most (auto's choice) and that choice's skill
+        served = rows[r.service].find_element(By.CSS_SELECTOR, "td.served-by").text
+        assert served == r.served_by and re.fullmatch(r".+ \(\d+%\)", served)
+        assert rows[r.service].find_element(By.CSS_SELECTOR, "td.skill").text == \
+            f"{r.skill:+.0%}"
     pooled = {c.get_attribute("data-field"): c.text for c in driver.find_elements(
         By.CSS_SELECTOR, "#accuracy-pooled td[data-field]")}
     a = direct.accuracy

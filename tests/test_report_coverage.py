@@ -245,4 +245,10 @@ def test_cli_report_with_a_history_checks_each_service(stepped, tmp_path, cli):
     # the figure a little)
     assert re.search(r"code 9\d\.\d% calibrated \(widened \d evenings?\)", text), text
     assert "summarize" in text and "report-2025-12_coverage.csv" in text
+    # the report names the forecast that served each service most and its skill
+    markdown = (tmp_path / "r" / "report-2025-12.md").read_text()
+    assert "served by (most steps)" in markdown and "skill vs seasonal naive" in markdown
+    coverage = pd.read_csv(tmp_path / "r" / "report-2025-12_coverage.csv")
+    assert coverage["served_by"].str.fullmatch(r".+ \(\d+%\)").all()
+    assert coverage["skill"].between(-1, 1).all()
     assert (tmp_path / "r" / "coverage-2025-12.png").read_bytes()[:8] == PNG_MAGIC
