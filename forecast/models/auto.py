@@ -42,7 +42,6 @@ what the series has and what ``auto`` needs.
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -55,6 +54,7 @@ from idlegpu.forecast.models.curve import (
     CurveForecaster,
     _bucket_key,
     _Errors,
+    _trailing_nanmean,
     adapted_levels,
 )
 
@@ -610,18 +610,6 @@ def _slot_ewm(rows: np.ndarray, alpha: float) -> np.ndarray:
                            np.where(seen, row, current))
         out[d] = current
     return out
-
-
-def _trailing_nanmean(values: np.ndarray, window: int) -> np.ndarray:
-    finite = np.isfinite(values)
-    sums = np.concatenate([[0.0], np.cumsum(np.where(finite, values, 0.0))])
-    counts = np.concatenate([[0], np.cumsum(finite)])
-    end = np.arange(1, len(values) + 1)
-    start = np.maximum(0, end - window)
-    n = counts[end] - counts[start]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        return np.where(n > 0, (sums[end] - sums[start]) / np.maximum(n, 1), np.nan)
 
 
 def _lag_one(residual: np.ndarray) -> float:
