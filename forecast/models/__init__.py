@@ -17,6 +17,8 @@ from idlegpu.forecast.config import Settings
 from idlegpu.forecast.models.base import (
     DEFAULT_QUANTILES,
     MODEL,
+    SERVED_BY,
+    SKILL,
     Forecaster,
     parse_horizon,
     quantile_column,
@@ -53,9 +55,6 @@ def make_model(
     module, cls = MODELS[name]
     factory = getattr(import_module(module), cls)
     return factory(timezone=timezone, holiday_country=holiday_country, bounds=bounds, **options)
-
-
-SERVED_BY, SKILL = "served_by", "skill"  # the columns ``auto`` adds (models.auto)
 
 
 def served_summary(forecast: pd.DataFrame) -> pd.DataFrame:
@@ -101,6 +100,8 @@ __all__ = [
     "MODEL",
     "MODELS",
     "MODEL_NAMES",
+    "SERVED_BY",
+    "SKILL",
     "Forecaster",
     "make_model",
     "model_for",

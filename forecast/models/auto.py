@@ -48,7 +48,14 @@ import numpy as np
 import pandas as pd
 
 from idlegpu.forecast.calendar import SUNDAY_OR_HOLIDAY, WORKING_DAY
-from idlegpu.forecast.models.base import DAY, Series, SeriesForecaster, require_span
+from idlegpu.forecast.models.base import (
+    DAY,
+    SERVED_BY,
+    SKILL,
+    Series,
+    SeriesForecaster,
+    require_span,
+)
 from idlegpu.forecast.models.curve import (
     LEAD_EDGES_H,
     CurveForecaster,
@@ -76,7 +83,6 @@ BASE = ("snaive_1d", "snaive_7d", "median_7d", "median_3w", "smooth_1d", "profil
 CORRECTED = ("snaive_1d", "snaive_7d", "median_7d", "median_3w", "smooth_1d", "profile_7d")
 SMOOTH_ALPHA = 0.3  # smooth_1d: each day's weight in the slot's running mean
 NAIVE = ("snaive_1d", "snaive_7d")
-SERVED_BY, SKILL = "served_by", "skill"  # the columns auto adds to its forecasts
 
 
 @dataclass

@@ -20,6 +20,7 @@ from idlegpu.forecast.errors import HistoryError
 from idlegpu.forecast.schema import DS, UNIQUE_ID, Y
 
 MODEL = "model"
+SERVED_BY, SKILL = "served_by", "skill"  # what auto chose for a step, and its backtest skill
 DEFAULT_QUANTILES = (0.5, 0.9, 0.95)
 DAY = pd.Timedelta(days=1)
 WEEK = pd.Timedelta(days=7)
