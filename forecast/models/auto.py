@@ -400,6 +400,8 @@ class AutoForecaster(SeriesForecaster):
                     if o + steps < n:  # complete: no later refit sees more of its future
                         store[o] = fresh[:, j]
         if store is not None:
+            for old in [o for o in store if o < origins[0]]:
+                del store[old]  # out of the backtest's window for good: the refits only grow
             fresh_rows = set(todo)
             for i, o in enumerate(origins.tolist()):
                 if i not in fresh_rows:
