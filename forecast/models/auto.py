@@ -204,6 +204,14 @@ class AutoForecaster(SeriesForecaster):
         s.lines[key] = (s.first_row, np.concatenate([np.full(start * S, np.nan), line, [np.nan]]))
         return s.lines[key][1]
 
+    def _read(self, s: _State, kind: str, ks: np.ndarray, at: np.ndarray) -> np.ndarray:
+        """A candidate's line at grid positions ``at``, each looking ``ks`` days (weeks) back."""
+        out = np.full(at.shape, np.nan)
+        for k in range(int(ks.min()), int(ks.max()) + 1):
+            hit = ks == k
+            out[hit] = self._line(s, kind, k)[at[hit]]
+        return out
+
     # ---------------------------------------------------------------- candidates
     def _forecasts(self, s: _State, origins: np.ndarray, targets: np.ndarray,
                    curve_points: np.ndarray | None) -> np.ndarray:
@@ -217,11 +225,7 @@ class AutoForecaster(SeriesForecaster):
         base: dict[str, np.ndarray] = {}
 
         def by_k(kind: str, ks: np.ndarray) -> np.ndarray:
-            out = np.full(safe.shape, np.nan)
-            for k in range(int(ks.min()), int(ks.max()) + 1):
-                hit = ks == k
-                out[hit] = self._line(s, kind, int(k))[safe[hit]]
-            return out
+            return self._read(s, kind, ks, safe)
 
         fallback = by_k("snaive_1d", k_day)
         median = by_k("median_7d", k_day)
@@ -271,11 +275,7 @@ class AutoForecaster(SeriesForecaster):
         values = np.log1p(np.maximum(values, 0.0)) if log else values
         deviation = values - self._line(s, shape_kind, 1)[lo:-1]
         level = _trailing_nanmean(deviation, S)[origins - lo]
-        out = np.full(safe.shape, np.nan)
-        for k in range(int(k_day.min()), int(k_day.max()) + 1):
-            hit = k_day == k
-            out[hit] = self._line(s, shape_kind, int(k))[safe[hit]]
-        out = out + np.nan_to_num(level)[:, None]
+        out = self._read(s, shape_kind, k_day, safe) + np.nan_to_num(level)[:, None]
         return np.expm1(out) if log else out
 
     def _nowcast(self, s: _State, raw: str, origins: np.ndarray, gap: np.ndarray) -> np.ndarray:
@@ -297,7 +297,7 @@ class AutoForecaster(SeriesForecaster):
         flat = np.full((n_days + FUTURE_DAYS) * steps_per_day, np.nan)
         flat[pos] = series.values.to_numpy()
         names = [c for c in self.candidates
-                 if not (c in ("snaive_7d",) and span < WEEKLY_HISTORY)
+                 if not (c == "snaive_7d" and span < WEEKLY_HISTORY)
                  and not (c == "median_3w" and span < LONG_WEEKLY_HISTORY)]
         # corrected first: where the backtest cannot tell them apart (a series it forecasts
         # perfectly), following the last steps is the safer side
@@ -432,9 +432,7 @@ class AutoForecaster(SeriesForecaster):
         if s.curve is not None:
             curve = self.curve_model
             _, c_slots, c_kinds = curve._calendar(index, series.step, s.curve.one_curve)
-            last_complete = s.curve.slots[-1] == s.curve.matrix.shape[1] - 1
-            day = s.curve.day_of[-1]
-            profile = curve._profile(s.curve, day + 1 if last_complete else max(1, day))
+            profile = curve._profile(s.curve, curve._days_before(s.curve, n - 1))
             point, _ = curve._point(s.curve, profile, n - 1, c_kinds, c_slots,
                                     np.arange(1, len(index) + 1))
             curve_points = point[None, :]

@@ -194,6 +194,7 @@ class CurveForecaster(SeriesForecaster):
         self.aci_days = aci_days
         self.cache = cache
         self.calibrate = calibrate
+        self._calendar_memo: dict = {}
 
     # ---------------------------------------------------------------- fit
     def _fit_one(self, series: Series) -> _Fitted:
@@ -227,7 +228,6 @@ class CurveForecaster(SeriesForecaster):
         n = len(values)
         out = np.full((len(origins), steps), np.nan)
         leads_all = np.arange(1, steps + 1)
-        last_slot = f.matrix.shape[1] - 1
         profiles: dict[int, np.ndarray] = {}
         for i, cutoff in enumerate(np.asarray(origins).tolist()):
             m = min(steps, n - 1 - cutoff)
@@ -237,8 +237,7 @@ class CurveForecaster(SeriesForecaster):
             if self.cache is not None and m == steps and key in self.cache:
                 out[i] = self.cache[key]
                 continue
-            day = f.day_of[cutoff]
-            before = day + 1 if f.slots[cutoff] == last_slot else max(1, day)
+            before = self._days_before(f, cutoff)
             if before not in profiles:  # the replays of one day share its curve
                 profiles[before] = self._profile(f, before)
             profile = profiles[before]
@@ -258,7 +257,7 @@ class CurveForecaster(SeriesForecaster):
         kept for the next call with the same one (``auto`` and its curve read the same
         history's)."""
         key = (index[0], len(index), index.freq) if index.freq is not None and len(index) else None
-        memo = self.__dict__.setdefault("_calendar_memo", {})
+        memo = self._calendar_memo
         if key is not None and key in memo:
             wall, slots, kinds = memo[key]
         else:
@@ -271,6 +270,12 @@ class CurveForecaster(SeriesForecaster):
         if one_curve:
             kinds = np.full_like(kinds, WORKING_DAY)
         return wall, slots, kinds
+
+    def _days_before(self, f: _Fitted, cutoff: int) -> int:
+        """The days whose curve a forecast made at position ``cutoff`` reads: complete days
+        only, as in the calibration replays (its own day once its last slot is in)."""
+        day = int(f.day_of[cutoff])
+        return day + 1 if f.slots[cutoff] == f.matrix.shape[1] - 1 else max(1, day)
 
     def _profile(self, f: _Fitted, before_day: int) -> np.ndarray:
         """Day-type x slot curve from the complete days before ``before_day``."""
@@ -460,9 +465,7 @@ class CurveForecaster(SeriesForecaster):
     ) -> tuple[Series, pd.DatetimeIndex, np.ndarray]:
         index = f.series.future_index(horizon)
         _, slots, kinds = self._calendar(index, f.series.step, f.one_curve)
-        # complete days only, as in the calibration replays (a partial day is the current one)
-        last_day_complete = f.slots[-1] == f.matrix.shape[1] - 1
-        profile = self._profile(f, f.day_of[-1] + 1 if last_day_complete else max(1, f.day_of[-1]))
+        profile = self._profile(f, self._days_before(f, len(f.series.values) - 1))
         leads = np.arange(1, len(index) + 1)
         point, scale = self._point(f, profile, len(f.series.values) - 1, kinds, slots, leads)
         lead_bucket = np.digitize(leads * f.series.step / pd.Timedelta(hours=1), LEAD_EDGES_H)
