@@ -1,7 +1,8 @@
 """Benchmark: the admission policies on the real-traffic pool, with gaps, a surge and overruns
 each switched on alone.
 
-    OMP_NUM_THREADS=1 python bench/real_pool_bench.py [--days 31] [--variants ...]
+    OMP_NUM_THREADS=1 python bench/real_pool_bench.py [--pool real|servegen] [--days N] \
+        [--variants ...]
 
 The pool of data/real/pool/ (four services driven by public traces of real traffic over the
 same weeks of 2018; scripts/build_real_pool.py) and its job trace (the sample's, moved onto
@@ -19,6 +20,13 @@ Los Angeles. Variants:
 * ``elastic``: ``all``, with every checkpointable unit of 8 GPUs or more elastic down to half
   its GPUs (``min_gpus = gpus / 2``): what shrinking and smaller admissions buy.
 
+``--pool servegen``: the ServeGen pool of data/real/servegen-pool/ (four LLM-serving deployments
+of one model family, driven by the request rates of its API clients; 11 days from Thursday
+2025-01-09 00:00 Shanghai, after three days of history), its gap ``tenants-c``'s replicas
+missing for 20 hours over a 17:00 refit (Monday 2025-01-13 12:00 to Tuesday 08:00) and the
+whole pool's for 2 hours one night (Friday 2025-01-17 02:00-04:00), its surge on ``long-tail``
+from Wednesday 2025-01-15 00:00.
+
 Prints per variant each policy's metrics and the goals of issue 12 (forecast useful / oracle
 useful >= 0.95, lost / useful <= 0.02, service delay <= 0.1x reactive's), each a ratio
 measured in the same run, and the wall time of each variant's forecasts.
@@ -33,7 +41,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import argparse
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -49,12 +57,28 @@ from idlegpu.scheduler.simulate import forecast_profiles_for, simulate, trace_jo
 from idlegpu.scheduler.specs import load_trace
 
 TZ = pool.TIMEZONE
-START = pd.Timestamp("2018-04-04T00:00:00", tz=TZ)
-GAPS = [
-    ("checkout", pd.Timestamp("2018-04-10T12:00:00", tz=TZ), pd.Timedelta(hours=26)),
-    (None, pd.Timestamp("2018-04-19T01:00:00", tz=TZ), pd.Timedelta(hours=2, minutes=30)),
-]
-SURGE = ("storefront", pd.Timestamp("2018-04-16T00:00:00", tz=TZ))
+SG = pool.SERVEGEN_TZ
+
+
+@dataclass(frozen=True)
+class PoolRun:
+    spec: pool.PoolSpec
+    start: pd.Timestamp
+    days: int
+    gaps: list
+    surge: tuple[str, pd.Timestamp]
+
+
+RUNS = {
+    "real": PoolRun(pool.REAL_POOL, pd.Timestamp("2018-04-04T00:00:00", tz=TZ), 31, [
+        ("checkout", pd.Timestamp("2018-04-10T12:00:00", tz=TZ), pd.Timedelta(hours=26)),
+        (None, pd.Timestamp("2018-04-19T01:00:00", tz=TZ), pd.Timedelta(hours=2, minutes=30)),
+    ], ("storefront", pd.Timestamp("2018-04-16T00:00:00", tz=TZ))),
+    "servegen": PoolRun(pool.SERVEGEN_POOL, pd.Timestamp("2025-01-09T00:00:00", tz=SG), 11, [
+        ("tenants-c", pd.Timestamp("2025-01-13T12:00:00", tz=SG), pd.Timedelta(hours=20)),
+        (None, pd.Timestamp("2025-01-17T02:00:00", tz=SG), pd.Timedelta(hours=2)),
+    ], ("long-tail", pd.Timestamp("2025-01-15T00:00:00", tz=SG))),
+}
 VARIANTS = {
     "recorded": (),
     "gaps": ("gaps",),
@@ -66,14 +90,14 @@ VARIANTS = {
 POLICIES = ("night", "reactive", "forecast", "oracle")
 
 
-def variant_inputs(switches, settings, entries, estimator):
+def variant_inputs(switches, settings, entries, estimator, run: PoolRun = RUNS["real"]):
     """The pool history and simulation jobs of one variant."""
-    rates = pool.trace_rates()
+    rates = pool.trace_rates(run.spec)
     if "surge" in switches:
-        rates = pool.surge_rates(rates, SURGE[0], SURGE[1].tz_convert("UTC"))
-    history = pool.pool_history(rates)
+        rates = pool.surge_rates(rates, run.surge[0], run.surge[1].tz_convert("UTC"))
+    history = pool.pool_history(rates, run.spec)
     if "gaps" in switches:
-        history = pool.with_gaps(history, [(s, t.tz_convert("UTC"), d) for s, t, d in GAPS])
+        history = pool.with_gaps(history, [(s, t.tz_convert("UTC"), d) for s, t, d in run.gaps])
     jobs = trace_jobs(entries, lambda unit: estimator.estimate(unit).seconds)
     if "overruns" not in switches:
         jobs = [replace(j, work_s=j.estimate_s) for j in jobs]
@@ -85,19 +109,22 @@ def variant_inputs(switches, settings, entries, estimator):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--days", type=int, default=31)
+    parser.add_argument("--pool", choices=list(RUNS), default="real")
+    parser.add_argument("--days", type=int, help="default: the pool's job trace's span")
     parser.add_argument("--variants", default=",".join(VARIANTS))
     args = parser.parse_args()
-    settings = load_config(pool.POOL / "idlegpu.yaml")
+    run = RUNS[args.pool]
+    days = args.days or run.days
+    settings = load_config(run.spec.directory / "idlegpu.yaml")
     estimator = RuntimeEstimator.from_config(load_runs(REPO / "data" / "sample" / "runs.csv"),
                                              settings.admission)
-    entries = load_trace(pool.POOL / "jobs.yaml", settings.admission)
-    start = START.tz_convert("UTC")
-    end = start + pd.Timedelta(days=args.days)
+    entries = load_trace(run.spec.directory / "jobs.yaml", settings.admission)
+    start = run.start.tz_convert("UTC")
+    end = min(start + pd.Timedelta(days=days), run.spec.end)
     index = pd.date_range(start, end, freq="5min", inclusive="left")
     goals = []
     for name in args.variants.split(","):
-        history, jobs = variant_inputs(VARIANTS[name], settings, entries, estimator)
+        history, jobs = variant_inputs(VARIANTS[name], settings, entries, estimator, run)
         began = time.perf_counter()
         profiles = forecast_profiles_for(history, settings, index, 17, pd.Timedelta(hours=48))
         seconds = time.perf_counter() - began
@@ -108,7 +135,8 @@ def main() -> None:
                               forecast_profiles=profiles if policy == "forecast" else None)
             rows[policy] = result.metrics
         table = pd.DataFrame(rows)
-        print(f"\n== {name} ({len(jobs)} units, {args.days} days; forecasts {seconds:.1f} s)")
+        print(f"\n== {args.pool}: {name} ({len(jobs)} units, {(end - start).days} days; "
+              f"forecasts {seconds:.1f} s)")
         print(table.to_string(float_format=lambda v: f"{v:,.1f}"))
         f, o, r = rows["forecast"], rows["oracle"], rows["reactive"]
         delay = (f["service_delay_gpu_minutes"] / r["service_delay_gpu_minutes"]

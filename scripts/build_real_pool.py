@@ -41,44 +41,110 @@ sys.path.insert(0, str(SCRIPTS))
 import fetch_real_traces as traces  # a script beside this one
 
 REAL = REPO / "data" / "real"
-POOL = REAL / "pool"
-TIMEZONE = "America/Los_Angeles"
-STEP = pd.Timedelta(minutes=5)
+TRACE_SOURCE = REPO / "data" / "sample" / "jobs.yaml"
+SAMPLE_FROM = pd.Timestamp("2025-11-05T00:00:00", tz="Asia/Seoul")  # the sample trace: a Wednesday
 
 
 @dataclass(frozen=True)
 class PoolService:
     name: str
-    trace: str  # the trace of data/real/ whose request rate drives it
+    trace: str  # the file of data/real/ (without .csv) whose request rate drives it
     capacity: float  # requests (purchases) per second one replica serves
     gpus_per_replica: int
     min_replicas: int
     max_replicas: int
+    series: str | None = None  # the rate's unique_id there; default ``<trace>/request_rate``
+
+    @property
+    def rate_id(self) -> str:
+        return self.series or f"{self.trace}/{traces.REQUEST_RATE}"
 
 
-SERVICES = (
-    PoolService("storefront", "msft-ecommerce-api", 18.0, 4, 2, 12),
-    PoolService("checkout", "msft-purchases-03", 0.9, 4, 1, 8),
-    PoolService("payments", "msft-purchases-04", 0.04, 2, 1, 6),
-    PoolService("fraud", "msft-purchases-02", 0.002, 1, 1, 6),
+@dataclass(frozen=True)
+class PoolSpec:
+    """One pool of data/real/: its services, span, clock and job trace."""
+
+    directory: Path
+    services: tuple[PoolService, ...]
+    timezone: str
+    first: pd.Timestamp  # the history's first instant (UTC)
+    end: pd.Timestamp  # after its last
+    source_step: pd.Timedelta  # the rates' step: each value is held over its 5-minute steps
+    stabilization: pd.Timedelta  # the HPA's scale-down window
+    trace_from: tuple[pd.Timestamp, ...]  # the sample trace's entries of the days from each ...
+    trace_to: pd.Timestamp  # ... moved to the same weekday and local time from here
+    trace_days: int
+    # the first step after a collection gap is a partial one (its rate counts only the part
+    # of the step after collection resumed: ServeGen's read 1 % of their neighbours): missing
+    partial_after_gap: bool = False
+
+
+TIMEZONE = "America/Los_Angeles"
+STEP = pd.Timedelta(minutes=5)
+REAL_POOL = PoolSpec(
+    directory=REAL / "pool",
+    services=(
+        PoolService("storefront", "msft-ecommerce-api", 18.0, 4, 2, 12),
+        PoolService("checkout", "msft-purchases-03", 0.9, 4, 1, 8),
+        PoolService("payments", "msft-purchases-04", 0.04, 2, 1, 6),
+        PoolService("fraud", "msft-purchases-02", 0.002, 1, 1, 6),
+    ),
+    timezone=TIMEZONE,
+    first=pd.Timestamp("2018-03-15T07:00:00Z"),  # the purchases' first hour (00:00 Pacific)
+    end=pd.Timestamp("2018-05-06T07:00:00Z"),  # after their last hour
+    source_step=pd.Timedelta(hours=1),
+    stabilization=pd.Timedelta(hours=1),
+    trace_from=(SAMPLE_FROM,),
+    trace_to=pd.Timestamp("2018-04-04T00:00:00", tz=TIMEZONE),  # a Wednesday
+    trace_days=31,
 )
-FIRST = pd.Timestamp("2018-03-15T07:00:00Z")  # the purchases' first hour (00:00 Pacific)
-END = pd.Timestamp("2018-05-06T07:00:00Z")  # after their last hour
+SERVEGEN_TZ = "Asia/Shanghai"  # the zone the ServeGen trace is pinned to (data/real/README.md)
+SERVEGEN_POOL = PoolSpec(
+    directory=REAL / "servegen-pool",
+    services=tuple(
+        PoolService(name, "servegen-m-mid-tenants", capacity, gpus, 1, most,
+                    series=f"servegen-m-mid/{name}/{traces.REQUEST_RATE}")
+        for name, capacity, gpus, most in (
+            ("tenant-a", 250.0, 4, 12),
+            ("tenants-b", 60.0, 2, 9),
+            ("tenants-c", 150.0, 4, 10),
+            ("long-tail", 40.0, 1, 19),
+        )),
+    timezone=SERVEGEN_TZ,
+    first=pd.Timestamp("2025-01-06T00:00:00", tz=SERVEGEN_TZ).tz_convert("UTC"),
+    end=pd.Timestamp("2025-01-20T00:00:00", tz=SERVEGEN_TZ).tz_convert("UTC"),
+    source_step=pd.Timedelta(minutes=10),
+    stabilization=pd.Timedelta(minutes=30),
+    # three 11-day stretches of the sample trace, each from a Thursday (24 requests), laid
+    # over the pool's last 11 days: a queue that asks for more than the pool lends, from
+    # auto's minimum of three days of history on
+    trace_from=tuple(pd.Timestamp(day, tz="Asia/Seoul")
+                     for day in ("2025-10-30", "2025-11-13", "2025-11-27")),
+    trace_to=pd.Timestamp("2025-01-09T00:00:00", tz=SERVEGEN_TZ),
+    trace_days=11,
+    partial_after_gap=True,
+)
+POOLS = {"real": REAL_POOL, "servegen": SERVEGEN_POOL}
+# the real-traffic pool's names, as its bench and tests know them
+POOL = REAL_POOL.directory
+SERVICES = REAL_POOL.services
+FIRST, END = REAL_POOL.first, REAL_POOL.end
+TRACE_FROM, TRACE_TO, TRACE_DAYS = SAMPLE_FROM, REAL_POOL.trace_to, REAL_POOL.trace_days
 
-TRACE_SOURCE = REPO / "data" / "sample" / "jobs.yaml"
-TRACE_FROM = pd.Timestamp("2025-11-05T00:00:00", tz="Asia/Seoul")  # a Wednesday
-TRACE_TO = pd.Timestamp("2018-04-04T00:00:00", tz=TIMEZONE)  # a Wednesday
-TRACE_DAYS = 31
 
-
-def trace_rates() -> dict[str, pd.Series]:
-    """Per service, its trace's request rate (hourly, UTC index) over the pool's span."""
+def trace_rates(spec: PoolSpec = REAL_POOL) -> dict[str, pd.Series]:
+    """Per service, its trace's request rate (UTC index) over the pool's span."""
     out = {}
-    for service in SERVICES:
-        frame = pd.read_csv(REAL / f"{service.trace}.csv")
-        rows = frame[frame["unique_id"] == f"{service.trace}/{traces.REQUEST_RATE}"]
+    frames: dict[str, pd.DataFrame] = {}
+    for service in spec.services:
+        if service.trace not in frames:
+            frames[service.trace] = pd.read_csv(REAL / f"{service.trace}.csv")
+        frame = frames[service.trace]
+        rows = frame[frame["unique_id"] == service.rate_id]
+        if rows.empty:
+            raise ValueError(f"{service.trace}.csv has no series {service.rate_id}")
         rate = pd.Series(rows["y"].to_numpy(float), index=pd.DatetimeIndex(rows["ds"]))
-        out[service.name] = rate[(rate.index >= FIRST) & (rate.index < END)]
+        out[service.name] = rate[(rate.index >= spec.first) & (rate.index < spec.end)]
     return out
 
 
@@ -92,16 +158,20 @@ def surge_rates(rates: dict[str, pd.Series], service: str, start: pd.Timestamp, 
     return {**rates, service: rate * factor}
 
 
-def pool_history(rates: dict[str, pd.Series]) -> pd.DataFrame:
+def pool_history(rates: dict[str, pd.Series], spec: PoolSpec = REAL_POOL) -> pd.DataFrame:
     """The pool's history (``<service>/replicas``, 5-minute steps) from the services' rates."""
     frames = []
-    for service in SERVICES:
+    hold = int(spec.source_step / STEP) - 1
+    for service in spec.services:
         rate = rates[service.name]
-        hourly = traces.hpa_replicas(rate, capacity=service.capacity, lo=service.min_replicas,
-                                     hi=service.max_replicas, stabilization=pd.Timedelta(hours=1))
-        steps = pd.date_range(hourly.index[0], hourly.index[-1] + pd.Timedelta(hours=1),
+        if spec.partial_after_gap:
+            after_gap = rate.index.to_series().diff() > spec.source_step
+            rate = rate[~after_gap.to_numpy()]
+        desired = traces.hpa_replicas(rate, capacity=service.capacity, lo=service.min_replicas,
+                                      hi=service.max_replicas, stabilization=spec.stabilization)
+        steps = pd.date_range(desired.index[0], desired.index[-1] + spec.source_step,
                               freq=STEP, inclusive="left")
-        held = hourly.reindex(steps, method="ffill", limit=11)  # a missing hour stays missing
+        held = desired.reindex(steps, method="ffill", limit=hold)  # a missing step stays so
         held = held.dropna()
         frames.append(pd.DataFrame({"unique_id": f"{service.name}/{traces.REPLICAS}",
                                     "ds": held.index, "y": held.to_numpy()}))
@@ -125,36 +195,44 @@ def with_gaps(history: pd.DataFrame, gaps: list[tuple[str | None, pd.Timestamp, 
 _STAMP = re.compile(r"^(\s*(?:- )?(?:submit_at|deadline): )(\S+)\s*$")
 
 
-def shift_trace(text: str) -> str:
-    """The sample job trace's entries of ``TRACE_DAYS`` days from ``TRACE_FROM``, moved to
-    the same weekday and local time from ``TRACE_TO`` on (see the module docstring)."""
+def shift_trace(text: str, spec: PoolSpec = REAL_POOL) -> str:
+    """The sample job trace's entries of ``spec.trace_days`` days from each of
+    ``spec.trace_from``, moved to the same weekday and local time from ``spec.trace_to`` on
+    (see the module docstring), in submission order."""
     _, _, body = text.partition("\njobs:\n")
     entries = re.split(r"(?m)^(?=- name: )", body)
     kept = []
-    for entry in entries:
-        if not entry.startswith("- name: "):
-            continue
-        submit = re.search(r"(?m)^\s*submit_at: (\S+)", entry)
-        at = pd.Timestamp(submit.group(1)).tz_convert(TRACE_FROM.tz)
-        if not TRACE_FROM <= at < TRACE_FROM + pd.Timedelta(days=TRACE_DAYS):
-            continue
-        lines = [line for line in entry.rstrip("\n").split("\n") if not line.startswith("#")]
-        kept.append("\n".join(_moved(line) for line in lines))
-    note = (f"# The sample job trace (data/sample/jobs.yaml) moved onto the real-traffic pool's\n"
-            f"# calendar by scripts/build_real_pool.py: the {len(kept)} entries submitted in the\n"
-            f"# {TRACE_DAYS} days from {TRACE_FROM:%Y-%m-%d} (Seoul), at the same local time and\n"
-            f"# weekday from {TRACE_TO:%Y-%m-%d} ({TIMEZONE}). Do not edit by hand.\n")
-    return note + "jobs:\n" + "\n".join(kept) + "\n"
+    days = pd.Timedelta(days=spec.trace_days)
+    for begin in spec.trace_from:
+        for entry in entries:
+            if not entry.startswith("- name: "):
+                continue
+            submit = re.search(r"(?m)^\s*submit_at: (\S+)", entry)
+            at = pd.Timestamp(submit.group(1)).tz_convert(begin.tz)
+            if not begin <= at < begin + days:
+                continue
+            lines = [line for line in entry.rstrip("\n").split("\n")
+                     if not line.startswith("#")]
+            moved = [_moved(line, begin, spec) for line in lines]
+            kept.append((pd.Timestamp(_moved(f"submit_at: {submit.group(1)}", begin, spec)
+                                      .split(": ", 1)[1]), "\n".join(moved)))
+    kept.sort(key=lambda pair: pair[0])
+    starts = ", ".join(f"{begin:%Y-%m-%d}" for begin in spec.trace_from)
+    note = (f"# The sample job trace (data/sample/jobs.yaml) moved onto this pool's calendar by\n"
+            f"# scripts/build_real_pool.py: the {len(kept)} entries submitted in the\n"
+            f"# {spec.trace_days} days from {starts} (Seoul), at the same local time and\n"
+            f"# weekday from {spec.trace_to:%Y-%m-%d} ({spec.timezone}). Do not edit by hand.\n")
+    return note + "jobs:\n" + "\n".join(entry for _, entry in kept) + "\n"
 
 
-def _moved(line: str) -> str:
+def _moved(line: str, begin: pd.Timestamp, spec: PoolSpec) -> str:
     match = _STAMP.match(line)
     if not match:
         return line
-    local = pd.Timestamp(match.group(2)).tz_convert(TRACE_FROM.tz).tz_localize(None)
-    days = (local.normalize() - TRACE_FROM.tz_localize(None)).days
-    wall = TRACE_TO.tz_localize(None) + pd.Timedelta(days=days) + (local - local.normalize())
-    moved = wall.tz_localize(TIMEZONE)
+    local = pd.Timestamp(match.group(2)).tz_convert(begin.tz).tz_localize(None)
+    days = (local.normalize() - begin.tz_localize(None)).days
+    wall = spec.trace_to.tz_localize(None) + pd.Timedelta(days=days) + (local - local.normalize())
+    moved = wall.tz_localize(spec.timezone)
     return f"{match.group(1)}{moved.isoformat()}"
 
 
@@ -162,22 +240,33 @@ def to_csv_text(history: pd.DataFrame) -> str:
     return traces.to_csv_text(history)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=POOL)
-    args = parser.parse_args(argv)
-    args.out.mkdir(parents=True, exist_ok=True)
-    history = pool_history(trace_rates())
-    target = args.out / "history.csv.gz"
+def build(spec: PoolSpec, out: Path) -> str:
+    """Write the pool's ``history.csv.gz`` and ``jobs.yaml`` to ``out``; what was written."""
+    out.mkdir(parents=True, exist_ok=True)
+    history = pool_history(trace_rates(spec), spec)
+    target = out / "history.csv.gz"
     # mtime 0: the same history gives the same bytes
     with open(target, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0,
-                                                   filename="") as out:
-        out.write(to_csv_text(history).encode("utf-8"))
-    jobs = shift_trace(TRACE_SOURCE.read_text(encoding="utf-8"))
-    (args.out / "jobs.yaml").write_text(jobs, encoding="utf-8")
-    print(f"{target}: {len(history)} rows, "
-          f"{history['unique_id'].nunique()} services; {args.out / 'jobs.yaml'}: "
-          f"{jobs.count(chr(10) + '- name: ')} jobs")
+                                                   filename="") as stream:
+        stream.write(to_csv_text(history).encode("utf-8"))
+    jobs = shift_trace(TRACE_SOURCE.read_text(encoding="utf-8"), spec)
+    (out / "jobs.yaml").write_text(jobs, encoding="utf-8")
+    return (f"{target}: {len(history)} rows, {history['unique_id'].nunique()} services; "
+            f"{out / 'jobs.yaml'}: {jobs.count(chr(10) + '- name: ')} jobs")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pool", choices=[*POOLS, "all"], default="all",
+                        help="which pool to build (default: both)")
+    parser.add_argument("--out", type=Path,
+                        help="a directory for it (default: its folder of data/real/)")
+    args = parser.parse_args(argv)
+    if args.out is not None and args.pool == "all":
+        parser.error("--out needs one --pool")
+    for name in POOLS if args.pool == "all" else [args.pool]:
+        spec = POOLS[name]
+        print(build(spec, args.out or spec.directory))
     return 0
 
 

@@ -30,6 +30,9 @@ Sources (details, licences and the exact rules in data/real/README.md):
 Each trace becomes one tidy history ``data/real/<trace>.csv`` (``unique_id, ds, y``) with two
 series: ``<trace>/request_rate`` (mean requests per second over each step) and
 ``<trace>/replicas`` (the replica count an HPA-like autoscaler would have run, ``hpa_replicas``).
+ServeGen also gives ``data/real/servegen-m-mid-tenants.csv``: the request rates of four groups of
+its clients (``SERVEGEN_TENANTS``), the services of the ServeGen pool
+(``scripts/build_real_pool.py``).
 """
 
 from __future__ import annotations
@@ -85,6 +88,11 @@ class Trace:
     @property
     def csv(self) -> str:
         return f"{self.name}.csv"
+
+    @property
+    def tenants_csv(self) -> str:
+        """servegen: the request rates of the family's tenant groups (the ServeGen pool's)."""
+        return f"{self.name}-tenants.csv"
 
 
 NAB = "numenta/NAB"
@@ -244,12 +252,13 @@ def read_raw_files(root: Path, source: Source, manifest: Path) -> dict[str, byte
     return out
 
 
-def parse_servegen(files: dict[str, bytes], start: str, step: pd.Timedelta) -> pd.Series:
+def servegen_clients(files: dict[str, bytes], start: str, step: pd.Timedelta) -> pd.DataFrame:
     """ServeGen clients' traces (``offset,rate,cv,family,p1,p2``: the client's mean request
-    rate in req/s over the ``step`` from ``offset`` seconds) summed into the family's load,
-    offset 0 at ``start``. A step where every client's rate is 0 is the data's own collection
-    gap (84 steps, 14 h, in m-mid): missing, not an idle service."""
-    total: pd.Series | None = None
+    rate in req/s over the ``step`` from ``offset`` seconds), one column per file, offset 0 at
+    ``start`` (a client without a row at a step sent nothing then: 0). A step where every
+    client's rate is 0 is the data's own collection gap (84 steps, 14 h, in m-mid): dropped,
+    missing rather than an idle service."""
+    columns = {}
     for name in sorted(files):
         raw = pd.read_csv(io.BytesIO(files[name]), header=None,
                           names=["offset", "rate", "cv", "family", "p1", "p2"],
@@ -258,11 +267,52 @@ def parse_servegen(files: dict[str, bytes], start: str, step: pd.Timedelta) -> p
                          index=raw["offset"].astype(int).to_numpy())
         if rate.index.duplicated().any() or (rate.index % int(step.total_seconds())).any():
             raise ValueError(f"{name}: offsets are not one per {step} step")
-        total = rate if total is None else total.add(rate, fill_value=0.0)
-    assert total is not None
-    total = total[total > 0].sort_index()
+        columns[name] = rate
+    if not columns:
+        raise ValueError("no client files")
+    clients = pd.DataFrame(columns).sort_index().fillna(0.0)
+    clients = clients[clients.sum(axis=1) > 0]
     origin = pd.Timestamp(start).tz_convert("UTC")
-    return pd.Series(total.to_numpy(), index=origin + pd.to_timedelta(total.index, unit="s"))
+    clients.index = origin + pd.to_timedelta(clients.index, unit="s")
+    return clients
+
+
+def parse_servegen(files: dict[str, bytes], start: str, step: pd.Timedelta) -> pd.Series:
+    """The family's load: its clients' rates (``servegen_clients``) summed."""
+    return servegen_clients(files, start, step).sum(axis=1)
+
+
+# The m-mid family's clients split into four tenant groups by their mean rate over the 14 days
+# (ranks 1, 2-3, 4-20, 21-109), each group served by its own deployment in the ServeGen pool
+# (data/real/servegen-pool/): a platform's largest tenants get dedicated endpoints. The chunk
+# numbers are pinned here, so the groups are data, not a ranking recomputed on each run.
+SERVEGEN_TENANTS = {
+    "tenant-a": (60,),
+    "tenants-b": (36, 73),
+    "tenants-c": (101, 66, 93, 15, 40, 23, 30, 70, 14, 71, 11, 21, 7, 48, 80, 92, 53),
+}
+SERVEGEN_LONG_TAIL = "long-tail"  # every other client
+
+
+def servegen_tenant_rates(clients: pd.DataFrame) -> pd.DataFrame:
+    """Each tenant group's summed request rate (one column per group, ``SERVEGEN_TENANTS``
+    then ``long-tail``) from ``servegen_clients``' columns (``chunk-N-trace.csv``)."""
+    named = {f"chunk-{n}-trace.csv": group
+             for group, numbers in SERVEGEN_TENANTS.items() for n in numbers}
+    missing = sorted(set(named) - set(clients.columns))
+    if missing:
+        raise ValueError(f"tenant clients absent from the files: {', '.join(missing)}")
+    groups = [named.get(name, SERVEGEN_LONG_TAIL) for name in clients.columns]
+    out = clients.T.groupby(groups).sum().T
+    return out[[*SERVEGEN_TENANTS, SERVEGEN_LONG_TAIL]]
+
+
+def tenant_frame(trace: "Trace", clients: pd.DataFrame) -> pd.DataFrame:
+    """The tidy ``<trace>/<group>/request_rate`` series of the tenant groups."""
+    rates = servegen_tenant_rates(clients)
+    return pd.concat([pd.DataFrame({"unique_id": f"{trace.name}/{group}/{REQUEST_RATE}",
+                                    "ds": rates.index, "y": rates[group].round(6).to_numpy()})
+                      for group in rates.columns], ignore_index=True)
 
 
 def parse_nab(text: str) -> pd.Series:
@@ -396,6 +446,13 @@ def main(argv: list[str] | None = None) -> int:
         frame = convert(trace, raw)
         target = args.out / trace.csv
         target.write_text(to_csv_text(frame), encoding="utf-8")
+        if trace.kind == "servegen":
+            assert isinstance(raw, dict) and trace.start is not None
+            tenants = tenant_frame(trace, servegen_clients(raw, trace.start, trace.step))
+            tenant_target = args.out / trace.tenants_csv
+            tenant_target.write_text(to_csv_text(tenants), encoding="utf-8")
+            print(f"{tenant_target}: {len(tenants)} rows, {tenants['unique_id'].nunique()} "
+                  f"tenant groups")
         span = frame["ds"].max() - frame["ds"].min()
         print(f"{target}: {len(frame)} rows, {frame['unique_id'].nunique()} series, "
               f"{frame['ds'].min():%Y-%m-%d %H:%M} to {frame['ds'].max():%Y-%m-%d %H:%M} UTC "

@@ -296,6 +296,36 @@ def test_servegen_clients_are_summed_on_the_pinned_clock_and_the_gap_stays_a_gap
         ft.parse_servegen({"x": b"0,1,0,,0,0\n300,1,0,,0,0\n"}, trace.start, trace.step)
 
 
+def test_servegen_tenant_groups_split_the_clients_and_name_a_missing_one():
+    trace = ft.BY_NAME["servegen-m-mid"]
+    files = {f"chunk-{n}-trace.csv": (SERVEGEN_5 if n == 60 else SERVEGEN_10)
+             for group in ft.SERVEGEN_TENANTS.values() for n in group}
+    files["chunk-999-trace.csv"] = SERVEGEN_5  # a client of the long tail
+    clients = ft.servegen_clients(files, trace.start, trace.step)
+    rates = ft.servegen_tenant_rates(clients)
+    assert list(rates.columns) == ["tenant-a", "tenants-b", "tenants-c", "long-tail"]
+    assert rates["tenant-a"].round(6).tolist() == [0.266667, 6.503333, 10.915]
+    assert rates["tenants-b"].round(6).tolist() == [51.96, 52.283333, 52.223333]
+    assert rates["long-tail"].round(6).tolist() == rates["tenant-a"].round(6).tolist()
+    assert rates.sum(axis=1).round(6).tolist() == clients.sum(axis=1).round(6).tolist()
+    del files["chunk-36-trace.csv"]
+    with pytest.raises(ValueError, match="chunk-36-trace.csv"):
+        ft.servegen_tenant_rates(ft.servegen_clients(files, trace.start, trace.step))
+
+
+def test_the_committed_tenant_rates_add_up_to_the_familys():
+    tenants = pd.read_csv(REAL / "servegen-m-mid-tenants.csv")
+    family = pd.read_csv(REAL / "servegen-m-mid.csv")
+    family = family[family["unique_id"] == "servegen-m-mid/request_rate"].set_index("ds")["y"]
+    summed = tenants.groupby("ds")["y"].sum()
+    assert set(tenants["unique_id"]) == {f"servegen-m-mid/{g}/request_rate"
+                                         for g in [*ft.SERVEGEN_TENANTS, ft.SERVEGEN_LONG_TAIL]}
+    assert list(summed.index) == list(family.index)
+    assert (summed - family).abs().max() < 1e-5  # each of four rounded to 6 decimals
+    share = tenants.groupby("unique_id")["y"].sum() / family.sum()
+    assert share["servegen-m-mid/tenant-a/request_rate"] > 0.5  # the largest client
+
+
 def test_servegen_manifest_names_every_client_once_with_its_blob():
     entries = ft.read_manifest(REAL / "servegen-m-mid.blobs")
     names = [name for name, _ in entries]
