@@ -125,3 +125,62 @@ def test_three_days_of_history_are_enough_and_less_is_refused_in_one_line():
     message = str(info.value)
     assert "\n" not in message and "covers 2 days 23:50:00" in message
     assert "needs at least 3 days of history" in message
+
+
+def _one_candidate(past: pd.DataFrame, candidate: str) -> pd.Series:
+    model = make_model("auto", timezone=TZ, candidates=(candidate,), combined=(1,),
+                       aci_gamma=None).fit(past)
+    forecast = model.predict("48h", [0.5])
+    assert set(forecast["served_by"]) == {candidate}
+    return forecast.set_index("ds")["q0.5"]
+
+
+def _noiseless(days: float, level) -> pd.DataFrame:
+    frame = series(days, level, seed=0)
+    local = frame["ds"].dt.tz_convert(TZ)
+    frame["y"] = level(np.arange(len(frame)) / 144,
+                       local.dt.hour.to_numpy() + local.dt.minute.to_numpy() / 60)
+    return frame
+
+
+def test_theta_follows_a_trend_and_a_new_level_within_hours():
+    """``theta_7d`` on a noiseless +5 %/day trend with a 2x daily cycle follows it on both
+    days ahead (within half a day's growth); after a 30 %
+    step six hours before the cutoff it forecasts the new level, where ``level_7d``'s
+    24-hour level has taken in only a quarter of it."""
+    grow = _noiseless(12, trending)
+    cutoff = grow["ds"].iloc[-289]
+    truth = grow[grow["ds"] > cutoff].set_index("ds")["y"]
+    miss = truth / _one_candidate(grow[grow["ds"] <= cutoff], "theta_7d").reindex(truth.index)
+    assert abs(float(np.mean(miss.iloc[:144] - 1))) < 0.025  # a day's growth is 5 %
+    assert abs(float(np.mean(miss.iloc[144:] - 1))) < 0.025
+
+    def stepped(t, hour):
+        return weak_cycle(t, hour) * np.where(t >= 9.75, 1.3, 1.0)
+
+    step = _noiseless(10, stepped)
+    cutoff = step["ds"].iloc[-1]  # 23:50, 6 h after the step at 18:00
+    assert (step["ds"].iloc[-36] - pd.Timestamp("2025-01-15T18:00", tz=TZ)) == pd.Timedelta(0)
+    later = pd.date_range(cutoff + STEP, periods=288, freq=STEP)
+    local = later.tz_convert(TZ)
+    truth = stepped(np.full(288, 11.0), local.hour.to_numpy() + local.minute.to_numpy() / 60)
+    misses = {}
+    for candidate in ("theta_7d", "level_7d"):
+        got = _one_candidate(step, candidate).reindex(later).to_numpy()
+        misses[candidate] = float(np.mean(np.abs(truth / got - 1)))
+    assert misses["theta_7d"] < 0.05 < misses["level_7d"]
+
+
+def test_trailing_slope_is_least_squares_over_the_window_and_skips_missing():
+    from idlegpu.forecast.models.auto import _trailing_slope
+
+    rng = np.random.default_rng(3)
+    values = np.cumsum(rng.normal(0.2, 1.0, 400))
+    values[[50, 51, 300]] = np.nan
+    slope = _trailing_slope(values, 96)
+    for end in (120, 299, 301, 399):
+        window = np.arange(end - 95, end + 1)
+        ok = np.isfinite(values[window])
+        expected = np.polyfit(window[ok], values[window][ok], 1)[0]
+        assert slope[end] == pytest.approx(expected, rel=1e-6)
+    assert np.isnan(_trailing_slope(np.full(50, np.nan), 10)).all()

@@ -17,6 +17,11 @@ tomorrow best). The candidates, each a point forecast:
 * ``level_7d``: ``median_7d``'s shape at the level of the last 24 hours (as a ratio, in log
   space, for series that never go below zero): it follows drift and trends, since a steady
   trend keeps the last day the same distance above the median of the week;
+* ``theta_7d``: the Theta method on the series less ``median_7d``'s shape (log space as
+  above): a simple exponentially smoothed level (its half-life fitted among 1, 3, 12 and 48
+  hours) plus none, half or all of the last week's linear drift times the lead (fitted on
+  its day-ahead errors), what statsforecast's
+  ``AutoTheta`` and ``MSTL`` catch where a series trends or its level wanders;
 * ``curve``: the day-type curve model (``idlegpu.forecast.models.curve``), whose rescaling
   follows a launch or a surge within hours;
 * each of the first six also ``+now``: corrected by its error over the last few steps, which
@@ -42,6 +47,7 @@ what the series has and what ``auto`` needs.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -77,11 +83,18 @@ LOOKBACK_DAYS = {  # how many days back a candidate's value at a day looks, seei
     "log_median_7d": lambda k: k + 7, "median_3w": lambda k: 7 * k + 14,
     "smooth_1d": lambda k: k + 22,  # and the running mean's warm-up (0.7 ** 22 < 0.1 %)
     "profile_7d": lambda k: k + 8,
+    # theta_7d's shape: from the week its drift is fitted on (and the day before it)
+    "centred_median_7d": lambda k: k + 15, "centred_log_median_7d": lambda k: k + 15,
 }  # the error of the last steps a ``+now`` candidate corrects by
 BASE = ("snaive_1d", "snaive_7d", "median_7d", "median_3w", "smooth_1d", "profile_7d",
-        "level_7d", "curve")
+        "level_7d", "theta_7d", "curve")
 CORRECTED = ("snaive_1d", "snaive_7d", "median_7d", "median_3w", "smooth_1d", "profile_7d")
 SMOOTH_ALPHA = 0.3  # smooth_1d: each day's weight in the slot's running mean
+THETA_HALF_LIVES_H = (1.0, 3.0, 12.0, 48.0)  # theta_7d: its level's smoothing, fitted among these
+THETA_DRIFT_DAYS = 7  # theta_7d: the drift is the slope over this many days
+# theta_7d: how much of that drift it follows (0: the level alone; 0.5: the classic Theta
+# method's hedge; 1: all of it), fitted on the day-ahead errors, as the optimised Theta fits
+THETA_DRIFT_WEIGHTS = (0.0, 0.5, 1.0)
 NAIVE = ("snaive_1d", "snaive_7d")
 
 
@@ -139,7 +152,7 @@ class AutoForecaster(SeriesForecaster):
         **curve_options,
     ) -> None:
         """``cache``: a dict shared by fits on growing prefixes of one history (the
-        simulator's nightly refits): the curve's replays whose future is complete are reused.
+        simulator's nightly refits): every replay is made once and reused.
         ``candidates``: the base candidates to consider (default all); ``curve_options`` go
         to the curve model (e.g. ``level_band=None``: without its regime handling)."""
         super().__init__(timezone=timezone, holiday_country=holiday_country, bounds=bounds)
@@ -178,6 +191,21 @@ class AutoForecaster(SeriesForecaster):
         if key in s.lines and s.lines[key][0] <= s.first_row:
             return s.lines[key][1]
         S = s.steps_per_day
+        if kind.startswith("centred_"):
+            # the median's line less each day's mean of it: a shape without a level
+            start = max(0, s.first_row - LOOKBACK_DAYS[kind](k))
+            flat = s.flat[start * S :]
+            if kind == "centred_log_median_7d":
+                flat = np.log1p(np.maximum(flat, 0.0))
+            # less the trailing day's mean first: a trend within a day is not the daily cycle
+            detrended = flat - _trailing_nanmean(flat, S)
+            days = _rolling_median(detrended.reshape(-1, S), lag=k, count=7, stride=1)
+            with np.errstate(invalid="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # a day with no value yet
+                centred = days - np.nanmean(days, axis=1, keepdims=True)
+            s.lines[key] = (s.first_row, np.concatenate(
+                [np.full(start * S, np.nan), centred.reshape(-1), [np.nan]]))
+            return s.lines[key][1]
         # from the days the candidates are read at, back as far as a line looks (and the
         # smoothed mean's warm-up): older days change nothing
         start = max(0, s.first_row - LOOKBACK_DAYS[kind](k))
@@ -246,6 +274,8 @@ class AutoForecaster(SeriesForecaster):
                 value = by_k("profile_7d", -(-(gap + _half_width(S)) // S))
             elif name == "level_7d":
                 value = self._level(s, origins, k_day, safe)
+            elif name == "theta_7d":
+                value = self._theta(s, origins, k_day, safe, gap)
             elif name == "curve":
                 value = curve_points
             else:
@@ -276,6 +306,45 @@ class AutoForecaster(SeriesForecaster):
         deviation = values - self._line(s, shape_kind, 1)[lo:-1]
         level = _trailing_nanmean(deviation, S)[origins - lo]
         out = self._read(s, shape_kind, k_day, safe) + np.nan_to_num(level)[:, None]
+        return np.expm1(out) if log else out
+
+    def _theta(self, s: _State, origins: np.ndarray, k_day: np.ndarray, safe: np.ndarray,
+               gap: np.ndarray) -> np.ndarray:
+        """The Theta method (simple exponential smoothing with a share of the linear drift)
+        on the series less ``median_7d``'s shape (in log space when it never goes below
+        zero): at the target, the shape plus the smoothed level at the origin plus a share of
+        the slope of the last ``THETA_DRIFT_DAYS`` days times the lead. The level's smoothing
+        is the one of ``THETA_HALF_LIVES_H`` with the least one-step error, the share the one
+        of ``THETA_DRIFT_WEIGHTS`` with the least day-ahead error."""
+        S = s.steps_per_day
+        log = s.series.lower >= 0
+        shape_kind = "centred_log_median_7d" if log else "centred_median_7d"
+        lo = max(0, s.first_row - THETA_DRIFT_DAYS - 1) * S  # the drift's week before
+        values = s.flat[lo:]
+        values = np.log1p(np.maximum(values, 0.0)) if log else values
+        level_series = pd.Series(values - self._line(s, shape_kind, 1)[lo:-1])
+        if "theta_alpha" not in s.phis:
+            step_h = 24.0 / S
+            best = (np.inf, 1.0)
+            for half_life in THETA_HALF_LIVES_H:
+                alpha = 1.0 - 0.5 ** (step_h / half_life)
+                smoothed = level_series.ewm(alpha=alpha, adjust=False, ignore_na=True).mean()
+                miss = np.nanmean(np.abs(level_series.to_numpy()[1:]
+                                         - smoothed.to_numpy()[:-1]))
+                best = min(best, (miss, alpha)) if np.isfinite(miss) else best
+            s.phis["theta_alpha"] = best[1]
+        alpha = s.phis["theta_alpha"]
+        level = level_series.ewm(alpha=alpha, adjust=False, ignore_na=True).mean().to_numpy()
+        slope = _trailing_slope(level_series.to_numpy(), THETA_DRIFT_DAYS * S)
+        if "theta_drift" not in s.phis:
+            later = level_series.to_numpy()[S:]
+            misses = [np.nanmean(np.abs(later - level[:-S] - weight * slope[:-S] * S))
+                      if len(later) else np.nan for weight in THETA_DRIFT_WEIGHTS]
+            finite = [m if np.isfinite(m) else np.inf for m in misses]
+            s.phis["theta_drift"] = THETA_DRIFT_WEIGHTS[int(np.argmin(finite))]
+        at = origins - lo
+        drift = np.nan_to_num(slope[at])[:, None] * s.phis["theta_drift"] * gap
+        out = self._read(s, shape_kind, k_day, safe) + np.nan_to_num(level[at])[:, None] + drift
         return np.expm1(out) if log else out
 
     def _nowcast(self, s: _State, raw: str, origins: np.ndarray, gap: np.ndarray) -> np.ndarray:
@@ -333,7 +402,7 @@ class AutoForecaster(SeriesForecaster):
         inside = target_idx < n
         target_idx = np.where(inside, target_idx, n - 1)
         actual = np.where(inside, values[target_idx], np.nan)
-        forecasts = self._replays(s, origins, leads, target_idx, inside, steps)
+        forecasts = self._replays(s, origins, leads, steps)
         errors = actual[None] - forecasts  # candidates x origins x leads
         ok = np.isfinite(errors).all(axis=0)
         blocks = np.digitize(leads * step_h, LEAD_EDGES_H)
@@ -341,10 +410,15 @@ class AutoForecaster(SeriesForecaster):
         q = self.select_quantile
         naive = [s.names.index(c) for c in NAIVE if c in s.names]
         for block in range(len(s.choices)):
-            cells = ok & (blocks == block)[None, :]
+            lead_at = np.flatnonzero(blocks == block)  # the block's leads: one run of them
+            if len(lead_at) == 0:
+                continue
+            span = slice(int(lead_at[0]), int(lead_at[-1]) + 1)
+            cells = ok[:, span]
             if not cells.any():
                 continue
-            e = errors[:, cells]  # candidates x cells
+            block_errors = errors[:, :, span]
+            e = block_errors[:, cells]  # candidates x cells
             scores = _calibrated_pinball(e, q)
             order = np.argsort(scores, kind="stable")
             options = ([_Choice(s.names[i], (int(i),), float(scores[i]), 0.0) for i in order]
@@ -359,8 +433,7 @@ class AutoForecaster(SeriesForecaster):
             best = min(options, key=lambda c: c.score)
             best.naive = float(min(scores[i] for i in naive)) if naive else float("nan")
             s.choices[block] = best
-            block_cells = np.broadcast_to(blocks == block, chosen.shape)
-            chosen[block_cells] = errors[list(best.parts)].mean(axis=0)[block_cells]
+            chosen[:, span] = block_errors[list(best.parts)].mean(axis=0)
         # the chosen forecast's errors calibrate it: by lead block, hour of day, off day
         fine = np.isfinite(chosen)
         at = target_idx[fine]
@@ -372,13 +445,12 @@ class AutoForecaster(SeriesForecaster):
             point = actual[fine] - chosen[fine]
             s.rounding = _rounding(actual[fine], point + s.errors.quantiles((q,), keys)[:, 0], q)
 
-    def _replays(self, s: _State, origins: np.ndarray, leads: np.ndarray,
-                 target_idx: np.ndarray, inside: np.ndarray, steps: int) -> np.ndarray:
+    def _replays(self, s: _State, origins: np.ndarray, leads: np.ndarray, steps: int
+                 ) -> np.ndarray:
         """Every candidate's forecasts from each backtest origin at ``leads``: candidates x
-        origins x leads. With a cache, an origin whose every target is in the history is
-        computed once and reused by later refits (with the decay rates of the fit that made
-        it)."""
-        n = len(s.series.values)
+        origins x leads, past the history's end too (each sees only its past). With a cache,
+        an origin is computed once and reused by later refits (with the decay rates of the
+        fit that made it)."""
         store = None
         if self.cache is not None:
             key = ("auto-replays", s.series.uid, s.first_day, tuple(s.names), steps,
@@ -389,16 +461,16 @@ class AutoForecaster(SeriesForecaster):
         if todo:
             picked = origins[todo]
             self._read_from(s, int(s.pos[picked[0]]))
-            targets = np.where(inside[todo], s.pos[target_idx[todo]], -1)
+            targets = self._target_positions(s, picked[:, None] + leads[None, :])
             curve_points = None
             if s.curve is not None:
-                curve_points = self.curve_model.points(s.curve, picked, steps)[:, leads - 1]
+                curve_points = self.curve_model.points(s.curve, picked, steps,
+                                                       past_the_end=True)[:, leads - 1]
             fresh = self._clip(s, self._forecasts(s, s.pos[picked], targets, curve_points))
             out[:, todo] = fresh
             if store is not None:
                 for j, o in enumerate(picked.tolist()):
-                    if o + steps < n:  # complete: no later refit sees more of its future
-                        store[o] = fresh[:, j]
+                    store[o] = fresh[:, j]
         if store is not None:
             for old in [o for o in store if o < origins[0]]:
                 del store[old]  # out of the backtest's window for good: the refits only grow
@@ -407,6 +479,18 @@ class AutoForecaster(SeriesForecaster):
                 if i not in fresh_rows:
                     out[:, i] = store[o]
         return out
+
+    def _target_positions(self, s: _State, steps: np.ndarray) -> np.ndarray:
+        """Grid positions of history steps ``steps`` (indices into the history; those past
+        its end on the calendar after it)."""
+        n = len(s.series.values)
+        beyond = int(steps.max()) - (n - 1)
+        positions = s.pos
+        if beyond > 0:
+            future = s.series.future_index(s.series.step * beyond)
+            positions = np.concatenate(
+                [s.pos, self._grid(future, s.series.step, s.first_day)[0]])
+        return np.minimum(positions[steps], len(s.flat))  # past the grid: its NaN
 
     def _read_from(self, s: _State, origin: int) -> None:
         """The candidates are read from grid position ``origin`` on (and the decay rates fitted
@@ -543,9 +627,14 @@ def _rounding(actual: np.ndarray, quantile: np.ndarray, q: float) -> str:
 def _calibrated_pinball(errors: np.ndarray, q: float) -> np.ndarray:
     """Per row of errors (actual - forecast): the pinball loss at ``q`` of the forecast
     shifted by the row's own ``q``-quantile error (what calibration makes of it)."""
-    offsets = np.quantile(errors, q, axis=1)
+    n = errors.shape[1]
+    rank = q * (n - 1)  # numpy's default ("linear") quantile, by one partial sort
+    k = min(int(np.floor(rank)), n - 1)
+    part = np.partition(errors, [k, min(k + 1, n - 1)], axis=1)
+    offsets = part[:, k] + (part[:, min(k + 1, n - 1)] - part[:, k]) * (rank - k)
     d = errors - offsets[:, None]
-    return np.mean(np.maximum(q * d, (q - 1) * d), axis=1)
+    # the pinball loss of d is q * d - min(d, 0)
+    return (q * d.sum(axis=1) - np.minimum(d, 0.0).sum(axis=1)) / n
 
 
 def _shift(values: np.ndarray, lag: int) -> np.ndarray:
@@ -616,6 +705,27 @@ def _slot_ewm(rows: np.ndarray, alpha: float) -> np.ndarray:
                            np.where(seen, row, current))
         out[d] = current
     return out
+
+
+def _trailing_slope(values: np.ndarray, window: int) -> np.ndarray:
+    """The least-squares slope (per step) of the finite values among the last ``window`` up to
+    each position (NaN with fewer than a quarter of them)."""
+    ok = np.isfinite(values)
+    t = np.arange(len(values), dtype=float)
+    y = np.where(ok, values, 0.0)
+    w = ok.astype(float)
+
+    def trailing(x: np.ndarray) -> np.ndarray:
+        c = np.concatenate([[0.0], np.cumsum(x)])
+        start = np.maximum(0, np.arange(1, len(x) + 1) - window)
+        return c[1:] - c[start]
+
+    n, st, sy = trailing(w), trailing(t * w), trailing(y)
+    stt, sty = trailing(t * t * w), trailing(t * y)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        den = n * stt - st * st
+        slope = (n * sty - st * sy) / den
+    return np.where((n >= window / 4) & (den > 0), slope, np.nan)
 
 
 def _lag_one(residual: np.ndarray) -> float:

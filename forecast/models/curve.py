@@ -219,18 +219,26 @@ class CurveForecaster(SeriesForecaster):
             fitted.errors = self._calibration_errors(fitted)
         return fitted
 
-    def points(self, f: _Fitted, origins: np.ndarray, steps: int) -> np.ndarray:
+    def points(self, f: _Fitted, origins: np.ndarray, steps: int, *,
+               past_the_end: bool = False) -> np.ndarray:
         """Point forecasts made at each of ``origins`` (positions in the history; each sees
-        only its past) for the next ``steps`` steps that the history holds (NaN past its end):
-        the curve's rolling-origin replays for ``auto``'s backtest. A replay whose steps all lie
-        in the history is kept in the cache."""
+        only its past) for the next ``steps`` steps that the history holds (NaN past its end;
+        with ``past_the_end``, those too, on the calendar after the history): the curve's
+        rolling-origin replays for ``auto``'s backtest. A replay of all ``steps`` is kept in
+        the cache."""
         values = f.series.values
         n = len(values)
         out = np.full((len(origins), steps), np.nan)
         leads_all = np.arange(1, steps + 1)
+        kinds, slots = f.kinds, f.slots
+        if past_the_end:
+            future = f.series.future_index(f.series.step * steps)
+            _, more_slots, more_kinds = self._calendar(future, f.series.step, f.one_curve)
+            kinds = np.concatenate([kinds, more_kinds])
+            slots = np.concatenate([slots, more_slots])
         profiles: dict[int, np.ndarray] = {}
         for i, cutoff in enumerate(np.asarray(origins).tolist()):
-            m = min(steps, n - 1 - cutoff)
+            m = steps if past_the_end else min(steps, n - 1 - cutoff)
             if m <= 0:
                 continue
             key = ("points", f.key, cutoff, steps)
@@ -242,7 +250,7 @@ class CurveForecaster(SeriesForecaster):
                 profiles[before] = self._profile(f, before)
             profile = profiles[before]
             ahead = slice(cutoff + 1, cutoff + 1 + m)
-            point, _ = self._point(f, profile, cutoff, f.kinds[ahead], f.slots[ahead],
+            point, _ = self._point(f, profile, cutoff, kinds[ahead], slots[ahead],
                                    leads_all[:m])
             out[i, :m] = point
             if self.cache is not None and m == steps:
