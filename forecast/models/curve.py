@@ -264,20 +264,34 @@ class CurveForecaster(SeriesForecaster):
         with ``one_curve`` every day counts as a working day. A regular index's calendar is
         kept for the next call with the same one (``auto`` and its curve read the same
         history's)."""
-        key = (index[0], len(index), index.freq) if index.freq is not None and len(index) else None
-        memo = self._calendar_memo
-        if key is not None and key in memo:
-            wall, slots, kinds = memo[key]
+        if index.freq is None or not len(index):
+            wall, slots, kinds = self._compute_calendar(index, step)
         else:
-            wall = wall_clock(index, self.timezone)
-            slots = ((wall - wall.normalize()) // step).to_numpy().astype(int)
-            kinds = day_types(index, self.timezone, self.calendar)
-            if key is not None:
-                memo.clear()  # the last one only: a refit's history is new each time
-                memo[key] = (wall, slots, kinds)
+            # a regular index is its start, step and length: a shorter one's calendar is a
+            # prefix of a longer one's, so the refits of growing histories (sharing
+            # ``cache``) compute only the steps that are new
+            key = ("calendar", index[0], index.freq, step, self.timezone, self.calendar)
+            memo = self.cache if self.cache is not None else self._calendar_memo
+            kept = memo.get(key)
+            n = len(index)
+            if kept is None or len(kept[1]) < n:
+                done = 0 if kept is None else len(kept[1])
+                more = self._compute_calendar(index[done:], step)
+                kept = more if kept is None else (kept[0].append(more[0]),
+                                                  np.concatenate([kept[1], more[1]]),
+                                                  np.concatenate([kept[2], more[2]]))
+                if self.cache is None:
+                    memo.clear()  # the last history only
+                memo[key] = kept
+            wall, slots, kinds = kept[0][:n], kept[1][:n], kept[2][:n]
         if one_curve:
             kinds = np.full_like(kinds, WORKING_DAY)
         return wall, slots, kinds
+
+    def _compute_calendar(self, index: pd.DatetimeIndex, step: pd.Timedelta):
+        wall = wall_clock(index, self.timezone)
+        slots = ((wall - wall.normalize()) // step).to_numpy().astype(int)
+        return wall, slots, day_types(index, self.timezone, self.calendar)
 
     def _days_before(self, f: _Fitted, cutoff: int) -> int:
         """The days whose curve a forecast made at position ``cutoff`` reads: complete days
