@@ -184,3 +184,17 @@ def test_trailing_slope_is_least_squares_over_the_window_and_skips_missing():
         expected = np.polyfit(window[ok], values[window][ok], 1)[0]
         assert slope[end] == pytest.approx(expected, rel=1e-6)
     assert np.isnan(_trailing_slope(np.full(50, np.nan), 10)).all()
+
+
+def test_calibrated_pinball_is_the_pinball_around_each_rows_own_quantile():
+    from idlegpu.forecast.models.auto import _calibrated_pinball
+
+    rng = np.random.default_rng(5)
+    for n in (1, 2, 9, 10, 1001):
+        errors = rng.normal(size=(4, n))
+        errors[1] = np.round(errors[1] * 2)  # ties
+        errors[2] = 0.0
+        offsets = np.quantile(errors, Q, axis=1)
+        d = errors - offsets[:, None]
+        expected = np.mean(np.maximum(Q * d, (Q - 1) * d), axis=1)
+        assert _calibrated_pinball(errors, Q) == pytest.approx(expected, abs=1e-12)

@@ -32,7 +32,8 @@ The backtest replays every candidate at origins every ``origin_hours`` over the 
 ``backtest_days`` (each replay sees only its past) for up to ``backtest_hours`` ahead (every
 step of the first hour, then every ``lead_minutes``), and picks, per lead block, the one with
 the lowest pinball loss at ``select_quantile`` after calibration (of its errors around their own
-quantile). The chosen forecast's replay errors then calibrate it (split-conformal per lead
+quantile), scored on every lead of the first hour and one every ``score_minutes`` after it
+(neighbouring leads rank the candidates alike; the calibration reads them all). The chosen forecast's replay errors then calibrate it (split-conformal per lead
 block, hour of day and working/off day, read at a level the replays' recent misses adapt:
 ``curve.adapted_levels``); an integer series' quantiles are rounded down, to the nearest or up,
 whichever the replays lose least with. A holiday on a weekday takes the curve's forecast (only
@@ -143,6 +144,7 @@ class AutoForecaster(SeriesForecaster):
         origin_hours: float = 2.0,
         backtest_hours: float = 48.0,
         lead_minutes: float = 15.0,
+        score_minutes: float = 60.0,
         select_quantile: float = 0.9,
         aci_gamma: float | None = 0.02,
         aci_days: int = 7,
@@ -160,6 +162,7 @@ class AutoForecaster(SeriesForecaster):
         self.origin_hours = origin_hours
         self.backtest_hours = backtest_hours
         self.lead_minutes = lead_minutes
+        self.score_minutes = score_minutes
         self.select_quantile = select_quantile
         self.aci_gamma = aci_gamma
         self.aci_days = aci_days
@@ -403,22 +406,27 @@ class AutoForecaster(SeriesForecaster):
         target_idx = np.where(inside, target_idx, n - 1)
         actual = np.where(inside, values[target_idx], np.nan)
         forecasts = self._replays(s, origins, leads, steps)
-        errors = actual[None] - forecasts  # candidates x origins x leads
-        ok = np.isfinite(errors).all(axis=0)
         blocks = np.digitize(leads * step_h, LEAD_EDGES_H)
-        chosen = np.full(errors.shape[1:], np.nan)
+        # the choice is scored on fewer leads than the calibration reads (neighbouring leads
+        # rank candidates alike; the quantiles need every error); in single precision: the
+        # scores rank candidates, and half the bytes to sort
+        scored = np.flatnonzero(_scored_leads(leads, step_h, self.score_minutes))
+        errors = (actual[:, scored][None] - forecasts[:, :, scored]).astype(np.float32)
+        ok = np.isfinite(errors).all(axis=0)
+        scored_blocks = blocks[scored]
+        chosen = np.full(actual.shape, np.nan)
         q = self.select_quantile
         naive = [s.names.index(c) for c in NAIVE if c in s.names]
         for block in range(len(s.choices)):
             lead_at = np.flatnonzero(blocks == block)  # the block's leads: one run of them
-            if len(lead_at) == 0:
+            picked = np.flatnonzero(scored_blocks == block)
+            if len(lead_at) == 0 or len(picked) == 0:
                 continue
-            span = slice(int(lead_at[0]), int(lead_at[-1]) + 1)
+            span = slice(int(picked[0]), int(picked[-1]) + 1)
             cells = ok[:, span]
             if not cells.any():
                 continue
-            block_errors = errors[:, :, span]
-            e = block_errors[:, cells]  # candidates x cells
+            e = errors[:, :, span][:, cells]  # candidates x cells
             scores = _calibrated_pinball(e, q)
             order = np.argsort(scores, kind="stable")
             options = ([_Choice(s.names[i], (int(i),), float(scores[i]), 0.0) for i in order]
@@ -433,7 +441,9 @@ class AutoForecaster(SeriesForecaster):
             best = min(options, key=lambda c: c.score)
             best.naive = float(min(scores[i] for i in naive)) if naive else float("nan")
             s.choices[block] = best
-            chosen[:, span] = block_errors[list(best.parts)].mean(axis=0)
+            dense = slice(int(lead_at[0]), int(lead_at[-1]) + 1)
+            chosen[:, dense] = (actual[:, dense]
+                                - forecasts[list(best.parts)][:, :, dense].mean(axis=0))
         # the chosen forecast's errors calibrate it: by lead block, hour of day, off day
         fine = np.isfinite(chosen)
         at = target_idx[fine]
@@ -606,6 +616,14 @@ def _backtest_leads(steps: int, step_h: float, minutes: float) -> np.ndarray:
                                      np.arange(hour + every, steps + 1, every)]))
 
 
+def _scored_leads(leads: np.ndarray, step_h: float, minutes: float) -> np.ndarray:
+    """Which backtest leads score the choice: every one of the first hour, then one every
+    ``minutes``."""
+    lead_minutes = np.round(leads * step_h * 60).astype(np.int64)
+    every = max(1, round(minutes))
+    return (lead_minutes <= 60) | (lead_minutes % every == 0)
+
+
 def _skill(choice: _Choice) -> float:
     return 1.0 - choice.score / choice.naive if choice.naive > 0 else 0.0
 
@@ -628,13 +646,18 @@ def _calibrated_pinball(errors: np.ndarray, q: float) -> np.ndarray:
     """Per row of errors (actual - forecast): the pinball loss at ``q`` of the forecast
     shifted by the row's own ``q``-quantile error (what calibration makes of it)."""
     n = errors.shape[1]
-    rank = q * (n - 1)  # numpy's default ("linear") quantile, by one partial sort
+    rank = q * (n - 1)  # numpy's default ("linear") quantile, from one partial sort
     k = min(int(np.floor(rank)), n - 1)
-    part = np.partition(errors, [k, min(k + 1, n - 1)], axis=1)
-    offsets = part[:, k] + (part[:, min(k + 1, n - 1)] - part[:, k]) * (rank - k)
-    d = errors - offsets[:, None]
-    # the pinball loss of d is q * d - min(d, 0)
-    return (q * d.sum(axis=1) - np.minimum(d, 0.0).sum(axis=1)) / n
+    part = np.partition(errors, k, axis=1)
+    below = part[:, : k + 1]  # every error at most the k-th, the rest at least it
+    low = part[:, k]
+    high = part[:, k + 1 :].min(axis=1) if k + 1 < n else low
+    offsets = low + (high - low) * (rank - k)
+    # the pinball loss of d = e - offset is q * d - min(d, 0), and the errors under the
+    # offset are exactly the first k + 1 of the partition
+    total = part.sum(axis=1, dtype=np.float64) - n * offsets
+    under = below.sum(axis=1, dtype=np.float64) - (k + 1) * offsets
+    return (q * total - under) / n
 
 
 def _shift(values: np.ndarray, lag: int) -> np.ndarray:
