@@ -341,10 +341,12 @@ class AutoForecaster(SeriesForecaster):
         slope = _trailing_slope(level_series.to_numpy(), THETA_DRIFT_DAYS * S)
         if "theta_drift" not in s.phis:
             later = level_series.to_numpy()[S:]
-            misses = [np.nanmean(np.abs(later - level[:-S] - weight * slope[:-S] * S))
-                      if len(later) else np.nan for weight in THETA_DRIFT_WEIGHTS]
-            finite = [m if np.isfinite(m) else np.inf for m in misses]
-            s.phis["theta_drift"] = THETA_DRIFT_WEIGHTS[int(np.argmin(finite))]
+            misses = [np.abs(later - level[:-S] - weight * slope[:-S] * S)
+                      for weight in THETA_DRIFT_WEIGHTS]
+            # too short a history to tell (no day-ahead error yet): the level alone
+            means = [float(np.mean(m[np.isfinite(m)])) if np.isfinite(m).any() else np.inf
+                     for m in misses]
+            s.phis["theta_drift"] = THETA_DRIFT_WEIGHTS[int(np.argmin(means))]
         at = origins - lo
         drift = np.nan_to_num(slope[at])[:, None] * s.phis["theta_drift"] * gap
         out = self._read(s, shape_kind, k_day, safe) + np.nan_to_num(level[at])[:, None] + drift
