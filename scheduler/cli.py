@@ -753,7 +753,7 @@ def simulate(
     from idlegpu.forecast.sources import read_history
     from idlegpu.forecast.tables import write_csv
     from idlegpu.scheduler.reports import useful
-    from idlegpu.scheduler.simulate import PLACEMENTS, POLICIES, trace_jobs
+    from idlegpu.scheduler.simulate import PLACEMENTS, POLICIES, lost_work, trace_jobs
     from idlegpu.scheduler.simulate import simulate as run_policy
     from idlegpu.scheduler.specs import load_trace
 
@@ -778,7 +778,7 @@ def simulate(
     end = last if days is None else min(last, start + pd.Timedelta(days=days))
     if end <= start:
         raise typer.BadParameter("nothing to simulate: the history ends before the trace starts")
-    rows, cumulative = {}, {}
+    rows, cumulative, losses = {}, {}, []
     out.mkdir(parents=True, exist_ok=True)
     with Progress(console=err_console, transient=True) as progress:
         for name in names:
@@ -798,6 +798,7 @@ def simulate(
             rows[name] = result.metrics
             write_csv(result.runs, out / f"runs_{name}.csv", tz=settings.pool.timezone,
                       decimals=None)  # read back by `idlegpu report`: every digit
+            losses.append(lost_work(result.runs, settings.pool.timezone).assign(policy=name))
             kept = useful(result.runs)
             ends = pd.to_datetime(result.runs["end"], utc=True).dt.tz_convert(
                 settings.pool.timezone).dt.tz_localize(None)
@@ -820,7 +821,18 @@ def simulate(
     for col in table.columns:
         view.add_row(col, *[f"{v:,.3g}" if abs(v) < 100 else f"{v:,.0f}" for v in table[col]])
     console.print(view)
-    console.print(f"tables: {out / 'policies.csv'}, runs_<policy>.csv; chart: {chart}")
+    lost = pd.concat(losses, ignore_index=True)
+    lost = lost[["policy", *[c for c in lost.columns if c != "policy"]]]
+    write_csv(lost, out / "lost.csv")
+    for name in names:
+        causes = lost[(lost["policy"] == name) & (lost["by"] == "cause")]
+        if len(causes):
+            console.print(f"{name} lost " + ", ".join(
+                f"{r.lost_gpu_hours:,.0f} GPU-h to {r.value} ({r.stops} stops)"
+                for r in causes.sort_values("lost_gpu_hours", ascending=False).itertuples()),
+                highlight=False, markup=False)
+    console.print(f"tables: {out / 'policies.csv'}, runs_<policy>.csv, lost.csv (lost work by "
+                  f"cause, overrun, checkpointing and admission hour); chart: {chart}")
 
 
 def _planning_estimate(settings, runs: Path | None = None):

@@ -147,15 +147,15 @@ def decide(
 
     # --- 2. preemption -------------------------------------------------------------------
     by_id = sorted(running, key=lambda j: j.id)
-    victims: dict[str, tuple[str, bool]] = {}  # id -> (reason, planned)
+    victims: dict[str, tuple[str, bool, str]] = {}  # id -> (reason, planned, cause)
     shrinks: dict[str, int] = {}  # id -> GPUs it keeps (victims that shrink, not stop)
     fallback: dict[str, str] = {}  # id -> the reason of a whole stop, should a shrink not fit
     if give_up and running:
         what = "never read" if missing_for is None else f"missing for {missing_for / 60:.0f} min"
         for job in by_id:
             victims[job.id] = (
-                f"live signals {what}: stopping every job to keep the service safe", False
-            )
+                f"live signals {what}: stopping every job to keep the service safe", False,
+                "signals")
     else:
         for job in by_id:
             if job.stop_by is not None and job.stop_by <= now + timedelta(seconds=settings.grace_s):
@@ -165,10 +165,11 @@ def decide(
                     shrinks[job.id] = keep
                     text = (f"shrink {job.id} from {job.gpus} to {keep} GPUs: its window closes "
                             f"for {job.gpus}, {keep} stay free; checkpoint and restart as planned")
-                    victims[job.id] = (text, True)
+                    victims[job.id] = (text, True, "window")
                     fallback[job.id] = "its window closes: checkpoint and stop as planned"
                 else:
-                    victims[job.id] = ("its window closes: checkpoint and stop as planned", True)
+                    victims[job.id] = ("its window closes: checkpoint and stop as planned", True,
+                                       "window")
         stopping = sum(j.gpus - shrinks.get(j.id, 0) for j in running if j.id in victims)
         # within the grace period nobody is trusted to finish on time: a job may overrun its
         # estimate, and stopping it later would make the service wait (unless the runtimes
@@ -211,10 +212,11 @@ def decide(
                             + _cheaper_than(job, whole, now))
                 else:
                     text = reason
-                victims[job.id] = (text, live_need == 0)
+                victims[job.id] = (text, live_need == 0,
+                                   "forecast" if live_need == 0 else "live")
     for job in by_id:
         if job.id in victims:
-            reason, planned = victims[job.id]
+            reason, planned, cause = victims[job.id]
             # a checkpointing job gives its GPUs back once the grace period has passed; one
             # that cannot checkpoint has nothing to save and is stopped at once
             release = min(n_steps, i0 + (grace_steps if job.checkpointable else 1))
@@ -224,7 +226,7 @@ def decide(
                                               release, n_steps, settings)
                 if fits:
                     decisions.append(Decision(Action.SHRINK, job.id, keep, reason,
-                                              stop_by=stop_by, planned=planned))
+                                              stop_by=stop_by, planned=planned, cause=cause))
                     # it holds every GPU through the grace period, then `keep` until it ends
                     # (its work left takes longer on fewer GPUs) or its new window closes
                     end = stop_by or now + timedelta(
@@ -235,7 +237,8 @@ def decide(
                     continue
                 # no worthwhile time on fewer GPUs: stopped whole after all
                 reason = fallback.get(job.id, reason)
-            decisions.append(Decision(Action.PREEMPT, job.id, job.gpus, reason, planned=planned))
+            decisions.append(Decision(Action.PREEMPT, job.id, job.gpus, reason, planned=planned,
+                                      cause=cause))
             used[release : ends[job.id]] -= job.gpus
 
     # --- 3. admission gates --------------------------------------------------------------

@@ -87,6 +87,16 @@ from idlegpu.scheduler.types import (
 POLICIES = ("night", "reactive", "forecast", "oracle")
 POOL = "pool"
 PLACEMENTS = (POOL, *STRATEGIES)
+EVICTION = "eviction"  # a stop's cause: the service took GPUs that jobs held
+CAUSE_NAMES = {
+    "window": "planned stop: window closed",
+    # the free-GPU profile falls short within the grace period: the forecast's for the
+    # forecast policy, the GPUs free now for reactive and night
+    "forecast": "planned stop: profile falls short",
+    "live": "backstop preemption",
+    "signals": "live signals missing",
+    EVICTION: "scheduler eviction",
+}
 
 
 @dataclass(frozen=True)
@@ -162,7 +172,8 @@ class SimResult:
 class _Run:
     rows: list[dict] = field(default_factory=list)
 
-    def close(self, job: _Job, end: datetime, outcome: str, lost_s: float) -> None:
+    def close(self, job: _Job, end: datetime, outcome: str, lost_s: float, *,
+              cause: str = "", overran: bool = False) -> None:
         start = job.started_at
         assert start is not None
         hours = (end - start).total_seconds() / 3600
@@ -172,6 +183,10 @@ class _Run:
                 "gpus": job.gpus, "start": start, "end": end, "outcome": outcome,
                 "gpu_hours": job.gpus * hours,
                 "lost_gpu_hours": job.spec.gpus * lost_s / 3600,  # full-size work seconds
+                # a stop's cause (STOP_CAUSES, or "eviction": the service took the GPUs),
+                # whether the unit had run past its planned runtime, and whether it saves
+                "cause": cause, "overran": overran,
+                "checkpointable": job.spec.checkpointable,
                 # on nodes: where its pods ran (NodeView.of_shapes names)
                 **({"nodes": ",".join(f"node-{i}" for i in sorted(job.where))}
                    if job.where else {}),
@@ -330,13 +345,13 @@ def simulate(
             if short > 0:
                 delay_gpu_min += short * step_s / 60
                 for victim in _evict(live, short - releasing):
-                    _stop(victim, now, grace, planned=False, runs=runs)
+                    _stop(victim, now, grace, planned=False, runs=runs, cause=EVICTION)
                     releasing += victim.gpus  # on their way back: not short any more
             idle = total - service - held
         else:
             # the replicas land where jobs are not, or evict the jobs of one node and wait
             for victim in cluster.scale(k * step_s, pool.replicas[k], live):
-                _stop(victim, now, grace, planned=False, runs=runs)
+                _stop(victim, now, grace, planned=False, runs=runs, cause=EVICTION)
             waiting = float(cluster.placement.nominated.sum())
             delay_gpu_min += waiting * step_s / 60
             unplaced_gpu_min += cluster.placement.unplaced_gpus * step_s / 60
@@ -396,10 +411,11 @@ def simulate(
             job = state[d.job_id]
             if d.action is Action.PREEMPT:
                 planned_stops += d.planned
-                _stop(job, now, grace, planned=d.planned, runs=runs)
+                _stop(job, now, grace, planned=d.planned, runs=runs, cause=d.cause)
             elif d.action is Action.SHRINK:
                 shrinks += 1
-                _stop(job, now, grace, planned=d.planned, runs=runs, shrink_to=d.gpus)
+                _stop(job, now, grace, planned=d.planned, runs=runs, shrink_to=d.gpus,
+                      cause=d.cause)
                 job.resume_stop_by = d.stop_by
             elif d.action is Action.ADMIT:
                 if cluster is not None:
@@ -421,6 +437,7 @@ def simulate(
             runs.close(job, end_time, "running", 0.0)
     frame = pd.DataFrame(runs.rows, columns=["job_id", "team", "kind", "gpus", "start", "end",
                                              "outcome", "gpu_hours", "lost_gpu_hours",
+                                             "cause", "overran", "checkpointable",
                                              *(["nodes"] if cluster is not None else [])])
     # one definition of each figure, the report's, from the run table the report reads
     # (idlegpu.scheduler.reports.useful): a report on runs_<policy>.csv gives the same numbers
@@ -550,10 +567,11 @@ class _Nodes:
 
 
 def _stop(job: _Job, now: datetime, grace: timedelta, *, planned: bool, runs: _Run,
-          shrink_to: int | None = None) -> None:
+          cause: str, shrink_to: int | None = None) -> None:
     """Start the grace period of a running job; planned stops checkpoint, others lose work.
     ``shrink_to``: a shrink, not a stop: after its grace period the job runs on with these
-    GPUs (not a preemption either way)."""
+    GPUs (not a preemption either way). ``cause``: what stopped it (the run table's)."""
+    overran = job.saved_s + job.progress_s > job.spec.estimate_s > 0
     if planned and job.spec.checkpointable:
         job.saved_s += job.progress_s
         lost = 0.0
@@ -569,7 +587,7 @@ def _stop(job: _Job, now: datetime, grace: timedelta, *, planned: bool, runs: _R
     job.stop_by = None
     job.resume_gpus = shrink_to
     outcome = "stopped" if planned or shrink_to is not None else "preempted"
-    runs.close(job, job.releasing_until, outcome, lost)
+    runs.close(job, job.releasing_until, outcome, lost, cause=cause, overran=overran)
 
 
 def _evict(jobs, need: float) -> list[_Job]:
@@ -713,6 +731,35 @@ def forecast_profiles_for(
     return profiles
 
 
+def lost_work(runs: pd.DataFrame, timezone: str) -> pd.DataFrame:
+    """Where a policy lost its work: the lost GPU-hours and the stops that lost any, by cause
+    (``CAUSE_NAMES``), by whether the unit had run past its planned runtime (``overran``), by
+    whether it checkpoints, and by the local hour its attempt was admitted. One row per
+    (``by``, ``value``), with ``share`` of all the lost GPU-hours."""
+    columns = ["by", "value", "stops", "lost_gpu_hours", "share"]
+    if runs.empty:
+        return pd.DataFrame(columns=columns)
+    lost = runs[runs["lost_gpu_hours"] > 0]
+    total = float(lost["lost_gpu_hours"].sum())
+    hour = pd.to_datetime(lost["start"], utc=True).dt.tz_convert(timezone).dt.hour
+    views = {
+        "cause": lost["cause"].map(lambda c: CAUSE_NAMES.get(c, c or "other")),
+        "overran": lost["overran"].map({True: "past its planned runtime",
+                                        False: "within its planned runtime"}),
+        "checkpointable": lost["checkpointable"].map({True: "checkpointable",
+                                                      False: "not checkpointable"}),
+        "admission_hour": hour.map(lambda h: f"{h:02d}:00"),
+    }
+    rows = []
+    for by, keys in views.items():
+        grouped = lost.groupby(keys.to_numpy())["lost_gpu_hours"].agg(["count", "sum"])
+        for value, row in grouped.sort_index().iterrows():
+            rows.append({"by": by, "value": value, "stops": int(row["count"]),
+                         "lost_gpu_hours": float(row["sum"]),
+                         "share": float(row["sum"]) / total if total else float("nan")})
+    return pd.DataFrame(rows, columns=columns)
+
+
 def trace_jobs(entries, estimate: Callable[[object], float]) -> list[SimJob]:
     """Simulation jobs from a job trace (``specs.TraceEntry``): one per unit, ids
     ``<entry>-<name>-<step>-<member>``, ``estimate(unit)`` the seconds the admitter plans with."""
@@ -742,4 +789,5 @@ def trace_jobs(entries, estimate: Callable[[object], float]) -> list[SimJob]:
     return jobs
 
 
-__all__ = ["PLACEMENTS", "POLICIES", "SimJob", "SimResult", "forecast_profiles_for", "simulate", "trace_jobs"]
+__all__ = ["CAUSE_NAMES", "PLACEMENTS", "POLICIES", "SimJob", "SimResult", "forecast_profiles_for",
+           "lost_work", "simulate", "trace_jobs"]

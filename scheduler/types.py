@@ -289,6 +289,9 @@ class PolicySettings:
     to stay there a while, and starting jobs into it would only have them evicted."""
 
 
+STOP_CAUSES = ("window", "forecast", "live", "signals")
+
+
 @dataclass(frozen=True)
 class Decision:
     action: Action
@@ -313,6 +316,11 @@ class Decision:
     nodes: tuple[str, ...] = ()
     """For admissions with a node view: every node counted on, one per pod, in pod order (a
     one-pod unit: ``(node,)``); a multi-node unit's pods are pinned to exactly these."""
+    cause: str = ""
+    """For preemptions and shrinks, what made it (``STOP_CAUSES``): ``window`` (its window
+    closes), ``forecast`` (the forecast needs its GPUs within the grace period), ``live``
+    (the live signals say the service needs them now: the backstop) or ``signals`` (the live
+    signals are missing too long)."""
 
 
 @dataclass(frozen=True)

@@ -382,3 +382,26 @@ def test_a_closing_window_and_a_ramp_together_stop_enough():
                run("a", gpus=8), run("b", gpus=8)]
     result = plan(profile([8] * 60), running=running)
     assert len(result.of(Action.PREEMPT)) == 2 and "seg" in actions(result)
+
+
+def test_every_stop_names_its_cause():
+    """What made each stop, for the simulator's lost-work breakdown: the window, the profile,
+    the live backstop or missing signals (``STOP_CAUSES``), agreeing with ``planned``."""
+    from idlegpu.scheduler.types import STOP_CAUSES
+
+    window = plan(flat(32, 6), running=[run("seg", stop_by=T0 + timedelta(minutes=5))])
+    ramp = plan(profile([24] * 1 + [8] * 50), running=[run("a"), run("b", gpus=16)])
+    live = plan(flat(32, 6), running=[run("r")],
+                signals=ServingSignals(observed_at=T0, gpus_short=8))
+    gone = plan(flat(32, 6), running=[run("r")],
+                signals=ServingSignals(observed_at=T0 - timedelta(minutes=30)))
+    seen = {}
+    for name, result in (("window", window), ("forecast", ramp), ("live", live),
+                         ("signals", gone)):
+        (d,) = result.of(Action.PREEMPT)
+        seen[name] = (d.cause, d.planned)
+    assert seen == {"window": ("window", True), "forecast": ("forecast", True),
+                    "live": ("live", False), "signals": ("signals", False)}
+    assert set(STOP_CAUSES) == {cause for cause, _ in seen.values()}
+    admitted = plan(flat(32, 6), [job("j")]).decisions[0]
+    assert admitted.action is Action.ADMIT and admitted.cause == ""

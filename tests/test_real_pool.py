@@ -178,3 +178,19 @@ def test_simulate_the_servegen_pool_from_three_days_of_history(tmp_path):
     for policy in ("reactive", "forecast"):
         assert metrics[policy]["useful_gpu_hours"] > 100
         assert metrics[policy]["unobserved_hours"] > 0  # the collection gap of 2025-01-09
+    # where the work was lost: every view adds up to the policy's lost GPU-hours
+    lost = pd.read_csv(out / "lost.csv")
+    from idlegpu.scheduler.simulate import CAUSE_NAMES
+
+    assert set(lost["by"]) <= {"cause", "overran", "checkpointable", "admission_hour"}
+    assert set(lost.loc[lost["by"] == "cause", "value"]) <= set(CAUSE_NAMES.values())
+    for policy in ("reactive", "forecast"):
+        mine = lost[lost["policy"] == policy]
+        assert len(mine), f"{policy} lost nothing on 4 days of this pool?"
+        for by, part in mine.groupby("by"):
+            assert part["lost_gpu_hours"].sum() == pytest.approx(
+                metrics[policy]["lost_gpu_hours"], rel=1e-3), by
+            assert part["share"].sum() == pytest.approx(1.0)
+        runs = pd.read_csv(out / f"runs_{policy}.csv")
+        stopped = runs[runs["outcome"].isin(["stopped", "preempted"])]
+        assert (stopped["cause"].fillna("") != "").all()  # every stop names its cause
