@@ -192,11 +192,6 @@ def decide(
             # a job that ends before the GPUs are needed frees nothing by being stopped
             first = int(np.flatnonzero(short > 0)[0])
             spared = {j.id: "" for j in running if ends[j.id] - i0 <= first}
-        if live_need == 0:
-            # a unit that cannot checkpoint loses all it has done when stopped, whenever that
-            # is: a forecast alone does not stop it; it runs on, may finish first, and the
-            # live backstop stops it at once (no grace period) if the service does need it
-            spared.update({j.id: "" for j in running if not j.checkpointable})
         if need > 0:
             reason = live_reason or (
                 f"the forecast needs {math.ceil(deficit)} of their GPUs for the service within "

@@ -405,19 +405,3 @@ def test_every_stop_names_its_cause():
     assert set(STOP_CAUSES) == {cause for cause, _ in seen.values()}
     admitted = plan(flat(32, 6), [job("j")]).decisions[0]
     assert admitted.action is Action.ADMIT and admitted.cause == ""
-
-
-def test_a_unit_that_cannot_checkpoint_is_not_stopped_for_a_forecast_only_for_a_live_need():
-    """It loses all it has done whenever it is stopped: a forecast ramp leaves it running
-    (it may finish first), a checkpointable unit covers what it can, and the live backstop
-    stops it once the service does need its GPUs."""
-    ramp = profile([24] * 1 + [8] * 50)  # 16 GPUs needed back within the grace period
-    alone = plan(ramp, running=[run("eval", gpus=16, ckpt=False)])
-    assert actions(alone) == {}
-    both = plan(ramp, running=[run("eval", gpus=16, ckpt=False), run("sft", gpus=8)])
-    assert actions(both) == {"sft": Action.PREEMPT}  # all a forecast may stop
-    assert both.decisions[0].cause == "forecast" and both.decisions[0].planned
-    live = plan(ramp, running=[run("eval", gpus=16, ckpt=False)],
-                signals=ServingSignals(observed_at=T0, gpus_short=16))
-    assert actions(live) == {"eval": Action.PREEMPT}
-    assert live.decisions[0].cause == "live" and not live.decisions[0].planned
