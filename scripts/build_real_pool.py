@@ -125,11 +125,6 @@ SERVEGEN_POOL = PoolSpec(
     partial_after_gap=True,
 )
 POOLS = {"real": REAL_POOL, "servegen": SERVEGEN_POOL}
-# the real-traffic pool's names, as its bench and tests know them
-POOL = REAL_POOL.directory
-SERVICES = REAL_POOL.services
-FIRST, END = REAL_POOL.first, REAL_POOL.end
-TRACE_FROM, TRACE_TO, TRACE_DAYS = SAMPLE_FROM, REAL_POOL.trace_to, REAL_POOL.trace_days
 
 
 def trace_rates(spec: PoolSpec = REAL_POOL) -> dict[str, pd.Series]:

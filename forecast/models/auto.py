@@ -194,21 +194,6 @@ class AutoForecaster(SeriesForecaster):
         if key in s.lines and s.lines[key][0] <= s.first_row:
             return s.lines[key][1]
         S = s.steps_per_day
-        if kind.startswith("centred_"):
-            # the median's line less each day's mean of it: a shape without a level
-            start = max(0, s.first_row - LOOKBACK_DAYS[kind](k))
-            flat = s.flat[start * S :]
-            if kind == "centred_log_median_7d":
-                flat = np.log1p(np.maximum(flat, 0.0))
-            # less the trailing day's mean first: a trend within a day is not the daily cycle
-            detrended = flat - _trailing_nanmean(flat, S)
-            days = _rolling_median(detrended.reshape(-1, S), lag=k, count=7, stride=1)
-            with np.errstate(invalid="ignore"), warnings.catch_warnings():
-                warnings.simplefilter("ignore", RuntimeWarning)  # a day with no value yet
-                centred = days - np.nanmean(days, axis=1, keepdims=True)
-            s.lines[key] = (s.first_row, np.concatenate(
-                [np.full(start * S, np.nan), centred.reshape(-1), [np.nan]]))
-            return s.lines[key][1]
         # from the days the candidates are read at, back as far as a line looks (and the
         # smoothed mean's warm-up): older days change nothing
         start = max(0, s.first_row - LOOKBACK_DAYS[kind](k))
@@ -230,6 +215,9 @@ class AutoForecaster(SeriesForecaster):
         elif kind == "log_median_7d":
             line = _rolling_median(np.log1p(np.maximum(rows, 0.0)), lag=k, count=7,
                                    stride=1).reshape(-1)
+        elif kind in ("centred_median_7d", "centred_log_median_7d"):
+            line = _centred_median(flat if kind == "centred_median_7d"
+                                   else np.log1p(np.maximum(flat, 0.0)), S, k)
         else:
             raise KeyError(kind)
         s.lines[key] = (s.first_row, np.concatenate([np.full(start * S, np.nan), line, [np.nan]]))
@@ -685,6 +673,17 @@ def _rolling_median(rows: np.ndarray, *, lag: int, count: int, stride: int) -> n
     a = np.take_along_axis(ordered, lo[None], axis=0)[0]
     b = np.take_along_axis(ordered, hi[None], axis=0)[0]
     return np.where(finite > 0, (a + b) / 2, np.nan)
+
+
+def _centred_median(flat: np.ndarray, steps_per_day: int, lag: int) -> np.ndarray:
+    """``theta_7d``'s shape: the 7-day slot median (``lag`` days back) of the series less its
+    trailing day's mean (a trend within a day is not the daily cycle), less each day's mean of
+    it (a shape without a level)."""
+    detrended = flat - _trailing_nanmean(flat, steps_per_day)
+    days = _rolling_median(detrended.reshape(-1, steps_per_day), lag=lag, count=7, stride=1)
+    with np.errstate(invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a day with no value yet
+        return (days - np.nanmean(days, axis=1, keepdims=True)).reshape(-1)
 
 
 def _half_width(steps_per_day: int) -> int:
