@@ -727,7 +727,7 @@ def simulate(
     runs: Annotated[Optional[Path], typer.Option(
         help="Past runs for runtime estimates, e.g. data/sample/runs.csv.")] = None,
     policies: Annotated[str, typer.Option(help="Comma-separated policies.")] = (
-        "night,reactive,forecast,oracle"
+        "night,reactive,forecast,oracle,clairvoyant"
     ),
     days: Annotated[
         Optional[int], typer.Option(help="Simulate only this many days from the start.")
@@ -744,7 +744,8 @@ def simulate(
         "(default) or MostAllocated scoring would, jobs only where a node has room.")] = "pool",
 ) -> None:
     """Replay the pool history and a job trace through the admission policy, for each of
-    night (fixed 20:00-08:00), reactive, forecast (ours) and oracle (actual future)."""
+    night (fixed 20:00-08:00), reactive, forecast (ours), oracle (ours on the actual future) and
+    clairvoyant (the reference: the actual future, and every unit stops without loss)."""
     import pandas as pd
     from rich.progress import Progress
     from rich.table import Table

@@ -8,7 +8,10 @@
 2. **Proactive preemption.** Running jobs are checked against the forecast over the next grace
    period: where the free-GPU profile falls below what they hold, enough of them are told to
    checkpoint and stop now, so the GPUs are back before the service ramps up. Jobs whose planned
-   window has ended are stopped too.
+   window has ended are stopped too. A job that cannot checkpoint loses all it has done
+   whenever it stops, so it is stopped only for what the service needs now (the profile's
+   present step, which the live pool sets) or for a live need, never for a shortfall the
+   forecast only expects: it may finish first, and it gives its GPUs back within a step.
 3. **Victims** lose the least: lowest priority first, then the least unsaved work plus a
    restart cost per GPU (GPU-seconds since the last checkpoint, plus ``restart_cost_s`` per
    GPU), then the fewest victims; and no more victims than the need requires. An elastic job
@@ -108,12 +111,19 @@ def decide(
         last = min(n_steps, max(i0 + 1, math.ceil((end - profile.start).total_seconds() / step)))
         ends[job.id] = last
         used[i0:last] += job.gpus
-    free = np.asarray(profile.free, dtype=float)
+    forecast = np.asarray(profile.free, dtype=float)
+    free = forecast
     if settings.pool_gpus and signals.service_gpus is not None and signals.age_s(now) is not None:
         # free for jobs now, held by them or not (a job stopping still gives its GPUs back)
         live_free = settings.pool_gpus - settings.headroom_gpus - signals.service_gpus
         free = nowcast(free, i0, live_free, step, settings.nowcast_half_life_s)
+    # a unit that cannot checkpoint stakes all its work on its window: the live correction
+    # may warn it off the hours ahead (a pool busier than forecast), never lure it into them
+    # (a quieter one: the quiet is what the forecast doubts, and it would lose everything)
+    whole_free = free if free is forecast else np.concatenate(
+        [free[: i0 + 1], np.minimum(free[i0 + 1 :], forecast[i0 + 1 :])])
     free = np.concatenate([free, [0.0]])  # beyond the forecast nothing is promised
+    whole_free = np.concatenate([whole_free, [0.0]])
     # a hole (NaN: no replica history behind that stretch of the forecast) is a blind
     # stretch: nothing is admitted into it, and nothing is stopped for it (it is no demand)
     hole = np.isnan(free)
@@ -199,7 +209,8 @@ def decide(
             )
             exclude = {**victims, **spared}
             whole: list[RunningJob] = []
-            cover = _cover(running, need, now, exclude, restart_cost_s=settings.restart_cost_s)
+            cover = _cover_sparing_whole_units(running, need, 0.0 if blind else short[0],
+                                               live_need, now, exclude, settings.restart_cost_s)
             if any(keep for _, keep in cover):
                 # say what the shrink saves: the cover of whole stops it beats
                 whole = _victims(running, need, now, exclude,
@@ -270,13 +281,15 @@ def decide(
 
     # --- 4. admission with one reservation (EASY backfilling) ----------------------------
     values = free[:n_steps] - used[:n_steps]
-    if signals.idle_gpus is not None:
-        idle_now = max(0.0, signals.idle_gpus - settings.headroom_gpus)
-        cap_end = min(n_steps, i0 + _steps(settings.live_cap_s, step))
-        values[i0:cap_end] = np.minimum(values[i0:cap_end], idle_now)
-    if holes:
-        values[hole[:n_steps]] = 0.0  # no admission into a hole, nor a reservation across it
-    avail = _Availability(values, i0)
+    whole_values = values if whole_free is free else whole_free[:n_steps] - used[:n_steps]
+    for view in {id(values): values, id(whole_values): whole_values}.values():
+        if signals.idle_gpus is not None:
+            idle_now = max(0.0, signals.idle_gpus - settings.headroom_gpus)
+            cap_end = min(n_steps, i0 + _steps(settings.live_cap_s, step))
+            view[i0:cap_end] = np.minimum(view[i0:cap_end], idle_now)
+        if holes:
+            view[hole[:n_steps]] = 0.0  # no admission into a hole, nor a reservation across it
+    avail = _Availability(values, i0, whole=whole_values)
     room = None if nodes is None else _NodeRoom(nodes)
     reserved = False
     attempts = 0  # reservation attempts; bounded so a long queue stays cheap
@@ -444,6 +457,30 @@ def _cover(
     return sorted(chosen, key=lambda c: c[0].id)
 
 
+def _cover_sparing_whole_units(
+    running: Sequence[RunningJob], need: int, short_now: float, live_need: int,
+    now: datetime, exclude: Mapping[str, object], restart_cost_s: float,
+) -> list[tuple[RunningJob, int]]:
+    """``_cover`` of ``need`` GPUs, where a unit that cannot checkpoint is stopped only for
+    a live need or for the GPUs the service needs now (``short_now``: what the jobs hold
+    beyond the profile's present step, which the live pool sets; 0 with no live signals,
+    whose absence stops everything on its own clock): it loses all it has done whenever it
+    stops, so a shortfall the forecast only expects does not stop it. It runs on, may finish
+    first, and if the service does come for its GPUs it is stopped then, at once (it has
+    nothing to save, so its GPUs come back within a step)."""
+    if live_need > 0:
+        return _cover(running, need, now, exclude, restart_cost_s=restart_cost_s)
+    need_now = min(need, max(0, math.ceil(short_now)))
+    cover = _cover(running, need_now, now, exclude, restart_cost_s=restart_cost_s)
+    rest = need - sum(job.gpus - keep for job, keep in cover)
+    if rest > 0:
+        taken = {**exclude, **{job.id: "" for job, _ in cover},
+                 **{job.id: "" for job in running if not job.checkpointable}}
+        cover = sorted(cover + _cover(running, rest, now, taken, restart_cost_s=restart_cost_s),
+                       key=lambda c: c[0].id)
+    return cover
+
+
 def _keep_after_window(job: RunningJob, now: datetime, free: np.ndarray, used: np.ndarray,
                        ends: Mapping[str, int], i0: int, n_steps: int, grace_steps: int,
                        settings: PolicySettings, step: int) -> int:
@@ -497,23 +534,32 @@ def _cheaper_than(job: RunningJob, whole: Sequence[RunningJob], now: datetime) -
 
 class _Availability:
     """GPUs still available per step from now, with run lengths cached per job size (a long
-    queue has few distinct sizes, and the array changes only when a job is placed)."""
+    queue has few distinct sizes, and the array changes only when a job is placed). ``whole``:
+    the same for units that cannot checkpoint (the forecast without the live correction's
+    promise of more; ``values`` itself when there is none)."""
 
-    def __init__(self, values: np.ndarray, i0: int) -> None:
+    def __init__(self, values: np.ndarray, i0: int, whole: np.ndarray | None = None) -> None:
         self.values = values
+        self.whole = values if whole is None else whole
         self.i0 = i0
-        self._runs: dict[int, int] = {}
+        self._runs: dict[tuple[int, bool], int] = {}
+
+    def array(self, whole: bool) -> np.ndarray:
+        return self.whole if whole else self.values
 
     def now(self) -> float:
         return float(self.values[self.i0])
 
-    def run_from_now(self, gpus: int) -> int:
-        if gpus not in self._runs:
-            self._runs[gpus] = _run_length(self.values, self.i0, gpus)
-        return self._runs[gpus]
+    def run_from_now(self, gpus: int, whole: bool = False) -> int:
+        key = (gpus, whole and self.whole is not self.values)
+        if key not in self._runs:
+            self._runs[key] = _run_length(self.array(key[1]), self.i0, gpus)
+        return self._runs[key]
 
     def take(self, start: int, stop: int, gpus: int) -> None:
         self.values[start:stop] -= gpus
+        if self.whole is not self.values:
+            self.whole[start:stop] -= gpus
         self._runs.clear()
 
 
@@ -670,8 +716,7 @@ def _place(
     """Admit ``job`` now if it fits (taking its GPUs, and with ``nodes`` a node's), else defer
     it, reserving if asked (never when it is the nodes that refuse it)."""
     step = profile.step_s
-    avail, i0 = capacity.values, capacity.i0
-    n = len(avail)
+    i0 = capacity.i0
     if not reserve and job.min_gpus > capacity.now():
         return _too_big(job, capacity.now())
     if job.deadline is not None and now >= job.deadline:
@@ -679,6 +724,8 @@ def _place(
     whole = not job.checkpointable or (
         job.max_preemptions is not None and job.preemptions >= job.max_preemptions
     )
+    avail = capacity.array(whole)
+    n = len(avail)
     need_s = job.runtime_s + settings.grace_s
     need_steps = _steps(need_s, step)
     min_steps = need_steps if whole else _steps(
@@ -760,7 +807,7 @@ def _admit_now(job: WaitingJob, gpus: int, whole: bool, now: datetime, profile: 
         f"{gpus} of its {job.gpus} GPUs ({job.gpus} do not fit now; it may run on "
         f"{job.min_gpus}): "
     )
-    run = capacity.run_from_now(gpus)
+    run = capacity.run_from_now(gpus, whole)
     if run >= need_steps:
         capacity.take(i0, i0 + need_steps, gpus)
         return Decision(Action.ADMIT, job.id, gpus,

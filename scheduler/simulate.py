@@ -17,8 +17,22 @@ Policies, all driven by the same ``decide()``:
 * ``forecast``: ours: the free-GPU profile of the ``auto`` forecaster at the configured
   confidence, refreshed every evening from the history before that moment only;
 * ``oracle``: ours with perfect knowledge: the actual future replicas in place of the
-  forecast, and every unit's true runtime in place of its estimate (an upper bound on what
-  ``decide()`` can harvest; ``physical_limit_gpu_hours`` bounds every policy).
+  forecast, and every unit's true runtime in place of its estimate. It plans as ``forecast``
+  does (a unit starts only where it fits), so it is no upper bound: admitting more and
+  stopping often can harvest more;
+* ``clairvoyant``: the reference that bounds them: it knows the true replicas and runtimes and
+  **checkpoints at will**, every unit, instantly: it starts whatever fits now (as reactive
+  does), and when the service needs GPUs it stops units at that very step with all their work
+  saved and their GPUs back at once, so it loses nothing and never delays the service. No
+  policy that must pay for a stop (lost work, a grace period, a restart) harvests more from
+  the same trace, and ``physical_limit_gpu_hours`` (every idle GPU-hour filled, whatever the
+  units' sizes) bounds it in turn. It plays the better of two plans: its own (the true future
+  as the oracle reads it, every unit as one that checkpoints, any window of a step worth
+  using, and the service's need a grace period ahead stopping the units in its way) and the
+  oracle's, which it may equally follow; so it is never below the oracle. (Its stops hold
+  their GPUs through the grace period, as every planned stop does, and the run table counts
+  that as useful: where the trace runs dry, a policy that stops more often can come out a
+  grace period or two ahead of it.)
 
 **Gaps** in the replica history (a metrics outage) are treated as the daemon treats missing
 live signals: no signals, so no admission, and every job stops once they have been missing for
@@ -84,7 +98,8 @@ from idlegpu.scheduler.types import (
     WaitingJob,
 )
 
-POLICIES = ("night", "reactive", "forecast", "oracle")
+POLICIES = ("night", "reactive", "forecast", "oracle", "clairvoyant")
+CLAIRVOYANT = "clairvoyant"
 POOL = "pool"
 PLACEMENTS = (POOL, *STRATEGIES)
 EVICTION = "eviction"  # a stop's cause: the service took GPUs that jobs held
@@ -247,6 +262,43 @@ def simulate(
     least-used nodes first, see ``idlegpu.forecast.nodes``)."""
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
+    options = {"start": start, "end": end, "horizon": horizon, "refresh_hour": refresh_hour,
+               "policy_config": policy_config, "forecast_profiles": forecast_profiles,
+               "on_refresh": on_refresh, "placement": placement,
+               "deletion_cost": deletion_cost}
+    if policy != CLAIRVOYANT:
+        return _replay(history, settings, jobs, policy, on_step=on_step, **options)
+
+    # the clairvoyant may also play the oracle's plan (it knows all the oracle knows, and its
+    # stops lose nothing either): it harvests the better of the two, so it is never below
+    # the oracle, and where admitting into short windows pays it harvests more
+    def half(offset: int) -> Callable[[int, int], None] | None:
+        return None if on_step is None else lambda k, n: on_step(offset * n + k, 2 * n)
+
+    plans = [_replay(history, settings, jobs, name, on_step=half(n), **options)
+             for n, name in enumerate((CLAIRVOYANT, "oracle"))]
+    best = max(plans, key=lambda r: r.metrics["useful_gpu_hours"])
+    return SimResult(CLAIRVOYANT, best.metrics, best.runs)
+
+
+def _replay(
+    history: pd.DataFrame,
+    settings: Settings,
+    jobs: Sequence[SimJob],
+    policy: str,
+    *,
+    start: datetime,
+    end: datetime,
+    horizon: timedelta,
+    refresh_hour: int,
+    policy_config: PolicySettings | None,
+    forecast_profiles: dict[datetime, FreeProfile] | None,
+    on_refresh: Callable[[int, int], None] | None,
+    on_step: Callable[[int, int], None] | None,
+    placement: str,
+    deletion_cost: bool,
+) -> SimResult:
+    """``simulate`` of one policy, the clairvoyant's own plan for ``clairvoyant``."""
     if placement not in PLACEMENTS:
         raise ValueError(f"unknown placement {placement!r}; choose from {', '.join(PLACEMENTS)}")
     on_nodes = placement != POOL
@@ -255,7 +307,8 @@ def simulate(
                          "in the config, e.g. [{gpus: 8, count: 11}]")
     config = policy_config or policy_settings(settings.admission, settings.pool.headroom_gpus,
                                               settings.pool.total_gpus)
-    oracle = policy == "oracle"
+    clairvoyant = policy == CLAIRVOYANT
+    oracle = policy == "oracle" or clairvoyant  # both know the true runtimes
     if oracle:
         # it knows the future: no need to cap new jobs at what is idle now for an hour
         # (beyond the present step, where GPUs still held in a grace period count), and it
@@ -266,6 +319,9 @@ def simulate(
         config = replace(config, nowcast_half_life_s=0.0)
     pool = _PoolTimeline(history, settings, start, end)
     step_s, total = pool.step_s, settings.pool.total_gpus
+    if clairvoyant:
+        # every unit may stop at any step without loss: any window of a step is worth using
+        config = replace(config, min_segment_s=float(step_s))
     cluster = _Nodes(settings, placement, deletion_cost) if on_nodes else None
     if cluster is not None:
         jobs = [cluster.split(j) for j in jobs]
@@ -284,6 +340,7 @@ def simulate(
     planned_stops = 0
     shrinks = 0
     grace = timedelta(seconds=config.grace_s)
+    grace_steps = int(np.ceil(config.grace_s / step_s))
     overruns = Overruns(quantile=settings.admission.runtime_quantile)  # learnt as units finish
     last_seen: datetime | None = None  # the newest step with live signals
     if policy == "forecast" and forecast_profiles is None:
@@ -338,6 +395,18 @@ def simulate(
                 if job.releasing_until is not None:
                     releasing += job.gpus - (job.resume_gpus or 0)
         service = pool.service_gpus[k]
+        if clairvoyant and cluster is None:
+            # it sees the service's need a grace period ahead: the units in its way save all
+            # they have done and leave, their GPUs back just as the service needs them
+            ahead = float(pool.service_gpus[k : k + grace_steps + 1].max())
+            need = ahead + held - total - releasing
+            if need > 0:
+                until = now + grace
+                for victim in _evict([j for j in live if j.running and not _ends_by(
+                        j, now, until, step_s)], need):
+                    _stop(victim, now, grace, planned=True, runs=runs, cause=EVICTION,
+                          at_will=True)
+                    releasing += victim.gpus
         if cluster is None:
             # the service waits only for GPUs jobs hold: a service above the whole pool is
             # short of more, which no policy could have given it
@@ -351,7 +420,10 @@ def simulate(
         else:
             # the replicas land where jobs are not, or evict the jobs of one node and wait
             for victim in cluster.scale(k * step_s, pool.replicas[k], live):
-                _stop(victim, now, grace, planned=False, runs=runs, cause=EVICTION)
+                # (the clairvoyant's evicted GPUs come back at the next step: the replica
+                # placement nominates them for this one)
+                _stop(victim, now, grace, planned=clairvoyant, runs=runs, cause=EVICTION,
+                      at_will=clairvoyant)
             waiting = float(cluster.placement.nominated.sum())
             delay_gpu_min += waiting * step_s / 60
             unplaced_gpu_min += cluster.placement.unplaced_gpus * step_s / 60
@@ -372,8 +444,8 @@ def simulate(
         else:  # a gap: as the daemon sees it, the signals are missing since the last reading
             signals = ServingSignals(observed_at=None, missing_since=last_seen)
         # 3. what the policy sees
-        queue = _waiting(live, state, step_s, overruns, oracle=oracle)
-        running = [_running(j, step_s, overruns, oracle=oracle)
+        queue = _waiting(live, state, step_s, overruns, oracle=oracle, at_will=clairvoyant)
+        running = [_running(j, step_s, overruns, oracle=oracle, at_will=clairvoyant)
                    for j in live if j.running and j.releasing_until is None]
         if not queue and not running:
             if on_step:
@@ -381,7 +453,7 @@ def simulate(
             continue
         if policy == "forecast":
             profile = _latest(forecast_profiles, now) or profile
-        elif policy == "oracle":
+        elif oracle:
             i = pool.offset + k
             profile = FreeProfile(start=now, step_s=step_s,
                                   free=pool.free_all[i : i + horizon_steps],
@@ -411,11 +483,12 @@ def simulate(
             job = state[d.job_id]
             if d.action is Action.PREEMPT:
                 planned_stops += d.planned
-                _stop(job, now, grace, planned=d.planned, runs=runs, cause=d.cause)
+                _stop(job, now, grace, planned=d.planned, runs=runs, cause=d.cause,
+                      at_will=clairvoyant)
             elif d.action is Action.SHRINK:
                 shrinks += 1
                 _stop(job, now, grace, planned=d.planned, runs=runs, shrink_to=d.gpus,
-                      cause=d.cause)
+                      cause=d.cause, at_will=clairvoyant)
                 job.resume_stop_by = d.stop_by
             elif d.action is Action.ADMIT:
                 if cluster is not None:
@@ -567,12 +640,13 @@ class _Nodes:
 
 
 def _stop(job: _Job, now: datetime, grace: timedelta, *, planned: bool, runs: _Run,
-          cause: str, shrink_to: int | None = None) -> None:
+          cause: str, shrink_to: int | None = None, at_will: bool = False) -> None:
     """Start the grace period of a running job; planned stops checkpoint, others lose work.
     ``shrink_to``: a shrink, not a stop: after its grace period the job runs on with these
-    GPUs (not a preemption either way). ``cause``: what stopped it (the run table's)."""
+    GPUs (not a preemption either way). ``cause``: what stopped it (the run table's).
+    ``at_will``: the clairvoyant's stop: any unit saves all it has done in its grace period."""
     overran = job.saved_s + job.progress_s > job.spec.estimate_s > 0
-    if planned and job.spec.checkpointable:
+    if at_will or (planned and job.spec.checkpointable):
         job.saved_s += job.progress_s
         lost = 0.0
     else:
@@ -583,11 +657,18 @@ def _stop(job: _Job, now: datetime, grace: timedelta, *, planned: bool, runs: _R
     job.lost_s += lost
     job.progress_s = 0.0
     # only a checkpointing job uses the grace period; the others are stopped at once
-    job.releasing_until = now + (grace if job.spec.checkpointable else timedelta(0))
+    job.releasing_until = now + (grace if job.spec.checkpointable or at_will
+                                 else timedelta(0))
     job.stop_by = None
     job.resume_gpus = shrink_to
     outcome = "stopped" if planned or shrink_to is not None else "preempted"
     runs.close(job, job.releasing_until, outcome, lost, cause=cause, overran=overran)
+
+
+def _ends_by(job: _Job, now: datetime, when: datetime, step_s: int) -> bool:
+    """Whether a running job finishes its true work by ``when`` (what the clairvoyant knows)."""
+    left_s = (job.spec.work_s - job.saved_s - job.progress_s) / _rate(job)
+    return now + timedelta(seconds=step_s * np.ceil(left_s / step_s)) <= when
 
 
 def _evict(jobs, need: float) -> list[_Job]:
@@ -608,7 +689,9 @@ def _evict(jobs, need: float) -> list[_Job]:
 
 
 def _waiting(live: list[_Job], state: dict[str, _Job], step_s: int, overruns: Overruns, *,
-             oracle: bool = False) -> list[WaitingJob]:
+             oracle: bool = False, at_will: bool = False) -> list[WaitingJob]:
+    """What the policy sees of the queue (``at_will``: every unit as one that checkpoints,
+    without a preemption limit: the clairvoyant's)."""
     out = []
     for job in live:
         spec = job.spec
@@ -622,8 +705,10 @@ def _waiting(live: list[_Job], state: dict[str, _Job], step_s: int, overruns: Ov
         if job.queued_view is None or job.queued_view[0] != key:
             left = (spec.work_s - job.saved_s if oracle
                     else overruns.remaining_s(spec.estimate_s, job.saved_s))
-            job.queued_view = (key, spec.as_waiting(runtime_s=max(step_s, left),
-                                                    preemptions=job.preemptions))
+            view = spec.as_waiting(runtime_s=max(step_s, left), preemptions=job.preemptions)
+            if at_will:
+                view = replace(view, checkpointable=True, max_preemptions=None)
+            job.queued_view = (key, view)
         out.append(job.queued_view[1])
     return out
 
@@ -633,14 +718,15 @@ def _rate(job: _Job) -> float:
     return job.gpus / job.spec.gpus if job.spec.gpus and job.gpus else 1.0
 
 
-def _running(job: _Job, step_s: int, overruns: Overruns, *, oracle: bool = False) -> RunningJob:
+def _running(job: _Job, step_s: int, overruns: Overruns, *, oracle: bool = False,
+             at_will: bool = False) -> RunningJob:
     spec = job.spec
     done = job.saved_s + job.progress_s
     left = spec.work_s - done if oracle else overruns.remaining_s(spec.estimate_s, done)
     left /= _rate(job)  # on fewer GPUs the work left takes longer
     return RunningJob(
         id=spec.id, team=spec.team, gpus=job.gpus, priority=spec.priority,
-        started_at=job.started_at, checkpointable=spec.checkpointable,
+        started_at=job.started_at, checkpointable=spec.checkpointable or at_will,
         remaining_s=max(step_s, left),
         last_checkpoint_at=job.last_checkpoint_at, stop_by=job.stop_by, kind=spec.kind,
         min_gpus=spec.min_gpus,

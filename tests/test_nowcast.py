@@ -57,13 +57,28 @@ def test_no_half_life_or_no_promise_now_changes_nothing():
 def test_a_quiet_evening_lets_a_big_job_start_that_the_forecast_alone_holds_back():
     # the forecast promised 24 free GPUs tonight; 40 are idle now (headroom 8 on top)
     prof = profile([24.0] * 12 * 12)
-    alone = decide(T0, prof, [], [job()], signals(48), {}, SETTINGS)
-    corrected = decide(T0, prof, [], [job()], signals(48),
+    alone = decide(T0, prof, [], [job(ckpt=True)], signals(48), {}, SETTINGS)
+    corrected = decide(T0, prof, [], [job(ckpt=True)], signals(48),
                        {}, replace(SETTINGS, nowcast_half_life_s=6 * H))
     assert alone.decisions[0].action is Action.DEFER
     assert "needs 32 GPUs" in alone.decisions[0].reason
-    # 24 + 16 * 2**(-4/6) = 34 GPUs still promised 4 h ahead: the 4-hour job fits
-    assert corrected.decisions[0].action is Action.ADMIT
+    # 24 + 16 * 2**(-4/6) = 34 GPUs still promised 4 h ahead: the 4-hour job fits whole
+    (d,) = corrected.decisions
+    assert d.action is Action.ADMIT and d.stop_by is None
+
+
+def test_a_quiet_evening_does_not_lure_a_unit_that_cannot_checkpoint():
+    """The lift is the present's, not the forecast's: a unit that would lose everything if
+    the quiet ends waits for a window the forecast itself promises; a busier pool than
+    forecast still holds it back (the correction lowers the promise for every unit)."""
+    live = replace(SETTINGS, nowcast_half_life_s=6 * H)
+    quiet = decide(T0, profile([24.0] * 12 * 12), [], [job(ckpt=False)], signals(48), {}, live)
+    assert quiet.decisions[0].action is Action.DEFER
+    promised = decide(T0, profile([40.0] * 12 * 12), [], [job(ckpt=False)], signals(48), {},
+                      live)
+    assert promised.decisions[0].action is Action.ADMIT
+    busy = decide(T0, profile([40.0] * 12 * 12), [], [job(ckpt=False)], signals(20), {}, live)
+    assert busy.decisions[0].action is Action.DEFER
 
 
 def test_the_daemons_policy_settings_carry_the_configured_half_life():

@@ -405,3 +405,88 @@ def test_every_stop_names_its_cause():
     assert set(STOP_CAUSES) == {cause for cause, _ in seen.values()}
     admitted = plan(flat(32, 6), [job("j")]).decisions[0]
     assert admitted.action is Action.ADMIT and admitted.cause == ""
+
+
+# ------------------------------------------------------- units that cannot checkpoint
+
+
+def test_a_ramp_the_forecast_expects_stops_checkpointable_units_only():
+    # 24 GPUs free now, 8 from the next step: the ramp is inside the grace period
+    prof = profile([24] * 1 + [8] * 50)
+    running = [run("eval", gpus=16, ckpt=False), run("train", gpus=8, since_ckpt_h=0.1)]
+    result = plan(prof, running=running)
+    # 16 GPUs short within the grace period: only the checkpointable 8 go; the eval, which
+    # would lose all it has done, runs on until the service needs its GPUs now
+    assert actions(result) == {"train": Action.PREEMPT}
+    assert result.decisions[0].cause == "forecast"
+
+
+def test_a_unit_that_cannot_checkpoint_is_stopped_once_the_service_needs_its_gpus_now():
+    running = [run("eval", gpus=16, ckpt=False), run("train", gpus=8, since_ckpt_h=0.1)]
+    # 12 GPUs free now for the 24 held: 12 short now
+    result = plan(profile([12] * 50), running=running)
+    assert set(actions(result)) == {"eval"}  # the cheapest cover of 12 GPUs needed now
+    # a live need stops it as before
+    live = plan(flat(40, 6), running=running,
+                signals=ServingSignals(observed_at=T0, gpus_short=16))
+    assert actions(live) == {"eval": Action.PREEMPT}
+
+
+def test_without_live_signals_a_forecast_alone_stops_no_unit_that_cannot_checkpoint():
+    # the signals are 30 s old (fresh) vs missing: missing, the present step is the forecast's
+    # only, and the missing-signals rule (not the forecast) stops everything on its own clock
+    stale = ServingSignals(observed_at=T0 - timedelta(minutes=5))
+    result = plan(profile([4] * 50), running=[run("eval", gpus=16, ckpt=False)], signals=stale)
+    assert result.of(Action.PREEMPT) == []
+
+
+@hsettings(max_examples=200, deadline=None)
+@given(
+    free=st.lists(st.integers(0, 64), min_size=4, max_size=30),
+    jobs=st.lists(st.tuples(st.sampled_from([1, 4, 8, 16]), st.booleans(), st.floats(0, 5)),
+                  min_size=1, max_size=8),
+)
+def test_a_unit_that_cannot_checkpoint_is_never_stopped_while_the_service_does_not_need_it(
+        free, jobs):
+    """The issue's rule, for any profile and mix: while the GPUs free now (the profile's
+    present step) cover every running unit and no live signal asks for more, no unit that
+    cannot checkpoint is stopped, whatever the forecast expects later."""
+    running = [run(f"r{i}", gpus=g, ckpt=c, since_ckpt_h=h) for i, (g, c, h) in enumerate(jobs)]
+    held = sum(j.gpus for j in running)
+    free = [max(free[0], held), *free[1:]]  # the service does not need their GPUs now
+    result = plan(profile(free), running=running)
+    whole = {j.id for j in running if not j.checkpointable}
+    assert not whole & {d.job_id for d in result.of(Action.PREEMPT)}
+    # and whatever the forecast needs is still freed by the units that can checkpoint
+    ckpt = sum(j.gpus for j in running if j.checkpointable)
+    need = max(0, held - min(free[:3]))
+    freed = sum(d.gpus for d in result.of(Action.PREEMPT))
+    assert freed >= min(need, ckpt)
+
+
+def test_a_unit_admitted_at_a_refresh_is_not_stopped_by_the_next_when_the_need_is_the_same():
+    """The evening refresh re-forecasts the same need: what one refresh admitted, the next
+    does not stop (no admit-then-stop churn across a refresh)."""
+    settings = PolicySettings(grace_s=600, min_segment_s=1800, headroom_gpus=8, pool_gpus=80,
+                              nowcast_half_life_s=6 * H)
+    need = [40.0] * 12 * 8 + [8.0] * 12 * 16  # 40 free for 8 h, then 8 for 16 h
+    first = FreeProfile(start=T0, step_s=STEP, free=np.asarray(need), confidence=0.9,
+                        made_at=T0)
+    seen = ServingSignals(observed_at=T0, idle_gpus=48, service_gpus=32)
+    queue = [job("eval", gpus=16, hours=3), job("train", gpus=16, hours=12, ckpt=True)]
+    admitted = plan(first, queue, signals=seen, settings=settings)
+    assert {d.job_id: d.action for d in admitted.decisions} == {"eval": Action.ADMIT,
+                                                                "train": Action.ADMIT}
+    stop_by = {d.job_id: d.stop_by for d in admitted.decisions}
+    # an hour later, the next refresh: the same need from its own start on
+    later = T0 + timedelta(hours=1)
+    second = FreeProfile(start=later, step_s=STEP, free=np.asarray(need[12:]),
+                         confidence=0.9, made_at=later)
+    running = [RunningJob(id=d.job_id, team="a", gpus=d.gpus, priority=0, started_at=T0,
+                          checkpointable=d.job_id == "train",
+                          remaining_s=(3 if d.job_id == "eval" else 12) * H - H,
+                          last_checkpoint_at=T0, stop_by=stop_by[d.job_id])
+               for d in admitted.decisions]
+    now_seen = ServingSignals(observed_at=later, idle_gpus=16, service_gpus=32)
+    again = decide(later, second, running, [], now_seen, {}, settings)
+    assert again.decisions == ()
