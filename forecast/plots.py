@@ -195,3 +195,32 @@ def policy_chart(metrics: pd.DataFrame, cumulative: pd.DataFrame, path: Path, *,
     right.grid(alpha=0.3)
     fig.suptitle(title)
     return _save(fig, path)
+
+
+def frontier_chart(frontier: pd.DataFrame, path: Path, *, title: str) -> Path:
+    """The policy frontier (``idlegpu.scheduler.simulate.sweep``): useful GPU-hours against
+    service delay (left) and against lost GPU-hours (right); the swept policy a line through
+    its confidences (each point labelled), every other policy one marked point."""
+    fig = Figure(figsize=(13, 4.8), layout="constrained")
+    axes = fig.subplots(1, 2)
+    swept = frontier[frontier["confidence"].notna()].sort_values("confidence")
+    others = frontier[frontier["confidence"].isna()]
+    markers = "osD^vP*X"
+    for ax, x, label in ((axes[0], "service_delay_gpu_minutes", "service delay, GPU-minutes"),
+                         (axes[1], "lost_gpu_hours", "lost GPU-hours")):
+        for policy, part in swept.groupby("policy", sort=False):
+            ax.plot(part[x], part["useful_gpu_hours"], "-o", color="C0", label=policy)
+            for n, row in enumerate(part.itertuples()):  # labels alternate sides: points
+                # of neighbouring confidences often nearly coincide
+                ax.annotate(f"q{row.confidence:g}", (getattr(row, x), row.useful_gpu_hours),
+                            textcoords="offset points", xytext=(6 if n % 2 else -30, 4),
+                            fontsize=8)
+        for i, row in enumerate(others.itertuples()):
+            ax.plot(getattr(row, x), row.useful_gpu_hours, markers[i % len(markers)],
+                    color=f"C{i + 1}", markersize=8, label=row.policy)
+        ax.set_xlabel(label + " (less is better)")
+        ax.set_ylabel("useful GPU-hours (more is better)")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(title)
+    return _save(fig, path)

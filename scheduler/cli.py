@@ -742,6 +742,10 @@ def simulate(
         help="pool: GPUs counted for the pool as one bin; spread or binpack: on the nodes of "
         "pool.nodes, the services' replicas placed as the kube-scheduler's LeastAllocated "
         "(default) or MostAllocated scoring would, jobs only where a node has room.")] = "pool",
+    sweep: Annotated[Optional[str], typer.Option(
+        help="Also run the forecast policy at each of these admission confidences (e.g. "
+        "0.5,0.7,0.8,0.9,0.95) and draw the frontier of useful GPU-hours against service "
+        "delay and lost work beside the other policies (frontier.csv, frontier.png).")] = None,
 ) -> None:
     """Replay the pool history and a job trace through the admission policy, for each of
     night (fixed 20:00-08:00), reactive, forecast (ours), oracle (ours on the actual future) and
@@ -763,6 +767,7 @@ def simulate(
     if unknown:
         raise typer.BadParameter(f"unknown policy {', '.join(unknown)}; choose from "
                                  f"{', '.join(POLICIES)}", param_hint="--policies")
+    confidences = _confidences(sweep) if sweep is not None else []
     _check(days is None or days >= 1, "use at least 1 day", "--days")
     _check(warmup_days >= 0, "use 0 or more days", "--warmup-days")
     _check(placement in PLACEMENTS, f"choose from {', '.join(PLACEMENTS)}", "--placement")
@@ -834,6 +839,65 @@ def simulate(
                 highlight=False, markup=False)
     console.print(f"tables: {out / 'policies.csv'}, runs_<policy>.csv, lost.csv (lost work by "
                   f"cause, overrun, checkpointing and admission hour); chart: {chart}")
+    if confidences:
+        _frontier(frame, settings, sim_jobs, confidences, rows, out, start=start, end=end,
+                  placement=placement)
+
+
+def _confidences(text: str) -> list[float]:
+    """``--sweep``'s comma-separated confidences, each strictly between 0 and 1."""
+    values = []
+    for part in (p.strip() for p in text[:1000].split(",")):
+        if not part:
+            continue
+        try:
+            value = float(part)
+        except ValueError:
+            raise typer.BadParameter(f"{part[:40]!r} is not a number; give confidences such as "
+                                     "0.5,0.7,0.8,0.9,0.95", param_hint="--sweep") from None
+        _check(0.0 < value < 1.0, f"{value:g} is not strictly between 0 and 1 (a confidence "
+               "is the quantile of the free-GPU forecast admission plans on)", "--sweep")
+        values.append(value)
+    _check(bool(values) and len(values) <= 20, "give 1 to 20 confidences, e.g. "
+           "0.5,0.7,0.8,0.9,0.95", "--sweep")
+    return sorted(set(values))
+
+
+def _frontier(frame, settings, sim_jobs, confidences, rows, out: Path, *, start, end,
+              placement: str) -> None:
+    """``simulate --sweep``: the forecast policy at each confidence beside the policies just
+    run (and any not run yet), as a table, frontier.csv and frontier.png."""
+    import pandas as pd
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from idlegpu.forecast import plots
+    from idlegpu.forecast.tables import write_csv
+    from idlegpu.scheduler.simulate import sweep as sweep_policies
+
+    references = {name: metrics for name, metrics in rows.items() if name != "forecast"}
+    with Progress(console=err_console, transient=True) as progress:
+        task = progress.add_task(f"sweeping {len(confidences)} confidences", total=None)
+        frontier = sweep_policies(
+            frame, settings, sim_jobs, confidences, start=start.to_pydatetime(),
+            end=end.to_pydatetime(), references=references, placement=placement,
+            on_point=lambda n, total: progress.update(task, completed=n, total=total))
+    write_csv(frontier, out / "frontier.csv")
+    chart = plots.frontier_chart(
+        frontier, out / "frontier.png",
+        title=f"{settings.pool.name}: the forecast policy at each confidence, "
+        f"{start:%Y-%m-%d} to {end:%Y-%m-%d}")
+    view = Table(title="Frontier: useful GPU-hours against lost work and service delay",
+                 title_justify="left")
+    for column in ("policy", "confidence", "useful GPU-h", "lost GPU-h", "delay GPU-min",
+                   "finished"):
+        view.add_column(column, justify="left" if column == "policy" else "right")
+    for row in frontier.itertuples():
+        view.add_row(row.policy, "" if pd.isna(row.confidence) else f"{row.confidence:g}",
+                     f"{row.useful_gpu_hours:,.0f}", f"{row.lost_gpu_hours:,.0f}",
+                     f"{row.service_delay_gpu_minutes:,.0f}", f"{row.jobs_finished:,.0f}")
+    console.print(view)
+    console.print(f"frontier: {out / 'frontier.csv'}; chart: {chart}")
 
 
 def _planning_estimate(settings, runs: Path | None = None):

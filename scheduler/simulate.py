@@ -256,16 +256,19 @@ def simulate(
     on_step: Callable[[int, int], None] | None = None,
     placement: str = POOL,
     deletion_cost: bool = False,
+    forecast_cache: dict | None = None,
 ) -> SimResult:
     """Run one policy over ``[start, end)``; see the module docstring. ``placement``: ``pool``,
     ``spread`` or ``binpack`` (on ``pool.nodes``; ``deletion_cost``: the scale-downs empty the
-    least-used nodes first, see ``idlegpu.forecast.nodes``)."""
+    least-used nodes first, see ``idlegpu.forecast.nodes``). ``forecast_cache``: shared by
+    runs on the same history (the forecaster's backtest replays do not depend on the
+    confidence, so a sweep over it refits them once)."""
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
     options = {"start": start, "end": end, "horizon": horizon, "refresh_hour": refresh_hour,
                "policy_config": policy_config, "forecast_profiles": forecast_profiles,
                "on_refresh": on_refresh, "placement": placement,
-               "deletion_cost": deletion_cost}
+               "deletion_cost": deletion_cost, "forecast_cache": forecast_cache}
     if policy != CLAIRVOYANT:
         return _replay(history, settings, jobs, policy, on_step=on_step, **options)
 
@@ -297,6 +300,7 @@ def _replay(
     on_step: Callable[[int, int], None] | None,
     placement: str,
     deletion_cost: bool,
+    forecast_cache: dict | None,
 ) -> SimResult:
     """``simulate`` of one policy, the clairvoyant's own plan for ``clairvoyant``."""
     if placement not in PLACEMENTS:
@@ -345,7 +349,8 @@ def _replay(
     last_seen: datetime | None = None  # the newest step with live signals
     if policy == "forecast" and forecast_profiles is None:
         forecast_profiles = forecast_profiles_for(history, settings, pool.index, refresh_hour,
-                                                  horizon, on_refresh=on_refresh)
+                                                  horizon, on_refresh=on_refresh,
+                                                  cache=forecast_cache)
 
     arrivals = iter(pending)
     upcoming = next(arrivals, None)
@@ -796,6 +801,7 @@ def forecast_profiles_for(
     *,
     model: str = "auto",
     on_refresh: Callable[[int, int], None] | None = None,
+    cache: dict | None = None,
 ) -> dict[datetime, FreeProfile]:
     """The free-GPU profiles the ``forecast`` policy sees: one per evening (and one at the
     start), each fitted only on the history before it, by the daemon's refresh
@@ -805,7 +811,8 @@ def forecast_profiles_for(
     replicas = metric_rows(history, REPLICAS)
     local = index.tz_convert(settings.pool.timezone)
     refresh = sorted({index[0], *index[(local.hour == refresh_hour) & (local.minute == 0)]})
-    cache: dict = {}  # the refits see growing prefixes of one history: reuse their work
+    # the refits see growing prefixes of one history: reuse their work
+    cache = {} if cache is None else cache
     options = {"cache": cache} if model in CACHED_MODELS else {}
     refresher = Refresher(settings, horizon=horizon, model=model, refresh_hour=refresh_hour,
                           **options)
@@ -815,6 +822,62 @@ def forecast_profiles_for(
         if on_refresh:
             on_refresh(n + 1, len(refresh))
     return profiles
+
+
+SWEEP_CONFIDENCES = (0.5, 0.7, 0.8, 0.9, 0.95)
+FRONTIER_METRICS = ("useful_gpu_hours", "lost_gpu_hours", "service_delay_gpu_minutes",
+                    "jobs_finished", "mean_queue_wait_hours")
+
+
+def sweep(
+    history: pd.DataFrame,
+    settings: Settings,
+    jobs: Sequence[SimJob],
+    confidences: Sequence[float] = SWEEP_CONFIDENCES,
+    *,
+    start: datetime,
+    end: datetime,
+    references: dict[str, dict[str, float]] | None = None,
+    on_point: Callable[[int, int], None] | None = None,
+    **options,
+) -> pd.DataFrame:
+    """The frontier an operator picks from: the ``forecast`` policy at each admission
+    ``confidence`` (the quantile of the free-GPU forecast it plans on), one row each, beside
+    the other policies, which have no such knob (``references``: their metrics by policy, as
+    ``simulate`` returned them; each runs here when not given). Columns: ``policy``,
+    ``confidence`` (NaN for the references) and ``FRONTIER_METRICS``. A higher confidence
+    promises fewer GPUs: less harvest, less lost work, less service delay; where the curve
+    bends is the point to run at."""
+    if not confidences:
+        raise ValueError("give at least one confidence to sweep")
+    bad = [c for c in confidences if not 0.0 < c < 1.0]
+    if bad:
+        raise ValueError(f"a confidence is a probability strictly between 0 and 1, not {bad[0]}")
+    rows = []
+    cache: dict = {}
+    names = [p for p in POLICIES if p != "forecast"]
+    total = len(confidences) + (0 if references is not None else len(names))
+    for n, confidence in enumerate(sorted(set(confidences))):
+        admission = settings.admission.model_copy(update={"confidence": confidence})
+        at = settings.model_copy(update={"admission": admission})
+        metrics = simulate(history, at, jobs, "forecast", start=start, end=end,
+                           forecast_cache=cache, **options).metrics
+        rows.append({"policy": "forecast", "confidence": confidence,
+                     **{k: metrics[k] for k in FRONTIER_METRICS}})
+        if on_point:
+            on_point(n + 1, total)
+    if references is None:
+        references = {}
+        for n, name in enumerate(names):
+            references[name] = simulate(history, settings, jobs, name, start=start, end=end,
+                                        **options).metrics
+            if on_point:
+                on_point(len(confidences) + n + 1, total)
+    for name, metrics in references.items():
+        if name != "forecast":
+            rows.append({"policy": name, "confidence": float("nan"),
+                         **{k: metrics[k] for k in FRONTIER_METRICS}})
+    return pd.DataFrame(rows, columns=["policy", "confidence", *FRONTIER_METRICS])
 
 
 def lost_work(runs: pd.DataFrame, timezone: str) -> pd.DataFrame:
@@ -875,5 +938,5 @@ def trace_jobs(entries, estimate: Callable[[object], float]) -> list[SimJob]:
     return jobs
 
 
-__all__ = ["CAUSE_NAMES", "PLACEMENTS", "POLICIES", "SimJob", "SimResult", "forecast_profiles_for",
-           "lost_work", "simulate", "trace_jobs"]
+__all__ = ["CAUSE_NAMES", "PLACEMENTS", "POLICIES", "SWEEP_CONFIDENCES", "SimJob", "SimResult",
+           "forecast_profiles_for", "lost_work", "simulate", "sweep", "trace_jobs"]
