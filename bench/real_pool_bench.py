@@ -133,10 +133,16 @@ def main() -> None:
     parser.add_argument("--pool", choices=list(RUNS), default="real")
     parser.add_argument("--days", type=int, help="default: the pool's job trace's span")
     parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--pool-uncertainty", choices=["sum", "joint"],
+                        help="admission.pool_uncertainty (default: the pool's config)")
     args = parser.parse_args()
     run = RUNS[args.pool]
     days = args.days or run.days
     settings = load_config(run.spec.directory / "idlegpu.yaml")
+    if args.pool_uncertainty:
+        admission = settings.admission.model_copy(
+            update={"pool_uncertainty": args.pool_uncertainty})
+        settings = settings.model_copy(update={"admission": admission})
     estimator = RuntimeEstimator.from_config(load_runs(REPO / "data" / "sample" / "runs.csv"),
                                              settings.admission)
     entries = load_trace(run.spec.directory / "jobs.yaml", settings.admission)

@@ -845,7 +845,7 @@ def simulate(
 
 
 def _confidences(text: str) -> list[float]:
-    """``--sweep``'s comma-separated confidences, each strictly between 0 and 1."""
+    """``--sweep``'s comma-separated confidences, each a valid ``admission.confidence``."""
     values = []
     for part in (p.strip() for p in text[:1000].split(",")):
         if not part:
@@ -855,8 +855,9 @@ def _confidences(text: str) -> list[float]:
         except ValueError:
             raise typer.BadParameter(f"{part[:40]!r} is not a number; give confidences such as "
                                      "0.5,0.7,0.8,0.9,0.95", param_hint="--sweep") from None
-        _check(0.0 < value < 1.0, f"{value:g} is not strictly between 0 and 1 (a confidence "
-               "is the quantile of the free-GPU forecast admission plans on)", "--sweep")
+        _check(0.5 <= value < 1.0, f"{value:g} is not from 0.5 up to (not including) 1, as "
+               "admission.confidence (the quantile of the free-GPU forecast admission plans "
+               "on)", "--sweep")
         values.append(value)
     _check(bool(values) and len(values) <= 20, "give 1 to 20 confidences, e.g. "
            "0.5,0.7,0.8,0.9,0.95", "--sweep")

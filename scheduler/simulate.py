@@ -850,9 +850,10 @@ def sweep(
     bends is the point to run at."""
     if not confidences:
         raise ValueError("give at least one confidence to sweep")
-    bad = [c for c in confidences if not 0.0 < c < 1.0]
+    bad = [c for c in confidences if not 0.5 <= c < 1.0]
     if bad:
-        raise ValueError(f"a confidence is a probability strictly between 0 and 1, not {bad[0]}")
+        raise ValueError(f"a confidence is from 0.5 up to (not including) 1, as "
+                         f"admission.confidence, not {bad[0]}")
     rows = []
     cache: dict = {}
     names = [p for p in POLICIES if p != "forecast"]

@@ -66,7 +66,7 @@ def test_the_sweep_runs_the_forecast_at_each_confidence_beside_the_references():
     assert (frontier["useful_gpu_hours"] <= bound + 1e-6).all()
 
 
-@pytest.mark.parametrize("bad", [[], [0.0], [1.0], [1.5]])
+@pytest.mark.parametrize("bad", [[], [0.3], [1.0], [1.5]])
 def test_the_sweep_refuses_what_is_no_confidence(bad):
     settings, history = pool()
     with pytest.raises(ValueError, match="confidence"):
@@ -92,7 +92,8 @@ def test_simulate_sweep_writes_the_frontier_table_and_chart(tmp_path, cli):
 
 
 @pytest.mark.parametrize("value, says", [("0.9,abc", "'abc' is not a number"),
-                                         ("0.9,1.2", "not strictly between 0 and 1"),
+                                         ("0.9,1.2", "not from 0.5 up to"),
+                                         ("0.2", "not from 0.5 up to"),
                                          (",", "give 1 to 20 confidences")])
 def test_simulate_sweep_names_a_bad_value(tmp_path, cli, value, says):
     code, _, err = cli(["simulate", "--history", str(REPO / "data/sample/history.parquet"),
