@@ -149,6 +149,32 @@ def joint_pool_usage(
     return frame
 
 
+def forecast_levels(settings: Settings, confidence: float,
+                    also: Sequence[float] = ()) -> list[float]:
+    """The quantiles to forecast for ``pool_forecast_usage`` at ``confidence`` (the median
+    and ``also`` included)."""
+    if settings.admission.pool_uncertainty == "joint" and len(settings.services) > 1:
+        return marginal_levels(confidence, also)
+    return sorted({0.5, confidence, *also})
+
+
+def pool_forecast_usage(
+    forecast: pd.DataFrame,
+    settings: Settings,
+    confidence: float,
+    replicas: pd.DataFrame,
+    quantiles: Mapping[str, float] | None = None,
+) -> pd.DataFrame:
+    """The pool's usage and free GPUs over a forecast at ``confidence`` as
+    ``admission.pool_uncertainty`` says: ``joint`` (``joint_pool_usage``, the correlation from
+    ``replicas``, the history the forecast was fitted on) or ``sum``
+    (``capacity.forecast_pool_usage``). The forecast needs ``forecast_levels``' quantiles."""
+    if settings.admission.pool_uncertainty != "joint" or len(settings.services) < 2:
+        return forecast_pool_usage(forecast, settings, confidence, quantiles)
+    correlation = service_correlation(replicas, settings.service_names)
+    return joint_pool_usage(forecast, settings, confidence, correlation, quantiles)
+
+
 def _remap(u: np.ndarray, confidence: float, wider: float) -> np.ndarray:
     """Ranks moved monotonically so that ``confidence`` becomes ``wider`` (0 and 1 stay)."""
     return np.where(u <= confidence, u * wider / confidence,
@@ -188,4 +214,5 @@ def _interpolate(grid: np.ndarray, levels: np.ndarray, u: np.ndarray) -> np.ndar
     return below + (grid.T[high] - below) * weight
 
 
-__all__ = ["MARGINAL_LEVELS", "joint_pool_usage", "marginal_levels", "service_correlation"]
+__all__ = ["MARGINAL_LEVELS", "forecast_levels", "joint_pool_usage", "marginal_levels",
+           "pool_forecast_usage", "service_correlation"]

@@ -556,6 +556,8 @@ def windows(
         windows_frame,
     )
     from idlegpu.forecast.models import MODEL_NAMES
+    from idlegpu.forecast.scenarios import forecast_levels, pool_forecast_usage
+    from idlegpu.forecast.schema import REPLICAS, metric_rows
 
     if not 0.5 <= confidence < 1:
         raise typer.BadParameter("use a confidence from 0.5 to 0.99", param_hint="--confidence")
@@ -567,9 +569,10 @@ def windows(
     frame = _history_until(history, now, ["replicas"], from_last_sample)
     _check_horizon(span, frame, horizon)
     frame = _check_services(frame, settings)
-    qs = sorted({0.5, confidence})
+    qs = forecast_levels(settings, confidence)
     forecast = _fit_predict_with_progress(model, settings, frame, span, qs)
-    at_conf = forecast_pool_usage(forecast, settings, confidence)[FREE]
+    at_conf = pool_forecast_usage(forecast, settings, confidence,
+                                  metric_rows(frame, REPLICAS))[FREE]
     median = forecast_pool_usage(forecast, settings, 0.5)[FREE]
     found = idle_windows(at_conf, confidence=confidence, granularity=granularity,
                          min_hours=min_hours)

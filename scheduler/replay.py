@@ -12,8 +12,8 @@ from datetime import datetime, timedelta
 import numpy as np
 import pandas as pd
 
-from idlegpu.forecast.capacity import FREE, forecast_pool_usage
-from idlegpu.forecast.scenarios import joint_pool_usage, marginal_levels, service_correlation
+from idlegpu.forecast.capacity import FREE
+from idlegpu.forecast.scenarios import forecast_levels, pool_forecast_usage
 from idlegpu.forecast.config import Settings
 from idlegpu.forecast.schema import (
     DS,
@@ -136,15 +136,9 @@ def forecast_free(history: pd.DataFrame, settings: Settings, now: datetime, *,
         newest = ends.max()
         lag = min(newest - ends.min(),
                   pd.Timedelta(seconds=settings.admission.max_forecast_age_seconds))
-    joint = settings.admission.pool_uncertainty == "joint" and len(settings.services) > 1
-    levels = (marginal_levels(confidence, (quantiles or {}).values()) if joint
-              else sorted({0.5, confidence, *(quantiles or {}).values()}))
+    levels = forecast_levels(settings, confidence, list((quantiles or {}).values()))
     forecast = model_for(model, settings, **options).fit(past).predict(span + lag, levels)
-    if joint:
-        correlation = service_correlation(past, settings.service_names)
-        free = joint_pool_usage(forecast, settings, confidence, correlation, quantiles)[FREE]
-    else:
-        free = forecast_pool_usage(forecast, settings, confidence, quantiles)[FREE]
+    free = pool_forecast_usage(forecast, settings, confidence, past, quantiles)[FREE]
     if lag > pd.Timedelta(0):
         free = free[free.index <= newest + span]  # the horizon of the freshest series
     return free, forecast

@@ -13,6 +13,8 @@ from test_regimes import pool
 
 from idlegpu.forecast.capacity import FREE, forecast_pool_usage
 from idlegpu.forecast.config import load_config
+from idlegpu.forecast.scenarios import pool_forecast_usage
+from idlegpu.forecast.schema import REPLICAS, metric_rows
 from idlegpu.forecast.synthetic import generate_pool_history
 from idlegpu.scheduler.coverage import Promise, binomial_cdf, coverage_bound, in_use, score
 from idlegpu.scheduler.daemon import Daemon, ForecastProvider
@@ -135,18 +137,24 @@ def test_a_widened_service_is_planned_with_the_wider_quantile(launch):
     assert result.widened == {"chat": 0.98, "code": 0.98, "embed": 0.98, "summarize": 0.98}
     forecast = result.forecast
     assert {"q0.5", "q0.9", "q0.98"} <= set(forecast.columns)
-    plain = forecast_pool_usage(forecast, settings, 0.9)[FREE]
+    replicas = metric_rows(histories["launch"], REPLICAS)
+    past = replicas[replicas["ds"] < pd.Timestamp(evening("2025-12-01"))]
+    plain = pool_forecast_usage(forecast, settings, 0.9, past)[FREE]
     np.testing.assert_array_equal(
-        result.free, forecast_pool_usage(forecast, settings, 0.9, result.widened)[FREE])
+        result.free, pool_forecast_usage(forecast, settings, 0.9, past, result.widened)[FREE])
     assert (result.free <= plain).all() and (result.free < plain).sum() > 24  # GPUs held back
+    # and the sum of the wider quantiles, the lockstep bound, never promises more
+    summed = forecast_pool_usage(forecast, settings, 0.9, result.widened)[FREE]
+    assert (result.free >= summed - 1e-9).all()
     # the promise kept for the next refreshes is the q0.9 one, not the wider quantile
     chat = forecast[forecast["unique_id"] == "chat/replicas"]["q0.9"].to_numpy()
     np.testing.assert_array_equal(result.promise.replicas["chat"].to_numpy(), chat)
     # without a widened service, the refresh plans what forecast_free does
     calm = Refresher(settings).refresh(histories["stable"], evening("2025-12-01"))
-    assert calm.widened == {} and "q0.98" not in calm.forecast.columns
+    assert calm.widened == {}
     free, _ = forecast_free(histories["stable"], settings, evening("2025-12-01"))
     assert list(calm.free.index) == list(free.index)
+    np.testing.assert_array_equal(calm.free.to_numpy(), free.to_numpy())
 
 
 def test_the_daemon_exports_coverage_and_widening(launch):

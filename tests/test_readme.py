@@ -64,7 +64,7 @@ def test_the_quick_start_plan_runs_verbatim(tmp_path):
     assert done.returncode == 0, done.stderr
     said = " ".join(done.stdout.split())
     assert "Plan from Wed 2026-01-28 18:00 (Asia/Seoul)" in said
-    assert "largest idle window: 40 GPUs from Wed 20:50 to Thu 07:50" in said  # as the README
-    assert "40 GPUs from Wed 20:50 to Thu 07:50" in " ".join(README.split())
+    assert "largest idle window: 44 GPUs from Wed 21:00 to Thu 07:50" in said  # as the README
+    assert "44 GPUs from Wed 21:00 to Thu 07:50" in " ".join(README.split())
     for name in ("plan.csv", "windows.csv", "free_gpus.png"):
         assert (tmp_path / "out" / "plan" / name).is_file(), name
