@@ -350,11 +350,6 @@ class AdmissionConfig(_Strict):
 
     confidence: float = Field(default=0.9, ge=0.5, lt=1.0)
     """Probability that GPUs promised to a job really stay free (quantile of the forecast)."""
-    pool_uncertainty: Literal["joint", "sum"] = "joint"
-    """How the pool's free GPUs at the confidence come from the services' forecasts: ``joint``
-    takes the quantile of scenarios that keep the services' measured co-movement
-    (``idlegpu.forecast.scenarios``; never below the sum's promise); ``sum`` adds every
-    service's quantile (exact when they move in lockstep, pessimistic otherwise)."""
     runtime_quantile: float = Field(default=0.9, gt=0.0, lt=1.0)
     """Quantile of past runtimes a job is planned with."""
     runtime_safety_factor: float = Field(default=1.3, ge=1.0)
@@ -372,6 +367,11 @@ class AdmissionConfig(_Strict):
     what the forecast promised for now is added to the promise, halving every this many
     seconds ahead (0: plan on the forecast alone). Forecast errors persist for hours: a pool
     quieter (or busier) than forecast tends to stay so."""
+    pool_uncertainty: Literal["joint", "sum"] = "joint"
+    """How the pool's free GPUs at the confidence come from the services' forecasts: ``joint``
+    takes the quantile of scenarios that keep the services' measured co-movement
+    (``idlegpu.forecast.scenarios``; never below the sum's promise); ``sum`` adds every
+    service's quantile (exact when they move in lockstep, pessimistic otherwise)."""
     kv_cache_pressure: float = Field(default=0.95, gt=0.0, le=1.0)
     """KV-cache usage at which the service is under pressure (preempt to free GPUs)."""
     waiting_pressure: float = Field(default=8.0, ge=0.0)

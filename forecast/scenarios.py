@@ -66,7 +66,7 @@ def service_correlation(replicas: pd.DataFrame, services: Sequence[str], *,
     if len(wide.index) < 3:
         return out
     step = pd.Series(wide.index).diff().median()
-    lag = max(1, int(round(pd.Timedelta(days=1) / step))) if step and step > pd.Timedelta(0) else 1
+    lag = max(1, round(pd.Timedelta(days=1) / step)) if step and step > pd.Timedelta(0) else 1
     change = wide - wide.shift(lag)
     # normal scores: rank / (n + 1) through the normal quantile function (ties share a rank)
     scores = change.rank() / (change.notna().sum() + 1)

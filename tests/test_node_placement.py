@@ -218,10 +218,12 @@ def test_the_oracle_bounds_every_policy_on_a_small_node_pool(pool):
     for placement in (SPREAD, BINPACK):
         useful = {p: run(pool, p, jobs, placement).metrics
                   for p in ("night", "reactive", "forecast", "oracle")}
-        # the clairvoyant, never below the oracle, bounds them too (not the physical limit
-        # here: the trace runs dry, and its stops' grace periods count as held, not lost)
+        # the clairvoyant, never below the oracle in work done, bounds them too; on useful
+        # (held minus lost) not always here: the trace runs dry, and stops' grace periods
+        # count as held
         clairvoyant = run(pool, "clairvoyant", jobs, placement).metrics
-        assert clairvoyant["useful_gpu_hours"] >= useful["oracle"]["useful_gpu_hours"]
+        assert clairvoyant["work_gpu_hours"] >= useful["oracle"]["work_gpu_hours"]
+        assert clairvoyant["work_gpu_hours"] <= clairvoyant["physical_limit_gpu_hours"] + 1e-9
         oracle = useful["oracle"]["useful_gpu_hours"]
         assert oracle <= useful["oracle"]["physical_limit_gpu_hours"] + 1e-9
         for policy, m in useful.items():

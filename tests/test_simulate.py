@@ -106,11 +106,12 @@ def test_unknown_policy():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("days", [90, None], ids=["90-days", "whole-sample"])
+@pytest.mark.parametrize("days", [90], ids=["90-days"])
 def test_the_clairvoyant_is_an_upper_bound_on_the_sample(days):
-    """On the sample pool and trace (the README's 90 days, and the whole sample as
-    ``idlegpu simulate`` runs it by default), no policy harvests more useful GPU-hours than
-    the clairvoyant reference, and none more than the physical limit."""
+    """On the sample pool and trace (the README's 90 days; ``days=None``: the whole sample as
+    ``idlegpu simulate`` runs it by default, 50 s more, which the oracle once failed and the
+    clairvoyant, never below the oracle by construction, passed), no policy harvests more
+    useful GPU-hours than the clairvoyant reference, and none more than the physical limit."""
     from pathlib import Path
 
     from idlegpu.forecast.sources import read_history
@@ -134,11 +135,12 @@ def test_the_clairvoyant_is_an_upper_bound_on_the_sample(days):
         end = start + pd.Timedelta(days=days)
     metrics = {p: simulate(history, settings, jobs, p, start=start.to_pydatetime(),
                            end=end.to_pydatetime()).metrics for p in POLICIES}
-    bound = metrics["clairvoyant"]["useful_gpu_hours"]
-    assert metrics["clairvoyant"]["lost_gpu_hours"] == 0
-    assert metrics["clairvoyant"]["service_delay_gpu_minutes"] == 0
+    bound = metrics["clairvoyant"]
+    assert bound["lost_gpu_hours"] == 0 and bound["service_delay_gpu_minutes"] == 0
     for policy, m in metrics.items():
-        assert m["useful_gpu_hours"] <= bound + 1e-6, (policy, m["useful_gpu_hours"], bound)
+        for figure in ("useful_gpu_hours", "work_gpu_hours"):
+            assert m[figure] <= bound[figure] + 1e-6, (policy, figure, m[figure], bound[figure])
+        assert m["work_gpu_hours"] <= m["useful_gpu_hours"] + 1e-6, policy
         assert m["useful_gpu_hours"] <= m["physical_limit_gpu_hours"], policy
 
 def dips():
@@ -162,7 +164,8 @@ def test_the_clairvoyant_bounds_reactive_where_the_oracle_does_not():
     assert m["reactive"]["lost_gpu_hours"] > 0 and m["reactive"]["service_delay_gpu_minutes"] > 0
     clairvoyant = m["clairvoyant"]
     assert clairvoyant["useful_gpu_hours"] > m["reactive"]["useful_gpu_hours"]
-    assert clairvoyant["useful_gpu_hours"] <= clairvoyant["physical_limit_gpu_hours"]
+    assert clairvoyant["work_gpu_hours"] > m["reactive"]["work_gpu_hours"]
+    assert clairvoyant["work_gpu_hours"] <= clairvoyant["physical_limit_gpu_hours"]
     assert clairvoyant["lost_gpu_hours"] == 0 and clairvoyant["service_delay_gpu_minutes"] == 0
     assert clairvoyant["jobs_finished"] == 1  # the eval fits a dip whole
 
@@ -188,4 +191,15 @@ def test_the_clairvoyant_is_never_below_the_oracle():
             for i in range(10)]
     m = {p: simulate(history, settings, jobs, p, start=at(7, 0), end=at(11, 0)).metrics
          for p in ("oracle", "clairvoyant")}
-    assert m["clairvoyant"]["useful_gpu_hours"] >= m["oracle"]["useful_gpu_hours"]
+    assert m["clairvoyant"]["work_gpu_hours"] >= m["oracle"]["work_gpu_hours"]
+
+
+def test_work_is_what_was_done_and_kept_and_useful_adds_the_checkpointing_grace():
+    train = job("train", 32, 30, ckpt=True, submit=(7, 18))
+    m = run("oracle", [train], days=(7, 12)).metrics
+    assert m["work_gpu_hours"] == pytest.approx(32 * 30)  # all of it, finished
+    # every planned stop held its 32 GPUs through a 15-minute grace: held, not work
+    assert m["useful_gpu_hours"] - m["work_gpu_hours"] == pytest.approx(
+        32 * m["planned_stops"] * 0.25, abs=32 * 5 / 60)
+    lost = run("reactive", [job("eval", 16, 6, ckpt=False, submit=(7, 5))]).metrics
+    assert lost["work_gpu_hours"] == pytest.approx(16 * 6)  # the killed attempt is no work
