@@ -100,7 +100,9 @@ from idlegpu.scheduler.types import (
 
 POLICIES = ("night", "reactive", "forecast", "oracle", "clairvoyant")
 CLAIRVOYANT = "clairvoyant"
-_CLAIRVOYANT_NOW = "clairvoyant on the present"  # one of the clairvoyant's plans
+# the clairvoyant's own plans (beside the oracle's): on the true future, and on the present
+_CLAIRVOYANT_NOW = "clairvoyant on the present"
+_CLAIRVOYANT_PLANS = ("clairvoyant on the future", _CLAIRVOYANT_NOW)
 POOL = "pool"
 PLACEMENTS = (POOL, *STRATEGIES)
 EVICTION = "eviction"  # a stop's cause: the service took GPUs that jobs held
@@ -264,50 +266,25 @@ def simulate(
     least-used nodes first, see ``idlegpu.forecast.nodes``). ``forecast_cache``: shared by
     runs on the same history (the forecaster's backtest replays do not depend on the
     confidence, so a sweep over it refits them once)."""
-    if policy not in POLICIES:
+    if policy not in POLICIES and policy not in _CLAIRVOYANT_PLANS:
         raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
-    options = {"start": start, "end": end, "horizon": horizon, "refresh_hour": refresh_hour,
-               "policy_config": policy_config, "forecast_profiles": forecast_profiles,
-               "on_refresh": on_refresh, "placement": placement,
-               "deletion_cost": deletion_cost, "forecast_cache": forecast_cache}
-    if policy != CLAIRVOYANT:
-        return _replay(history, settings, jobs, policy, on_step=on_step, **options)
+    if policy == CLAIRVOYANT:
+        # the clairvoyant may play its own plan, reactive's admissions with its own stops
+        # (which lose nothing and never delay the service), or the oracle's (it knows all the
+        # oracle knows, and its stops lose nothing either): it does the most work of the
+        # three, so it is never below the oracle and, in practice, not below reactive either
+        names = (*_CLAIRVOYANT_PLANS, "oracle")
 
-    # the clairvoyant may also play the oracle's plan (it knows all the oracle knows, and its
-    # stops lose nothing either), or reactive's admissions with its own stops (which lose
-    # nothing and never delay the service): it does the most work of the three, so it is
-    # never below the oracle and, in practice, not below reactive either
-    names = (CLAIRVOYANT, _CLAIRVOYANT_NOW, "oracle")
+        def part(offset: int) -> Callable[[int, int], None] | None:
+            return None if on_step is None else (
+                lambda k, n: on_step(offset * n + k, len(names) * n))
 
-    def part(offset: int) -> Callable[[int, int], None] | None:
-        return None if on_step is None else (
-            lambda k, n: on_step(offset * n + k, len(names) * n))
-
-    plans = [_replay(history, settings, jobs, name, on_step=part(n), **options)
-             for n, name in enumerate(names)]
-    best = max(plans, key=lambda r: r.metrics["work_gpu_hours"])
-    return SimResult(CLAIRVOYANT, best.metrics, best.runs)
-
-
-def _replay(
-    history: pd.DataFrame,
-    settings: Settings,
-    jobs: Sequence[SimJob],
-    policy: str,
-    *,
-    start: datetime,
-    end: datetime,
-    horizon: timedelta,
-    refresh_hour: int,
-    policy_config: PolicySettings | None,
-    forecast_profiles: dict[datetime, FreeProfile] | None,
-    on_refresh: Callable[[int, int], None] | None,
-    on_step: Callable[[int, int], None] | None,
-    placement: str,
-    deletion_cost: bool,
-    forecast_cache: dict | None,
-) -> SimResult:
-    """``simulate`` of one policy, the clairvoyant's own plan for ``clairvoyant``."""
+        plans = [simulate(history, settings, jobs, name, start=start, end=end, horizon=horizon,
+                          refresh_hour=refresh_hour, policy_config=policy_config,
+                          on_step=part(n), placement=placement, deletion_cost=deletion_cost)
+                 for n, name in enumerate(names)]
+        best = max(plans, key=lambda r: r.metrics["work_gpu_hours"])
+        return SimResult(CLAIRVOYANT, best.metrics, best.runs)
     if placement not in PLACEMENTS:
         raise ValueError(f"unknown placement {placement!r}; choose from {', '.join(PLACEMENTS)}")
     on_nodes = placement != POOL
@@ -317,7 +294,7 @@ def _replay(
     config = policy_config or policy_settings(settings.admission, settings.pool.headroom_gpus,
                                               settings.pool.total_gpus)
     present = policy == _CLAIRVOYANT_NOW  # the clairvoyant's stops on reactive's admissions
-    clairvoyant = policy == CLAIRVOYANT or present
+    clairvoyant = policy in _CLAIRVOYANT_PLANS
     oracle = policy == "oracle" or clairvoyant  # they know the true runtimes
     if oracle:
         # it knows the future: no need to cap new jobs at what is idle now for an hour
