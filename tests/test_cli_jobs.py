@@ -68,7 +68,13 @@ def test_cancel_of_a_markup_id_is_one_plain_line(tmp_path, cli):
 def test_reasons_args_and_paths_are_printed_verbatim(tmp_path, cli, monkeypatch):
     import yaml
 
-    monkeypatch.setenv("COLUMNS", "400")  # the queue's table on one line per unit
+    from rich.console import Console
+
+    import idlegpu.scheduler.cli as cli_module
+
+    # the queue's table on one line per unit: a console as wide as COLUMNS=400 makes it (the
+    # command's console reads COLUMNS when it is made, which a test runner may have set)
+    monkeypatch.setattr(cli_module, "console", Console(markup=False, emoji=False, width=400))
 
     store = f"sqlite:///{tmp_path / 'jobs.db'}"
     request = yaml.safe_load((EXAMPLES / "pretrain.yaml").read_text())
