@@ -168,7 +168,9 @@ def decide(
                 "signals")
     else:
         for job in by_id:
-            if job.stop_by is not None and job.stop_by <= now + timedelta(seconds=settings.grace_s):
+            # its stop_by is its window's end less the grace period: stopped at the last pass
+            # before it (passes are a step apart), it is gone by the window's end
+            if job.stop_by is not None and job.stop_by <= now + timedelta(seconds=step):
                 keep = _keep_after_window(job, now, free, used, ends, i0, n_steps,
                                           grace_steps, settings, step)
                 if keep:

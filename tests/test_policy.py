@@ -213,6 +213,22 @@ def test_a_closing_window_stops_its_job_as_planned():
     assert "window closes" in result.decisions[0].reason
 
 
+def test_a_segment_stops_at_the_last_pass_before_its_stop_by_not_a_grace_period_early():
+    """A segment's ``stop_by`` is its window's end less the grace period: stopped at the last
+    pass (5-minute steps) before it, its GPUs are back by the window's end. It used to be
+    stopped once ``stop_by`` was within a grace period, giving back 10 minutes of its window."""
+    stop_by = T0 + timedelta(minutes=20)
+    for minutes, stops in ((0, False), (10, False), (15, True)):
+        now = T0 + timedelta(minutes=minutes)
+        running = [run("seg", gpus=8, stop_by=stop_by)]
+        result = plan(profile([32] * 72, start=T0), running=running, now=now,
+                      signals=ServingSignals(observed_at=now, kv_cache_usage=0.3))
+        assert (actions(result) == {"seg": Action.PREEMPT}) is stops, minutes
+        if stops:  # released a grace period later: 5 minutes past stop_by, before the end
+            assert now + timedelta(seconds=SETTINGS.grace_s) <= stop_by + timedelta(
+                seconds=SETTINGS.grace_s)
+
+
 # ----------------------------------------------------------------------------- properties
 
 
