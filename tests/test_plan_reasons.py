@@ -120,12 +120,13 @@ def test_a_reason_is_never_of_now_at_a_later_step():
     # the service's ramp at Thu 07:30 stops the jobs: steps with GPUs "left" that the policy
     # does not offer yet (the stopping jobs hold them through the grace period); the old
     # reason read "the first 16-GPU window left opens at Thu 07:20, but then: needs 16 GPUs;
-    # 0 free now"
+    # 0 free now" (the jobs' windows are theirs to the last pass before their stop_by: what
+    # they leave opens at 07:20, no longer 07:15)
     queue = [unit(f"j{i}", 8, 20, checkpointable=True) for i in range(3)] + [unit("x", 16, 2)]
     said = reasons(profile((13.5, 24), (10, 2)), queue)
     assert said["x"] == ("needs 16 GPUs for 2.0 h + grace without a stop; the jobs running or "
                          "planned ahead of it take the 16-GPU window of Wed 18:00 KST – Thu "
-                         "07:30 KST, leaving at most 0.2 h (from Thu 07:15 KST)")
+                         "07:30 KST, leaving at most 0.2 h (from Thu 07:20 KST)")
 
 
 @pytest.mark.parametrize("sizes, gaps", [((4,), False), ((4, 8, 16), False),
