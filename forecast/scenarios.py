@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
-from scipy.special import ndtri
+from scipy.special import ndtr, ndtri
 
 from idlegpu.forecast.capacity import FREE, IN_USE, forecast_pool_usage
 from idlegpu.forecast.config import Settings
@@ -119,7 +119,7 @@ def joint_pool_usage(
     draws = np.random.default_rng(seed).multivariate_normal(
         np.zeros(len(services)), correlation, size=scenarios, method="cholesky"
         if _positive_definite(correlation) else "eigh")
-    u = _normal_cdf(draws)  # scenarios x services, one rank per path for the whole horizon
+    u = ndtr(draws)  # scenarios x services, one rank per path for the whole horizon
     total = np.zeros((scenarios, len(index)), dtype=np.float32)
     columns = [quantile_column(q) for q in levels]
     values = forecast[columns].to_numpy(dtype=np.float32)  # once: pandas is slow per service
@@ -195,12 +195,6 @@ def _positive_definite(matrix: np.ndarray) -> bool:
     except np.linalg.LinAlgError:
         return False
     return True
-
-
-def _normal_cdf(z: np.ndarray) -> np.ndarray:
-    from scipy.special import ndtr
-
-    return ndtr(z)
 
 
 def _interpolate(grid: np.ndarray, levels: np.ndarray, u: np.ndarray) -> np.ndarray:

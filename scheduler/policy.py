@@ -283,14 +283,15 @@ def decide(
 
     # --- 4. admission with one reservation (EASY backfilling) ----------------------------
     values = free[:n_steps] - used[:n_steps]
-    whole_values = values if whole_free is free else whole_free[:n_steps] - used[:n_steps]
-    for view in {id(values): values, id(whole_values): whole_values}.values():
-        if signals.idle_gpus is not None:
-            idle_now = max(0.0, signals.idle_gpus - settings.headroom_gpus)
-            cap_end = min(n_steps, i0 + _steps(settings.live_cap_s, step))
-            view[i0:cap_end] = np.minimum(view[i0:cap_end], idle_now)
-        if holes:
-            view[hole[:n_steps]] = 0.0  # no admission into a hole, nor a reservation across it
+    if signals.idle_gpus is not None:
+        idle_now = max(0.0, signals.idle_gpus - settings.headroom_gpus)
+        cap_end = min(n_steps, i0 + _steps(settings.live_cap_s, step))
+        values[i0:cap_end] = np.minimum(values[i0:cap_end], idle_now)
+    if holes:
+        values[hole[:n_steps]] = 0.0  # no admission into a hole, nor a reservation across it
+    # whole_free is never above free (and NaN where it is): the same caps and holes, lower
+    whole_values = values if whole_free is free else np.fmin(
+        values, whole_free[:n_steps] - used[:n_steps])
     avail = _Availability(values, i0, whole=whole_values)
     room = None if nodes is None else _NodeRoom(nodes)
     reserved = False

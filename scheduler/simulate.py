@@ -21,18 +21,16 @@ Policies, all driven by the same ``decide()``:
   does (a unit starts only where it fits), so it is no upper bound: admitting more and
   stopping often can harvest more;
 * ``clairvoyant``: the reference that bounds them: it knows the true replicas and runtimes and
-  **checkpoints at will**, every unit, instantly: it starts whatever fits now (as reactive
-  does), and when the service needs GPUs it stops units at that very step with all their work
-  saved and their GPUs back at once, so it loses nothing and never delays the service. No
-  policy that must pay for a stop (lost work, a grace period, a restart) harvests more from
-  the same trace, and ``physical_limit_gpu_hours`` (every idle GPU-hour filled, whatever the
-  units' sizes) bounds it in turn. It plays the better of two plans: its own (the true future
-  as the oracle reads it, every unit as one that checkpoints, any window of a step worth
-  using, and the service's need a grace period ahead stopping the units in its way) and the
-  oracle's, which it may equally follow; so it is never below the oracle. (Its stops hold
-  their GPUs through the grace period, as every planned stop does, and the run table counts
-  that as useful: where the trace runs dry, a policy that stops more often can come out a
-  grace period or two ahead of it.)
+  **checkpoints at will**: any unit, stopped at any step, saves all it has done in its grace
+  period. Its own plan reads the true future as the oracle does, sees every unit as one that
+  checkpoints (any window of a step worth using), and stops the units in the service's way a
+  grace period before the service needs their GPUs, so it loses nothing and never delays the
+  service. It plays the best of three plans by the work done: that one, reactive's admissions
+  with its stops, and the oracle's (it may follow either), so it is never below the oracle.
+  ``work_gpu_hours`` is the work done and kept; useful GPU-hours (held minus lost, the
+  report's definition) count a planned stop's grace period as held, so where a trace runs dry
+  a policy that stops more often can be credited more useful, never more work, and
+  ``physical_limit_gpu_hours`` bounds the work.
 
 **Gaps** in the replica history (a metrics outage) are treated as the daemon treats missing
 live signals: no signals, so no admission, and every job stops once they have been missing for
@@ -844,9 +842,10 @@ def sweep(
                          f"admission.confidence, not {bad[0]}")
     rows = []
     cache: dict = {}
+    levels = sorted(set(confidences))
     names = [p for p in POLICIES if p != "forecast"]
-    total = len(confidences) + (0 if references is not None else len(names))
-    for n, confidence in enumerate(sorted(set(confidences))):
+    total = len(levels) + (0 if references is not None else len(names))
+    for n, confidence in enumerate(levels):
         admission = settings.admission.model_copy(update={"confidence": confidence})
         at = settings.model_copy(update={"admission": admission})
         metrics = simulate(history, at, jobs, "forecast", start=start, end=end,
@@ -861,7 +860,7 @@ def sweep(
             references[name] = simulate(history, settings, jobs, name, start=start, end=end,
                                         **options).metrics
             if on_point:
-                on_point(len(confidences) + n + 1, total)
+                on_point(len(levels) + n + 1, total)
     for name, metrics in references.items():
         if name != "forecast":
             rows.append({"policy": name, "confidence": float("nan"),
