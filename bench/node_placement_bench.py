@@ -44,7 +44,7 @@ VARIANTS = {  # label: (placement, deletion_cost)
     "binpack + deletion cost": ("binpack", True),
 }
 METRICS = ("useful_gpu_hours", "lost_gpu_hours", "service_delay_gpu_minutes", "jobs_finished",
-           "service_unplaced_gpu_hours")
+           "service_unplaced_gpu_hours", "gangs", "gangs_finished", "gang_queue_wait_hours")
 
 
 def main() -> None:
@@ -83,13 +83,15 @@ def main() -> None:
     print(f"\n### {args.days} days from {args.start}, {len(entries)} requests ({len(jobs)} "
           f"units), {count} nodes of {args.node_gpus} GPUs\n")
     print("| placement | policy | useful GPU-h | lost GPU-h | service delay GPU-min | "
-          "finished | service unplaced GPU-h | wall s | wall / pool's |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "finished | gangs finished | gang wait h | service unplaced GPU-h | wall s | "
+          "wall / pool's |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for (label, policy), m in rows.items():
         ratio = seconds[(label, policy)] / seconds[("pool", policy)]
         unplaced = m.get("service_unplaced_gpu_hours")
         print(f"| {label} | {policy} | {m['useful_gpu_hours']:,.0f} | {m['lost_gpu_hours']:,.1f} "
               f"| {m['service_delay_gpu_minutes']:,.0f} | {m['jobs_finished']:.0f} | "
+              f"{_gangs(m)} | "
               f"{'-' if unplaced is None else f'{unplaced:,.0f}'} | "
               f"{seconds[(label, policy)]:.1f} | {ratio:.2f} |")
     print("\n| placement | forecast / oracle useful | forecast / pool-level forecast useful | "
@@ -100,6 +102,14 @@ def main() -> None:
         print(f"| {label} | {f['useful_gpu_hours'] / o['useful_gpu_hours']:.3f} | "
               f"{f['useful_gpu_hours'] / pool_forecast:.3f} | "
               f"{'yes' if o['useful_gpu_hours'] >= f['useful_gpu_hours'] else 'NO'} |")
+
+
+def _gangs(metrics: dict[str, float]) -> str:
+    """``finished of gangs | mean wait``, or dashes with the pool as one bin (no gangs)."""
+    if "gangs" not in metrics:
+        return "- | -"
+    return (f"{metrics['gangs_finished']:.0f} of {metrics['gangs']:.0f} | "
+            f"{metrics['gang_queue_wait_hours']:.1f}")
 
 
 if __name__ == "__main__":

@@ -53,6 +53,7 @@ import build_real_pool as pool  # scripts/
 import pandas as pd
 
 from idlegpu.forecast.config import load_config
+from idlegpu.scheduler.policy import policy_settings
 from idlegpu.scheduler.runtime import RuntimeEstimator, load_runs
 from idlegpu.scheduler.simulate import POLICIES, forecast_profiles_for, simulate, trace_jobs
 from idlegpu.scheduler.specs import load_trace
@@ -137,6 +138,11 @@ def main() -> None:
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--pool-uncertainty", choices=["sum", "joint"],
                         help="admission.pool_uncertainty (default: the pool's config)")
+    parser.add_argument("--no-stop-after-checkpoint", action="store_true",
+                        help="stop when the need comes within the grace period, not just "
+                             "after a checkpoint (the rule before it)")
+    parser.add_argument("--saves-on-stop", action="store_true",
+                        help="model workloads that save when told to stop (SIGTERM)")
     args = parser.parse_args()
     run = RUNS[args.pool]
     days = args.days or run.days
@@ -151,6 +157,9 @@ def main() -> None:
     start = run.start.tz_convert("UTC")
     end = min(start + pd.Timedelta(days=days), run.spec.end)
     index = pd.date_range(start, end, freq="5min", inclusive="left")
+    config = replace(policy_settings(settings.admission, settings.pool.headroom_gpus,
+                                     settings.pool.total_gpus),
+                     stop_after_checkpoint=not args.no_stop_after_checkpoint)
     goals = []
     for name in args.variants.split(","):
         history, jobs = variant_inputs(VARIANTS[name], settings, entries, estimator, run)
@@ -160,7 +169,8 @@ def main() -> None:
         rows = {}
         for policy in POLICIES:
             result = simulate(history, settings, jobs, policy, start=start.to_pydatetime(),
-                              end=end.to_pydatetime(),
+                              end=end.to_pydatetime(), policy_config=config,
+                              saves_on_stop=args.saves_on_stop,
                               forecast_profiles=profiles if policy == "forecast" else None)
             rows[policy] = result.metrics
         table = pd.DataFrame(rows)

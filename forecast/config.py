@@ -367,6 +367,14 @@ class AdmissionConfig(_Strict):
     what the forecast promised for now is added to the promise, halving every this many
     seconds ahead (0: plan on the forecast alone). Forecast errors persist for hours: a pool
     quieter (or busier) than forecast tends to stay so."""
+    node_reservation_seconds: int = Field(default=14400, ge=0)
+    """How far ahead whole nodes are reserved for a unit the nodes refuse now (a gang that
+    needs N whole nodes, fewer of which are free): it gets the nodes where the units on them
+    end first if that is within this many seconds, and only what ends before may use them
+    meanwhile (0: no node reservations). Further out the units' end estimates and the
+    service's replicas make the nodes an unreliable promise, and the reservation idles them
+    for hours: on the sample pool as 8-GPU nodes, unbounded reservations finished fewer gangs
+    than none, 4 h the most (``bench/node_placement_bench.py``)."""
     pool_uncertainty: Literal["joint", "sum"] = "joint"
     """How the pool's free GPUs at the confidence come from the services' forecasts: ``joint``
     takes the quantile of scenarios that keep the services' measured co-movement

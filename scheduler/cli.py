@@ -749,6 +749,10 @@ def simulate(
         help="Also run the forecast policy at each of these admission confidences (e.g. "
         "0.5,0.7,0.8,0.9,0.95) and draw the frontier of useful GPU-hours against service "
         "delay and lost work beside the other policies (frontier.csv, frontier.png).")] = None,
+    saves_on_stop: Annotated[bool, typer.Option(
+        "--saves-on-stop", help="Model workloads that save their progress when told to stop "
+        "(SIGTERM, in the grace period). Default: a planned stop keeps only what the "
+        "periodic checkpoints saved, as a blind SIGTERM does.")] = False,
 ) -> None:
     """Replay the pool history and a job trace through the admission policy, for each of
     night (fixed 20:00-08:00), reactive, forecast (ours), oracle (ours on the actual future) and
@@ -800,7 +804,7 @@ def simulate(
                 on_refresh=lambda n, total: progress.update(forecasting, completed=n,
                                                             total=total),
                 on_step=lambda k, total: progress.update(task, completed=k + 1, total=total),
-                placement=placement,
+                placement=placement, saves_on_stop=saves_on_stop,
             )
             progress.remove_task(forecasting)
             progress.remove_task(task)
@@ -844,7 +848,7 @@ def simulate(
                   f"cause, overrun, checkpointing and admission hour); chart: {chart}")
     if confidences:
         _frontier(frame, settings, sim_jobs, confidences, rows, out, start=start, end=end,
-                  placement=placement)
+                  placement=placement, saves_on_stop=saves_on_stop)
 
 
 def _confidences(text: str) -> list[float]:
@@ -868,7 +872,7 @@ def _confidences(text: str) -> list[float]:
 
 
 def _frontier(frame, settings, sim_jobs, confidences, rows, out: Path, *, start, end,
-              placement: str) -> None:
+              placement: str, saves_on_stop: bool = False) -> None:
     """``simulate --sweep``: the forecast policy at each confidence beside the policies just
     run (and any not run yet), as a table, frontier.csv and frontier.png."""
     import pandas as pd
@@ -885,7 +889,7 @@ def _frontier(frame, settings, sim_jobs, confidences, rows, out: Path, *, start,
         frontier = sweep_policies(
             frame, settings, sim_jobs, confidences, start=start.to_pydatetime(),
             end=end.to_pydatetime(), references=references, placement=placement,
-            on_point=lambda n, total: progress.update(task, completed=n, total=total))
+            saves_on_stop=saves_on_stop, on_point=lambda n, total: progress.update(task, completed=n, total=total))
     write_csv(frontier, out / "frontier.csv")
     chart = plots.frontier_chart(
         frontier, out / "frontier.png",

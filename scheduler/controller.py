@@ -73,6 +73,7 @@ from idlegpu.scheduler.types import (
     Overruns,
     Plan,
     PolicySettings,
+    RunningJob,
     ServingSignals,
 )
 
@@ -297,10 +298,31 @@ class Controller:
             self._read_signals(now, report, job_gpus=sum(job.gpus for job in holding)))
         # the policy may still act on what runs, but not on what was already told to stop
         running = [job for job in holding if job.id not in self._stopping]
+        if nodes is not None and running:
+            running = self._placed(running, nodes)
         report.plan = decide(now, self._profile(now, report), running, waiting,
                              report.signals, usage, self.settings, nodes)
         self._apply(now, report.plan, report)
         return report
+
+    def _placed(self, running: list[RunningJob], view: NodeView) -> list[RunningJob]:
+        """``running`` with the nodes their pods are bound to (or claimed on, not bound yet)
+        and each pod's CPU and memory: ``decide()`` counts what they give back there when
+        they end, to reserve whole nodes for a unit the nodes refuse now."""
+        names = {row.id: self.cluster.job_name(row.id, row.attempts)
+                 for row in self.store.holding()}
+        on: dict[str, set[str]] = {}
+        for job_name, node in view.bound_at:
+            on.setdefault(job_name, set()).add(node)
+        for name, claimed, *_ in self._claims.values():
+            on.setdefault(name, set()).update(claimed)
+        out = []
+        for job in running:
+            where = on.get(names.get(job.id, ""), set())
+            cpu, memory = self._requests.get(job.id, (None, None))
+            out.append(replace(job, nodes=tuple(sorted(where)), cpu=cpu, memory=memory)
+                       if where else job)
+        return out
 
     # ------------------------------------------------------------------ steps
     def _net_of_stopping(self, signals: ServingSignals) -> ServingSignals:
@@ -372,11 +394,12 @@ class Controller:
             report.released.append(row.id)
 
     def _pinned(self, row, name: str) -> dict[str, tuple[str, ...]]:
-        """``apply``'s ``nodes`` for a gang's Job ``name``: the nodes its admission counted on
-        (still claimed by this process); none for one pod or when not known (after a restart:
-        its pods are still kept apart, and the gang timeout rolls back what does not fit)."""
+        """``apply``'s ``nodes`` for the Job ``name``: the nodes its admission counted on (still
+        claimed by this process), so its pods do not land on a node kept for another unit;
+        none when not known (after a restart: the kube-scheduler places it, a gang's pods
+        still kept apart, and the gang timeout rolls back what does not fit)."""
         claim = self._claims.get(row.id)
-        if getattr(row.attempt_spec, "nodes", 1) > 1 and claim is not None and claim[0] == name:
+        if claim is not None and claim[0] == name:
             return {"nodes": claim[1]}
         return {}
 

@@ -80,8 +80,8 @@ class Cluster(Protocol):
               stop_by: datetime | None, now: datetime, nodes: tuple[str, ...] | None = None
               ) -> str:
         """Create the attempt's Job, or adopt it when it already exists; returns its name.
-        ``nodes``: for a multi-node unit, the nodes its pods are pinned to (one each; passed
-        only for such units).
+        ``nodes``: the nodes its pods are pinned to (one each), the ones admission counted
+        on; None: where the kube-scheduler binds them.
         Raises ``JobRejectedError`` when the Job itself is refused, another ``IdlegpuError``
         when the cluster cannot take it now."""
 

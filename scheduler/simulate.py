@@ -39,8 +39,8 @@ into them). Gap hours never count as idle (``unobserved_hours`` reports them); t
 simulated cluster assumes the service stays where it was last seen.
 
 **Elastic jobs** (``min_gpus`` below ``gpus``) may be admitted on fewer GPUs and shrunk
-while they run: a shrink checkpoints (planned: nothing lost; for a live need, like any
-unplanned stop, the work since the last checkpoint is lost), holds its GPUs through the grace
+while they run: a shrink is a stop and a restart (the work since the last periodic checkpoint
+is lost, as at any stop, unless ``saves_on_stop``), holds its GPUs through the grace
 period, then runs on at the smaller size. A job on ``n`` of its ``gpus`` GPUs does
 ``n / gpus`` seconds of work per second (linear scaling), so useful and lost GPU-hours are
 counted in GPU-seconds whatever the size (``shrinks`` counts the shrinks).
@@ -55,10 +55,9 @@ kube-scheduler's ``LeastAllocated`` or ``MostAllocated`` scoring for scale-ups, 
 controller's ranking for scale-downs; the state carries over, replicas never move), every
 policy gets a ``NodeView`` of the simulated nodes each step and ``decide(..., nodes=view)``
 places units on the nodes really free, and a unit bigger than the largest node that splits
-into whole nodes is a multi-node (gang) unit of that many pods. A one-pod unit's Job does not
-pin the node ``decide()`` counted on: its pod is bound by the same kube-scheduler scoring as
-the replicas (``spread`` puts it on the emptiest node that fits, not the best fit); a gang's
-pods are pinned to ``Decision.nodes``. A scale-up lands where jobs
+into whole nodes is a multi-node (gang) unit of that many pods. Every unit's pods are pinned
+to the nodes ``decide()`` counted on (``Decision.nodes``, as the daemon's Jobs are), so the
+whole nodes it reserves for a gang stay free for it. A scale-up lands where jobs
 are not; where no node has room, the replica evicts jobs on one node (kube-scheduler
 preemption) and waits for their grace period, nominated there: its GPUs count as service
 delay, as a pool-level shortfall does. A replica no node could hold even without jobs is not
@@ -148,6 +147,7 @@ class SimJob:
             checkpointable=self.checkpointable, priority=self.priority,
             submitted_at=self.submit_at, deadline=self.deadline, preemptions=preemptions,
             max_preemptions=self.max_preemptions, kind=self.kind, min_gpus=self.min_gpus,
+            checkpoint_interval_s=self.checkpoint_interval_s if self.checkpointable else None,
             **({"nodes": self.nodes} if self.nodes != 1 else {}),
         )
 
@@ -258,19 +258,22 @@ def simulate(
     placement: str = POOL,
     deletion_cost: bool = False,
     forecast_cache: dict | None = None,
+    saves_on_stop: bool = False,
 ) -> SimResult:
     """Run one policy over ``[start, end)``; see the module docstring. ``placement``: ``pool``,
     ``spread`` or ``binpack`` (on ``pool.nodes``; ``deletion_cost``: the scale-downs empty the
     least-used nodes first, see ``idlegpu.forecast.nodes``). ``forecast_cache``: shared by
     runs on the same history (the forecaster's backtest replays do not depend on the
-    confidence, so a sweep over it refits them once)."""
+    confidence, so a sweep over it refits them once). ``saves_on_stop``: model workloads that
+    save their progress when told to stop (SIGTERM) in the grace period; by default, as for
+    a blind SIGTERM, a planned stop keeps only what the periodic checkpoints saved."""
     if policy not in POLICIES and policy not in _CLAIRVOYANT_PLANS:
         raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
     if policy == CLAIRVOYANT:
         # the clairvoyant may play its own plan, reactive's admissions with its own stops
         # (which lose nothing and never delay the service), or the oracle's (it knows all the
-        # oracle knows, and its stops lose nothing either): it does the most work of the
-        # three, so it is never below the oracle and, in practice, not below reactive either
+        # oracle knows): it does the most work of the three, so it is never below the oracle
+        # and, in practice, not below reactive either
         names = (*_CLAIRVOYANT_PLANS, "oracle")
 
         def part(offset: int) -> Callable[[int, int], None] | None:
@@ -279,7 +282,8 @@ def simulate(
 
         plans = [simulate(history, settings, jobs, name, start=start, end=end, horizon=horizon,
                           refresh_hour=refresh_hour, policy_config=policy_config,
-                          on_step=part(n), placement=placement, deletion_cost=deletion_cost)
+                          on_step=part(n), placement=placement, deletion_cost=deletion_cost,
+                          saves_on_stop=saves_on_stop)
                  for n, name in enumerate(names)]
         best = max(plans, key=lambda r: r.metrics["work_gpu_hours"])
         return SimResult(CLAIRVOYANT, best.metrics, best.runs)
@@ -470,11 +474,11 @@ def simulate(
             if d.action is Action.PREEMPT:
                 planned_stops += d.planned
                 _stop(job, now, grace, planned=d.planned, runs=runs, cause=d.cause,
-                      at_will=clairvoyant)
+                      at_will=clairvoyant, saves_on_stop=saves_on_stop)
             elif d.action is Action.SHRINK:
                 shrinks += 1
                 _stop(job, now, grace, planned=d.planned, runs=runs, shrink_to=d.gpus,
-                      cause=d.cause, at_will=clairvoyant)
+                      cause=d.cause, at_will=clairvoyant, saves_on_stop=saves_on_stop)
                 job.resume_stop_by = d.stop_by
             elif d.action is Action.ADMIT:
                 if cluster is not None:
@@ -531,6 +535,14 @@ def simulate(
     if cluster is not None:
         metrics["service_unplaced_gpu_hours"] = unplaced_gpu_min / 60
         metrics["admissions_unbound"] = float(unbound)
+        # a gang starves where single-node units keep taking the nodes it needs: its wait
+        # counts up to the end of the span when it never started
+        gangs = [j for j in state.values() if j.spec.nodes > 1 and j.spec.submit_at <= end_time]
+        metrics["gangs"] = float(len(gangs))
+        metrics["gangs_finished"] = float(sum(j.finished_at is not None for j in gangs))
+        metrics["gang_queue_wait_hours"] = float(np.mean([
+            ((j.first_start or end_time) - j.spec.submit_at).total_seconds() / 3600
+            for j in gangs])) if gangs else float("nan")
     return SimResult(policy, metrics, frame)
 
 
@@ -609,18 +621,14 @@ class _Nodes:
         return NodeView(self._view_nodes, observed_at=now)
 
     def where(self, decision, live: Sequence[_Job]) -> dict[int, int] | None:
-        """The GPUs an admission takes on each node: a gang's pods (its GPUs split evenly) on
-        the nodes ``decide()`` named, a one-pod unit where the kube-scheduler binds it. None:
-        no node has the room any more (an earlier pod of the same pass was bound elsewhere
-        than ``decide()`` counted on), so its pod would stay pending."""
+        """The GPUs an admission takes on each node: its pods (a gang's GPUs split evenly) on
+        the nodes ``decide()`` named, as the Job pins them. None: a node has not the room
+        any more, so its pod would stay pending."""
         names = tuple(getattr(decision, "nodes", ()) or ()) or (decision.node,)
         if None in names:
             raise ValueError(f"decide() admitted {decision.job_id} on nodes without naming "
                              "the node")
         room = self.room(live)
-        if len(names) == 1:
-            node = self.placement.score(room, decision.gpus)
-            return None if node is None else {node: decision.gpus}
         per_pod = decision.gpus // len(names)
         if any(room[self.index[name]] < per_pod for name in names):
             return None
@@ -631,13 +639,17 @@ class _Nodes:
 
 
 def _stop(job: _Job, now: datetime, grace: timedelta, *, planned: bool, runs: _Run,
-          cause: str, shrink_to: int | None = None, at_will: bool = False) -> None:
-    """Start the grace period of a running job; planned stops checkpoint, others lose work.
-    ``shrink_to``: a shrink, not a stop: after its grace period the job runs on with these
-    GPUs (not a preemption either way). ``cause``: what stopped it (the run table's).
-    ``at_will``: the clairvoyant's stop: any unit saves all it has done in its grace period."""
+          cause: str, shrink_to: int | None = None, at_will: bool = False,
+          saves_on_stop: bool = False) -> None:
+    """Start the grace period of a running job. A checkpointing job keeps what its periodic
+    checkpoints saved and loses what it did since the last one: a stop's SIGTERM is no
+    checkpoint (``saves_on_stop``: workloads that save when told to stop, in the grace
+    period, lose nothing at a planned stop). ``shrink_to``: a shrink, not a stop: after its
+    grace period the job runs on with these GPUs (not a preemption either way). ``cause``:
+    what stopped it (the run table's). ``at_will``: the clairvoyant's stop: any unit saves all
+    it has done in its grace period."""
     overran = job.saved_s + job.progress_s > job.spec.estimate_s > 0
-    if at_will or (planned and job.spec.checkpointable):
+    if at_will or (planned and job.spec.checkpointable and saves_on_stop):
         job.saved_s += job.progress_s
         lost = 0.0
     else:
@@ -698,7 +710,9 @@ def _waiting(live: list[_Job], state: dict[str, _Job], step_s: int, overruns: Ov
                     else overruns.remaining_s(spec.estimate_s, job.saved_s))
             view = spec.as_waiting(runtime_s=max(step_s, left), preemptions=job.preemptions)
             if at_will:
-                view = replace(view, checkpointable=True, max_preemptions=None)
+                # (it saves at will: no interval bounds its segments)
+                view = replace(view, checkpointable=True, max_preemptions=None,
+                               checkpoint_interval_s=None)
             job.queued_view = (key, view)
         out.append(job.queued_view[1])
     return out
@@ -720,7 +734,9 @@ def _running(job: _Job, step_s: int, overruns: Overruns, *, oracle: bool = False
         started_at=job.started_at, checkpointable=spec.checkpointable or at_will,
         remaining_s=max(step_s, left),
         last_checkpoint_at=job.last_checkpoint_at, stop_by=job.stop_by, kind=spec.kind,
-        min_gpus=spec.min_gpus,
+        min_gpus=spec.min_gpus, nodes=tuple(f"node-{i}" for i in sorted(job.where)),
+        checkpoint_interval_s=(spec.checkpoint_interval_s
+                               if spec.checkpointable and not at_will else None),
     )
 
 

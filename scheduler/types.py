@@ -93,6 +93,9 @@ class WaitingJob:
     nodes: int = 1
     """Pods of a multi-node (gang) unit, one per node, each with ``gpus // nodes`` GPUs and
     ``cpu`` and ``memory`` (those are per pod); all start together or none. 1: one pod."""
+    checkpoint_interval_s: float | None = None
+    """Seconds between its periodic checkpoints (None: unknown). A segment shorter than one
+    interval would save nothing of its own, so none is offered."""
 
     def __post_init__(self) -> None:
         _elastic_min(self)
@@ -185,6 +188,18 @@ class RunningJob:
     """An elastic job may be shrunk to as few as this many GPUs (a checkpoint, then a restart
     on fewer GPUs); None (the default) becomes ``gpus``: not elastic. ``gpus`` and
     ``remaining_s`` are what it holds and needs at its current size."""
+    nodes: tuple[str, ...] = ()
+    """The nodes its pods hold GPUs on (one per pod, its GPUs split evenly), when known: with a
+    node view, ``decide()`` counts them back on these nodes when it ends, for a reservation
+    of whole nodes."""
+    cpu: float | None = None
+    """CPU cores each of its pods requests (None: unknown; counted as none coming back)."""
+    memory: int | None = None
+    """Bytes of memory each of its pods requests (None: unknown)."""
+    checkpoint_interval_s: float | None = None
+    """Seconds between its periodic checkpoints (None: unknown): with it, a checkpoint is
+    expected every interval from its last known one (or its start), and a planned stop is
+    timed just after one (``decide()``)."""
 
     def __post_init__(self) -> None:
         _elastic_min(self)
@@ -193,12 +208,28 @@ class RunningJob:
     def elastic(self) -> bool:
         return self.min_gpus < self.gpus and self.checkpointable
 
+    def last_checkpoint(self, now: datetime) -> datetime:
+        """Its latest checkpoint by ``now``: the last known one (or its start), advanced by
+        whole checkpoint intervals when the interval is known."""
+        since = self.last_checkpoint_at or self.started_at
+        interval = self.checkpoint_interval_s
+        if interval and interval > 0 and now > since:
+            since += timedelta(seconds=interval * ((now - since).total_seconds() // interval))
+        return since
+
+    def next_checkpoint(self, now: datetime) -> datetime | None:
+        """Its next checkpoint after ``now`` (None: the interval is unknown)."""
+        interval = self.checkpoint_interval_s
+        if not interval or interval <= 0:
+            return None
+        return self.last_checkpoint(now) + timedelta(seconds=interval)
+
     def unsaved_work_s(self, now: datetime) -> float:
-        """Seconds of work a preemption now would lose (since the last checkpoint or start)."""
+        """Seconds of work a stop now would lose (since the last checkpoint or start): a
+        stop's SIGTERM is no checkpoint, only the periodic ones count."""
         if not self.checkpointable:
             return (now - self.started_at).total_seconds()
-        since = self.last_checkpoint_at or self.started_at
-        return max(0.0, (now - since).total_seconds())
+        return max(0.0, (now - self.last_checkpoint(now)).total_seconds())
 
 
 @dataclass(frozen=True)
@@ -283,6 +314,12 @@ class PolicySettings:
     nowcast_half_life_s: float = 0.0
     """Correct the forecast by the live pool (``nowcast``): the gap between the GPUs free now
     and the promise for now, halving every this many seconds ahead (0: no correction)."""
+    stop_after_checkpoint: bool = True
+    """Time planned stops of checkpointable units with a known interval just after a
+    checkpoint (``decide()``); False: stop when the need comes within the grace period."""
+    node_reservation_s: float = 14400.0
+    """With a node view, whole nodes are reserved for the first unit the nodes refuse only
+    where they free up within this many seconds (0: never)."""
     live_cap_s: float = 3600.0
     """For this long, new jobs get no more than the GPUs idle right now (minus headroom), even
     where the forecast promises more: a service above its forecast (an unplanned spike) tends

@@ -26,15 +26,18 @@ class MemoryCluster:
         self.stops: list[tuple[str, str]] = []
         self.deleted: list[str] = []
         self.fail_apply = 0
+        self.pinned: dict[str, tuple[str, ...]] = {}  # Job name -> the nodes it is pinned to
 
     def job_name(self, unit_id, attempt):
         return f"idlegpu-{unit_id}-a{attempt}"
 
-    def apply(self, unit_id, attempt, spec, *, team, stop_by, now):
+    def apply(self, unit_id, attempt, spec, *, team, stop_by, now, nodes=None):
         if self.fail_apply:
             self.fail_apply -= 1
             raise TemporaryError("the API server is unavailable (503)")
         name = self.job_name(unit_id, attempt)
+        if nodes:
+            self.pinned[name] = tuple(nodes)
         if name not in self.jobs:  # adopt an existing one, like a 409
             self.jobs[name] = ClusterJob(name, unit_id, attempt, JobPhase.PENDING, spec.gpus, now)
             self.created.append(name)

@@ -2,6 +2,7 @@
 best fit, taken from the view for the rest of the pass (policy.py, section 6); and the
 controller's gang timeout with the Cluster port in memory."""
 
+from dataclasses import replace
 from datetime import timedelta
 
 import numpy as np
@@ -14,6 +15,7 @@ from idlegpu.scheduler.types import (
     FreeProfile,
     NodeState,
     NodeView,
+    RunningJob,
     WaitingJob,
 )
 
@@ -178,3 +180,112 @@ def test_the_controller_rolls_back_a_gang_not_all_bound_and_fails_it_after_the_a
                                  "(each pod asks 8 GPUs, cpu 64, memory 512Gi)")
     store.close()
     store2.close()
+
+
+# --- reservations of whole nodes (EASY backfilling on nodes) -------------------------------
+
+
+def running_on(id, node_name, hours_left, gpus=8, **kw):
+    return RunningJob(id=id, team="a", gpus=gpus, priority=0, started_at=T0 - timedelta(hours=1),
+                      checkpointable=True, remaining_s=hours_left * H, nodes=(node_name,), **kw)
+
+
+def busy_pool():
+    # four 8-GPU nodes: a and b each held by an 8-GPU unit (ending in 1 h and 3 h), c and d
+    # free; a 3-node gang waits first in the queue, 10-hour single-node units behind it
+    view = NodeView((node("a", 0), node("b", 0), node("c", 8), node("d", 8)))
+    running = [running_on("on-a", "a", 1.0), running_on("on-b", "b", 3.0)]
+    return view, running
+
+
+def decide_on(view, running, queue, free=32):
+    result = decide(T0, profile(free), running, list(queue), FRESH, {}, SETTINGS, view)
+    return {d.job_id: d for d in result.decisions}
+
+
+def long_single(id, hours=10.0, age_h=0.0):
+    return WaitingJob(id=id, team="a", gpus=8, runtime_s=hours * H, checkpointable=True,
+                      priority=0, submitted_at=T0 - timedelta(minutes=30, hours=age_h))
+
+
+def test_a_gang_the_nodes_refuse_gets_whole_nodes_reserved_where_they_free_up_first():
+    view, running = busy_pool()
+    # the pool's forecast holds 40 GPUs for jobs: 24 after the 16 held, enough for the gang;
+    # the nodes are not: two whole nodes free now
+    got = decide_on(view, running, [gang("g", 3), long_single("s1"), long_single("s2")], 40)
+    g = got["g"]
+    # node a's unit ends in 1 h: the gang's nodes are a, c and d from then
+    assert g.action is Action.DEFER and g.start_at == T0 + timedelta(hours=1)
+    assert g.reason == ("needs 3 whole 8-GPU nodes; 2 free now (0 free GPUs on each of 2 "
+                        "others); nodes a, c, d reserved for it from 2026-01-28 12:00 UTC")
+    # the 10-hour single-node units would hold c and d past then: they wait, so the gang
+    # does not starve behind them (before reservations they took c and d at once)
+    assert got["s1"].action is Action.DEFER and got["s2"].action is Action.DEFER
+    assert got["s1"].reason.startswith("needs 8 GPUs on one node")
+
+
+def test_what_ends_before_the_reservation_backfills_the_reserved_nodes():
+    view, running = busy_pool()
+    short = long_single("short", hours=0.5)  # 30 min + the grace period: gone by 12:00
+    got = decide_on(view, running, [gang("g", 3), long_single("s1"), short], 40)
+    assert got["g"].start_at == T0 + timedelta(hours=1)
+    assert got["short"].action is Action.ADMIT and got["short"].node in {"c", "d"}
+    assert got["s1"].action is Action.DEFER
+
+
+def test_a_gang_that_fits_now_is_admitted_on_the_free_nodes():
+    view, running = busy_pool()
+    view = NodeView((*view.nodes, node("e", 8)))
+    got = decide_on(view, running, [gang("g", 3), long_single("s1")], 48)
+    assert got["g"].action is Action.ADMIT and got["g"].nodes == ("c", "d", "e")
+    assert got["s1"].action is Action.DEFER  # no node left
+
+
+def test_a_reservation_by_the_pools_forecast_holds_gpus_not_nodes():
+    # five nodes, 44 GPUs for jobs: 28 now (< the gang's 32), 36 once node a's unit ends; a
+    # 4-GPU unit the pool still holds for 10 h may take a node now (measured: holding the
+    # nodes as well cost harvest and no gang finished sooner); should the nodes refuse the
+    # gang at 12:00, it gets whole nodes reserved then
+    view, running = busy_pool()
+    view = NodeView((*view.nodes, node("e", 8)))
+    small = WaitingJob(id="small", team="a", gpus=4, runtime_s=10 * H, checkpointable=True,
+                       priority=0, submitted_at=T0)
+    got = decide_on(view, running, [gang("g", 4), small], 44)
+    assert got["g"].start_at == T0 + timedelta(hours=1)
+    assert got["g"].reason.startswith("does not fit for a worthwhile segment now; 32 GPUs")
+    assert got["small"].action is Action.ADMIT
+
+
+def test_without_the_units_nodes_nothing_is_counted_back_and_nothing_is_reserved():
+    view, running = busy_pool()
+    running = [replace(job, nodes=()) for job in running]
+    got = decide_on(view, running, [gang("g", 3), long_single("s1")], 40)
+    assert got["g"].start_at is None
+    assert got["s1"].action is Action.ADMIT  # as before reservations: it takes a free node
+
+
+def test_a_gang_never_reserves_nodes_held_by_the_service():
+    # nodes held by replicas (no unit on them gives GPUs back): no reservation, no blocking
+    view = NodeView((node("a", 0), node("b", 0), node("c", 8), node("d", 8)))
+    got = decide_on(view, [], [gang("g", 3), long_single("s1")], free=32)
+    assert got["g"].start_at is None and got["s1"].action is Action.ADMIT
+
+
+def test_nodes_are_reserved_only_where_they_free_up_soon_enough():
+    # node a's unit ends in 5 h: beyond the 4-hour default, nothing is reserved and the
+    # single-node unit takes a free node (a far promise would idle two nodes for hours)
+    view = NodeView((node("a", 0), node("b", 0), node("c", 8), node("d", 8)))
+    running = [running_on("on-a", "a", 5.0), running_on("on-b", "b", 6.0)]
+    got = decide_on(view, running, [gang("g", 3), long_single("s1")], 40)
+    assert got["g"].start_at is None and got["s1"].action is Action.ADMIT
+    longer = replace(SETTINGS, node_reservation_s=6 * H)
+    result = decide(T0, profile(40), running, [gang("g", 3), long_single("s1")], FRESH, {},
+                    longer, view)
+    got = {d.job_id: d for d in result.decisions}
+    assert got["g"].start_at == T0 + timedelta(hours=5)
+    assert got["s1"].action is Action.DEFER
+    off = replace(SETTINGS, node_reservation_s=0)
+    view, running = busy_pool()
+    result = decide(T0, profile(40), running, [gang("g", 3), long_single("s1")], FRESH, {},
+                    off, view)
+    assert {d.job_id: d.action for d in result.decisions}["s1"] is Action.ADMIT

@@ -339,10 +339,10 @@ def test_simulate_cli_places_on_nodes_and_refuses_a_pool_without_node_shapes(tmp
     assert code == 2 and "choose from pool, spread, binpack" in err
 
 
-def test_a_one_pod_unit_lands_where_the_kube_scheduler_puts_it(pool):
+def test_a_one_pod_unit_is_pinned_to_the_node_decide_counted_on(pool):
     # at 20:00 two nodes hold one replica each, three are empty; admission counts the 4-GPU
-    # unit on a half node (best fit), but its Job does not pin the node: spread binds the
-    # pod to an empty node, and then only 2 of the 3 8-GPU units find a whole node
+    # unit on a half node (best fit) and its Job pins that node: under spread too (whose
+    # scoring would bind the pod to an empty node) the 3 8-GPU units each find a whole node
     jobs = [job("a-four", 4, 6, submit=(7, 20))] + [job(f"e{i}", 8, 6, submit=(7, 20))
                                                      for i in range(3)]
     spread = run(pool, "oracle", jobs, SPREAD)
@@ -351,7 +351,9 @@ def test_a_one_pod_unit_lands_where_the_kube_scheduler_puts_it(pool):
              for name, r in (("spread", spread), ("binpack", binpack))}
     whole_nodes_at_20 = {name: (f["gpus"].eq(8) & f["start"].eq(f["start"].min())).sum()
                          for name, f in first.items()}
-    assert whole_nodes_at_20 == {"spread": 2, "binpack": 3}
-    # the third 8-GPU pod had no node left: it waited in the queue, it did not overcommit
-    assert spread.metrics["admissions_unbound"] >= 1
+    assert whole_nodes_at_20 == {"spread": 3, "binpack": 3}
+    # the 4-GPU unit shares a node with a replica, not an 8-GPU unit's node
+    for f in first.values():
+        assert f.loc["a-four", "nodes"] not in set(f.loc[[f"e{i}" for i in range(3)], "nodes"])
+    assert spread.metrics["admissions_unbound"] == 0
     assert binpack.metrics["admissions_unbound"] == 0

@@ -81,8 +81,11 @@ def test_two_units_in_one_pass_do_not_share_a_nodes_gpus():
     got = by_id(plan([job("x", 4, age_h=2), job("y", 4, age_h=1), job("z", 4)], view))
     assert got["x"].node == "a" and got["y"].node == "b"
     assert got["z"].action is Action.DEFER
+    # x gives node a back after its 2 h and the grace period: z's reservation
     assert got["z"].reason == (
-        "needs 4 GPUs on one node; 2 GPUs free but at most 2 on any node (2 nodes)")
+        "needs 4 GPUs on one node; 2 GPUs free but at most 2 on any node (2 nodes); node a "
+        "reserved for it from 2026-01-28 13:10 UTC")
+    assert got["z"].start_at == T0 + timedelta(hours=2, minutes=10)
 
 
 def test_cpu_and_memory_must_fit_beside_the_gpus():
@@ -217,9 +220,13 @@ def test_the_daemon_admits_only_where_a_node_holds_the_unit(tmp_path):
     admitted = report.plan.of(Action.ADMIT)
     deferred = report.plan.of(Action.DEFER)
     assert [d.node for d in admitted] == ["a"] and len(report.created) == 1
+    # the second shard waits for the first's node, reserved for it
     assert deferred[0].reason == (
-        "needs 8 GPUs on one node; 2 GPUs free but at most 2 on any node (2 nodes)")
+        "needs 8 GPUs on one node; 2 GPUs free but at most 2 on any node (2 nodes); node a "
+        "reserved for it from 2026-01-28 13:10 UTC")
     assert report.nodes is not None and report.nodes_read_s is not None
+    # its Job is pinned to the node admission counted on (a one-pod unit too)
+    assert cluster.pinned == {report.created[0]: ("a",)}
     # the CPU and memory of the stored unit were checked: a node without them refuses it
     assert controller._requests[admitted[0].job_id] == (64.0, 512 * GI)
     # next pass, the pod not bound yet (the view unchanged): its claim keeps node a taken
@@ -312,3 +319,27 @@ def test_a_dry_run_without_a_cluster_has_no_node_view(tmp_path):
     _submit(store, "shards")
     report = controller.reconcile_once(T0)
     assert len(report.created) == 2 and report.nodes is None  # the pool as one bin
+
+
+def test_the_daemon_tells_decide_where_running_units_sit(tmp_path):
+    # shard 1 runs on node a (its pod bound there); shard 2 waits with node a reserved for
+    # it, counted from shard 1's end: decide() learnt shard 1's node from the view
+    store, cluster, controller = _daemon(tmp_path, NodeView((node("a", 8), node("b", 2))))
+    _submit(store, "shards")
+    report = controller.reconcile_once(T0)
+    (name,) = report.created
+    (first,) = report.plan.of(Action.ADMIT)
+    cluster.view = NodeView((node("a", 0, cpu_used=64, mem_used=512 * GI), node("b", 2)),
+                            bound_jobs=frozenset({name}), bound_at=frozenset({(name, "a")}))
+    running = store.running(T0 + timedelta(minutes=5), lambda row: 7200.0)
+    placed = controller._placed(running, cluster.view)
+    assert [(j.id, j.nodes, j.cpu, j.memory) for j in placed] == [
+        (first.job_id, ("a",), 64.0, 512 * GI)]
+    report = controller.reconcile_once(T0 + timedelta(minutes=5))
+    (waiting,) = report.plan.of(Action.DEFER)
+    # (not started yet: its 2 h counted from now, 11:05)
+    assert waiting.reason.endswith("node a reserved for it from 2026-01-28 13:05 UTC")
+    # a view without per-pod bindings says nothing of where it runs: no reservation
+    cluster.view = NodeView(cluster.view.nodes, bound_jobs=frozenset({name}))
+    report = controller.reconcile_once(T0 + timedelta(minutes=6))
+    assert report.plan.of(Action.DEFER)[0].start_at is None

@@ -34,7 +34,8 @@ def _fragmented(pool, inference):
     return daemon, sim, replicas
 
 
-def test_fragmented_free_gpus_are_not_offered_and_a_freed_node_is(pool, inference) -> None:
+def test_fragmented_free_gpus_are_not_offered_and_a_freed_node_is(pool, inference,
+                                                                  kube_control_plane) -> None:
     daemon, sim, replicas = _fragmented(pool, inference)
     unit = submit(daemon.store, request("pretrain", gpus=8, cpu=64, memory="512Gi",
                                         runtime_estimate="1h"))
@@ -65,6 +66,12 @@ def test_fragmented_free_gpus_are_not_offered_and_a_freed_node_is(pool, inferenc
     daemon.until(lambda r: unit in r.started, what="the unit's pod running")
     (pod,) = [p for p in sim.running_pods() if p.namespace == daemon.namespace]
     assert pod.node == freed  # the kube-scheduler put it where admission counted on
+    # ... because the Job, as the API server holds it, is pinned there (a one-pod Job too)
+    batch = kubernetes.client.BatchV1Api(kube_control_plane.api_client())
+    job = batch.read_namespaced_job(name, daemon.namespace).to_dict()
+    terms = job["spec"]["template"]["spec"]["affinity"]["node_affinity"][
+        "required_during_scheduling_ignored_during_execution"]["node_selector_terms"]
+    assert [f["values"] for t in terms for f in t["match_fields"]] == [[freed]]
     # the view now sees it bound there: nothing free on that node
     view = daemon.cluster.nodes()
     by_name = {n.name: n for n in view.nodes}

@@ -39,7 +39,9 @@ counted on (``apply(..., nodes=)``) the pods are pinned to exactly that set (nod
 lands on its own chosen node or waits. The Job is RUNNING only once all N pods are ready;
 before that it is PENDING with how many pods are bound (``ClusterJob.pods_bound``), which the
 controller's gang timeout reads. JobSet (``jobset.x-k8s.io``) is detected through discovery
-and logged, but not used: gangs are always Indexed Jobs.
+and logged, but not used: gangs are always Indexed Jobs. A one-pod unit's Job is pinned the same
+way to the node admission counted on, when given: a node kept for a waiting gang (a
+reservation) is not taken by the kube-scheduler's own choice.
 
 Errors: HTTP 5xx, 429, timeouts and connection failures are retried with exponential backoff,
 then raise ``ClusterUnavailableError`` (a ``TemporaryError``); 403 raises
@@ -307,15 +309,23 @@ def _rendezvous_env(name: str, namespace: str, spec: UnitSpec) -> list[dict[str,
 def _gang_affinity(affinity: dict[str, Any] | None, name: str,
                    nodes: tuple[str, ...] | list[str] | None) -> dict[str, Any]:
     """``affinity`` (the cluster's, or none) with a gang's own rules: no two pods of the Job on
-    one node, and, with ``nodes``, only those nodes (a ``metadata.name`` field added to every
-    node-selector term, so it narrows the cluster's rule rather than offering an
-    alternative: one term per node, a node field selector holding one value)."""
+    one node, and, with ``nodes``, only those nodes (``_pinned_affinity``)."""
     out = copy.deepcopy(affinity) if affinity else {}
     anti = out.setdefault("podAntiAffinity", {})
     anti.setdefault("requiredDuringSchedulingIgnoredDuringExecution", []).append({
         "labelSelector": {"matchExpressions": [
             {"key": JOB_NAME_LABEL, "operator": "In", "values": [name]}]},
         "topologyKey": "kubernetes.io/hostname"})
+    return _pinned_affinity(out, nodes)
+
+
+def _pinned_affinity(affinity: dict[str, Any] | None,
+                     nodes: tuple[str, ...] | list[str] | None) -> dict[str, Any]:
+    """``affinity`` with, for ``nodes``, only those nodes: a ``metadata.name`` field added to
+    every node-selector term, so it narrows the cluster's rule rather than offering an
+    alternative (one term per node, a node field selector holding one value). The pods then
+    land on the nodes admission counted on, never on ones it keeps for another unit."""
+    out = copy.deepcopy(affinity) if affinity else {}
     if nodes:
         # a node field selector takes one value: one term per node (terms are ORed), each
         # also holding what the cluster's own term asks
@@ -524,7 +534,7 @@ class KubernetesCluster:
                  stop_by: datetime | None, now: datetime,
                  nodes: tuple[str, ...] | list[str] | None = None) -> dict[str, Any]:
         """The attempt's ``batch/v1`` Job (pure: same inputs, same dict), security-checked; a
-        multi-node unit's is an Indexed Job, its pods pinned to ``nodes`` when given."""
+        multi-node unit's is an Indexed Job; its pods pinned to ``nodes`` when given."""
         name = self.job_name(unit_id, attempt)
         gang = spec.nodes > 1
         if gang and len(f"{name}-{spec.nodes - 1}") > _MAX_NAME:
@@ -620,6 +630,8 @@ class KubernetesCluster:
         if gang:
             pod_spec["subdomain"] = name
             pod_spec["affinity"] = _gang_affinity(pod_spec.get("affinity"), name, nodes)
+        elif nodes:
+            pod_spec["affinity"] = _pinned_affinity(pod_spec.get("affinity"), nodes)
         if self.service_account:
             pod_spec["serviceAccountName"] = self.service_account
         if self.run_as_user is not None:  # for images whose USER is root or unset

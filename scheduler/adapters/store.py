@@ -794,6 +794,12 @@ def _rate(gpus: int | None, full: int) -> float:
     return gpus / full if gpus and full and gpus < full else 1.0
 
 
+def _interval(row: UnitRow) -> float | None:
+    """Seconds between a checkpointable unit's periodic checkpoints (its spec's), else None."""
+    interval = getattr(row.spec, "checkpoint_interval_s", None)
+    return float(interval) if row.checkpointable and interval else None
+
+
 def unit_id_for(request_id: str, step_index: int, member: int) -> str:
     return f"{request_id}-{step_index}-{member}"
 
@@ -1229,6 +1235,7 @@ class JobStore:
                 submitted_at=row.submitted_at, deadline=row.spec.deadline,
                 preemptions=row.preemptions, max_preemptions=row.spec.max_preemptions,
                 kind=row.kind, min_gpus=row.spec.min_gpus,
+                checkpoint_interval_s=_interval(row),
             ))
         return jobs
 
@@ -1261,7 +1268,7 @@ class JobStore:
                 id=row.id, team=row.team, gpus=row.gpus, priority=row.priority,
                 started_at=began, checkpointable=row.checkpointable, remaining_s=remaining,
                 last_checkpoint_at=checkpoint, stop_by=row.stop_by, kind=row.kind,
-                min_gpus=row.spec.min_gpus,
+                min_gpus=row.spec.min_gpus, checkpoint_interval_s=_interval(row),
             ))
         return jobs
 

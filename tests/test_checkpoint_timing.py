@@ -1,0 +1,136 @@
+"""Planned stops timed just after a checkpoint (policy.py ``_stops_after_checkpoint``): a
+stop's SIGTERM saves nothing, so a unit that must go before its next checkpoint goes just
+after its last one; segments are at least one checkpoint interval; and the simulator keeps
+only what periodic checkpoints saved at a planned stop (unless the workload saves on SIGTERM)."""
+
+from dataclasses import replace
+from datetime import timedelta
+
+import pandas as pd
+from test_policy import FRESH, SETTINGS, STEP, T0, H, job, plan, profile
+
+from idlegpu.scheduler.types import Action, RunningJob
+
+HALF_HOUR = 1800.0
+
+
+def unit(id="u", gpus=8, ckpt_ago_min=0.0, interval=HALF_HOUR, hours_left=6.0, **kw):
+    return RunningJob(id=id, team="a", gpus=gpus, priority=0,
+                      started_at=T0 - timedelta(hours=3), checkpointable=True,
+                      remaining_s=hours_left * H,
+                      last_checkpoint_at=T0 - timedelta(minutes=ckpt_ago_min),
+                      checkpoint_interval_s=interval, **kw)
+
+
+def ramp(minutes, free=16, after=0, hours=6):
+    """``free`` GPUs for ``minutes``, then ``after``."""
+    steps = int(minutes * 60 // STEP)
+    return profile([free] * steps + [after] * (int(hours * 12) - steps))
+
+
+def decisions(result):
+    return {d.job_id: d for d in result.decisions}
+
+
+def test_a_unit_that_cannot_checkpoint_again_before_the_ramp_stops_just_after_its_checkpoint():
+    # 4 GPUs stay free for jobs from 11:35, the two units hold 12; unit a checkpointed at
+    # 11:00 and would next at 11:30, after it must be told to go (11:35 less the grace
+    # period, 11:25): a stop now loses nothing, a stop then would lose 25 minutes of 8 GPUs
+    got = decisions(plan(ramp(35, after=4), running=[unit("a"), unit("b", gpus=4)]))
+    assert got["a"].action is Action.PREEMPT and got["a"].planned and got["a"].cause == "forecast"
+    assert got["a"].reason == ("the forecast needs 8 of their GPUs for the service from 11:35 "
+                               "UTC, before its next checkpoint: it stops now, just after one, "
+                               "losing nothing")
+    assert "b" not in got  # 8 GPUs are the need: the 4-GPU unit runs on
+
+
+def test_a_unit_that_checkpoints_again_in_time_runs_to_that_checkpoint():
+    # the ramp at 12:00: leave by 11:50, the next checkpoint at 11:30 comes first
+    assert plan(ramp(60), running=[unit("a")]).decisions == ()
+    # ... and at 11:30, just after that checkpoint, it stops (the next, 12:00, is too late)
+    now = T0 + timedelta(minutes=30)
+    running = [replace(unit("a"), last_checkpoint_at=now)]
+    (d,) = plan(ramp(60), running=running, now=now,
+                signals=replace(FRESH, observed_at=now)).decisions
+    assert d.action is Action.PREEMPT and d.cause == "forecast"
+
+
+def test_a_unit_between_checkpoints_is_left_to_the_usual_rule():
+    # it checkpointed 10 minutes ago: stopping now would lose 10 minutes; the usual rule
+    # stops it a grace period before the need
+    assert plan(ramp(35), running=[unit("a", ckpt_ago_min=10)]).decisions == ()
+    (d,) = plan(ramp(10), running=[unit("a", ckpt_ago_min=10)]).decisions
+    assert d.action is Action.PREEMPT and "within 0.2 h" in d.reason
+
+
+def test_the_checkpoints_are_counted_from_the_last_known_one_by_the_interval():
+    # last known checkpoint 2 h ago at a 30-minute interval: one is expected just now
+    assert unit("a", ckpt_ago_min=120).last_checkpoint(T0) == T0
+    assert unit("a", ckpt_ago_min=125).unsaved_work_s(T0) == 300.0
+    assert unit("a", ckpt_ago_min=125, interval=None).unsaved_work_s(T0) == 125 * 60
+    got = decisions(plan(ramp(35), running=[unit("a", ckpt_ago_min=120)]))
+    assert got["a"].action is Action.PREEMPT
+    # at 11:40 it would check in at 11:30 itself: not yet
+    assert plan(ramp(40), running=[unit("a", ckpt_ago_min=120)]).decisions == ()
+
+
+def test_a_window_that_closes_before_the_next_checkpoint_stops_the_unit_now():
+    # its window closes at 11:30 (stop_by 11:20); its next checkpoint would be at 11:30
+    running = [unit("a", stop_by=T0 + timedelta(minutes=20))]
+    (d,) = plan(ramp(300), running=running).decisions
+    assert d.action is Action.PREEMPT and d.planned and d.cause == "window"
+    assert d.reason == ("its window closes at 11:30 UTC, before its next checkpoint: it stops "
+                        "now, just after one, losing nothing")
+    # a window closing after its next checkpoint: it runs on to it
+    running = [unit("a", stop_by=T0 + timedelta(minutes=50))]
+    assert plan(ramp(300), running=running).decisions == ()
+
+
+def test_units_that_cannot_checkpoint_or_whose_interval_is_unknown_are_not_timed():
+    whole = replace(unit("w"), checkpointable=False)
+    unknown = unit("x", interval=None)
+    assert plan(ramp(35), running=[whole, unknown]).decisions == ()
+
+
+def test_the_timing_can_be_turned_off():
+    off = replace(SETTINGS, stop_after_checkpoint=False)
+    assert plan(ramp(35), running=[unit("a")], settings=off).decisions == ()
+
+
+def test_no_timed_stop_for_a_live_need_or_blind():
+    pressed = replace(FRESH, gpus_short=4)
+    got = decisions(plan(ramp(35), running=[unit("a")], signals=pressed))
+    assert got["a"].cause == "live"  # the backstop's, not a timed one
+    stale = replace(FRESH, observed_at=T0 - timedelta(hours=1))
+    got = decisions(plan(ramp(35), running=[unit("a")], signals=stale))
+    assert "a" not in got or got["a"].cause != "forecast"
+
+
+def test_a_segment_shorter_than_one_checkpoint_interval_is_not_offered():
+    # 1.5 h free: a 2-hourly checkpointing unit would save nothing of a 1.3 h segment
+    two_hourly = job("slow", hours=6, ckpt=True, checkpoint_interval_s=2 * H)
+    half_hourly = job("fast", hours=6, ckpt=True, checkpoint_interval_s=HALF_HOUR)
+    prof = ramp(90, free=8, after=0)
+    got = decisions(plan(prof, [two_hourly]))
+    assert got["slow"].action is Action.DEFER
+    got = decisions(plan(prof, [half_hourly]))
+    assert got["fast"].action is Action.ADMIT and got["fast"].stop_by is not None
+
+
+# --- the simulator's stop: only periodic checkpoints are kept --------------------------
+
+
+def test_a_planned_stop_keeps_only_what_the_periodic_checkpoints_saved():
+    from idlegpu.scheduler.simulate import SimJob, _Job, _Run, _stop
+
+    spec = SimJob(id="u", team="a", kind="train", gpus=8, submit_at=T0, work_s=10 * H,
+                  estimate_s=10 * H, checkpointable=True)
+    for saves, lost_s in ((False, 20 * 60.0), (True, 0.0)):
+        job = _Job(spec, saved_s=H, progress_s=20 * 60.0, gpus=8, running=True,
+                   started_at=T0, last_checkpoint_at=T0 + timedelta(hours=1))
+        runs = _Run()
+        _stop(job, T0 + timedelta(hours=1, minutes=20), timedelta(minutes=10), planned=True,
+              runs=runs, cause="forecast", saves_on_stop=saves)
+        assert job.lost_s == lost_s and job.preemptions == 0
+        assert job.saved_s == H + 20 * 60.0 - lost_s
+        assert pd.DataFrame(runs.rows)["lost_gpu_hours"].iloc[0] == 8 * lost_s / 3600
