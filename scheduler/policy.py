@@ -171,6 +171,12 @@ def decide(
             # its stop_by is its window's end less the grace period: stopped at the last pass
             # before it (passes are a step apart), it is gone by the window's end
             if job.stop_by is not None and job.stop_by <= now + timedelta(seconds=step):
+                due = (job.next_checkpoint(now) if job.checkpointable
+                       and settings.stop_after_checkpoint else None)
+                if due is not None and now < due <= job.stop_by:
+                    # its checkpoint comes by its stop_by: it stops just after it, not a
+                    # pass before it (which would lose all it did since the last one)
+                    continue
                 keep = _keep_after_window(job, now, free, used, ends, i0, n_steps,
                                           grace_steps, settings, step)
                 if keep:

@@ -134,3 +134,20 @@ def test_a_planned_stop_keeps_only_what_the_periodic_checkpoints_saved():
         assert job.lost_s == lost_s and job.preemptions == 0
         assert job.saved_s == H + 20 * 60.0 - lost_s
         assert pd.DataFrame(runs.rows)["lost_gpu_hours"].iloc[0] == 8 * lost_s / 3600
+
+
+def test_a_window_stop_waits_for_a_checkpoint_due_by_its_stop_by():
+    # stop_by 11:05, the next checkpoint at 11:05 (30 min after 10:35): the usual last-pass
+    # rule would stop it at 11:00 and lose 25 minutes; it stops at 11:05, just after it
+    running = [unit("a", ckpt_ago_min=25, stop_by=T0 + timedelta(minutes=5))]
+    assert plan(ramp(300), running=running).decisions == ()
+    now = T0 + timedelta(minutes=5)
+    running = [replace(running[0], last_checkpoint_at=now)]
+    (d,) = plan(ramp(300), running=running, now=now,
+                signals=replace(FRESH, observed_at=now)).decisions
+    assert d.action is Action.PREEMPT and d.cause == "window" and d.planned
+    # without the timing: the last pass before its stop_by, as before
+    off = replace(SETTINGS, stop_after_checkpoint=False)
+    running = [unit("a", ckpt_ago_min=25, stop_by=T0 + timedelta(minutes=5))]
+    (d,) = plan(ramp(300), running=running, settings=off).decisions
+    assert d.action is Action.PREEMPT and d.cause == "window"
