@@ -889,7 +889,8 @@ def _frontier(frame, settings, sim_jobs, confidences, rows, out: Path, *, start,
         frontier = sweep_policies(
             frame, settings, sim_jobs, confidences, start=start.to_pydatetime(),
             end=end.to_pydatetime(), references=references, placement=placement,
-            saves_on_stop=saves_on_stop, on_point=lambda n, total: progress.update(task, completed=n, total=total))
+            saves_on_stop=saves_on_stop,
+            on_point=lambda n, total: progress.update(task, completed=n, total=total))
     write_csv(frontier, out / "frontier.csv")
     chart = plots.frontier_chart(
         frontier, out / "frontier.png",

@@ -298,7 +298,7 @@ class Controller:
             self._read_signals(now, report, job_gpus=sum(job.gpus for job in holding)))
         # the policy may still act on what runs, but not on what was already told to stop
         running = [job for job in holding if job.id not in self._stopping]
-        if nodes is not None and running:
+        if nodes is not None and running and (nodes.bound_at or self._claims):
             running = self._placed(running, nodes)
         report.plan = decide(now, self._profile(now, report), running, waiting,
                              report.signals, usage, self.settings, nodes)

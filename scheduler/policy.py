@@ -237,11 +237,11 @@ def decide(
             timed, keeps = _stops_after_checkpoint(
                 now, profile, running, victims, free, used, ends, i0, n_steps, grace_steps,
                 settings)
+            held_by = {j.id: j.gpus for j in running}
             for job_id, keep in keeps.items():
-                job = next(j for j in running if j.id == job_id)
                 shrinks[job_id] = keep
                 fallback[job_id] = timed[job_id][0]
-                timed[job_id] = (f"shrink {job_id} from {job.gpus} to {keep} GPUs: "
+                timed[job_id] = (f"shrink {job_id} from {held_by[job_id]} to {keep} GPUs: "
                                  + timed[job_id][0], *timed[job_id][1:])
             victims.update(timed)
     # when each running job gives its GPUs back (step, GPUs): at its end, or at its stop
@@ -593,8 +593,8 @@ def _keep_after_window(job: RunningJob, now: datetime, free: np.ndarray, used: n
         return 0
     start = min(n_steps, i0 + grace_steps)
     runtime_s = max(0.0, job.remaining_s) * job.gpus / job.min_gpus
-    stop = min(n_steps, start + _steps(min(runtime_s, _min_segment_s(job, settings)) + settings.grace_s,
-                                       step))
+    segment_s = min(runtime_s, _min_segment_s(job, settings))
+    stop = min(n_steps, start + _steps(segment_s + settings.grace_s, step))
     if stop <= start:
         return 0
     others = used[start:stop] - np.where(np.arange(start, stop) < ends[job.id], job.gpus, 0)
@@ -885,16 +885,10 @@ def _place(
         return _too_big(job, capacity.now())
     if job.deadline is not None and now >= job.deadline:
         return Decision(Action.DEFER, job.id, job.gpus, "its deadline has passed")
-    whole = not job.checkpointable or (
-        job.max_preemptions is not None and job.preemptions >= job.max_preemptions
-    )
+    whole = _runs_whole(job)
     avail = capacity.array(whole)
     n = len(avail)
-    need_s = job.runtime_s + settings.grace_s
-    need_steps = _steps(need_s, step)
-    min_steps = need_steps if whole else _steps(
-        min(job.runtime_s, _min_segment_s(job, settings)) + settings.grace_s, step
-    )
+    need_steps, min_steps = _run_steps(job, job.runtime_s, whole, settings, step)
     # its full size first; an elastic job then on the most GPUs that fit now, its runtime
     # scaled linearly (the same work on fewer GPUs takes gpus / granted as long)
     no_node = False  # the pool had room for some size, but no node held it
@@ -934,10 +928,8 @@ def _place(
         return _too_big(job, capacity.now())
     what = "whole" if whole else "for a worthwhile segment"
     if reserve:
-        start = _earliest_fit(avail, i0 + 1, job.gpus, min_steps)
+        start = _hold_earliest(capacity, avail, i0 + 1, job.gpus, need_steps, min_steps, whole)
         if start is not None:
-            length = need_steps if whole else min(need_steps, _run_length(avail, start, job.gpus))
-            capacity.take(start, start + length, job.gpus)
             start_at = profile.time_at(start)
             return Decision(
                 Action.DEFER, job.id, job.gpus,
@@ -971,21 +963,16 @@ def _reserve_nodes(job: WaitingJob, profile: FreeProfile, capacity: _Availabilit
     hold it then."""
     step = profile.step_s
     i0 = capacity.i0
-    whole = not job.checkpointable or (
-        job.max_preemptions is not None and job.preemptions >= job.max_preemptions)
-    avail = capacity.array(whole)
-    need_steps = _steps(job.runtime_s + settings.grace_s, step)
-    min_steps = need_steps if whole else _steps(
-        min(job.runtime_s, _min_segment_s(job, settings)) + settings.grace_s, step)
     first = nodes.first_free(job, i0 + 1)
     if first is None or (first[1] - i0) * step > settings.node_reservation_s:
         return None
     chosen, ready = first
-    start = _earliest_fit(avail, ready, job.gpus, min_steps)
+    whole = _runs_whole(job)
+    need_steps, min_steps = _run_steps(job, job.runtime_s, whole, settings, step)
+    start = _hold_earliest(capacity, capacity.array(whole), ready, job.gpus, need_steps,
+                           min_steps, whole)
     if start is None:
         return None
-    length = need_steps if whole else min(need_steps, _run_length(avail, start, job.gpus))
-    capacity.take(start, start + length, job.gpus)
     nodes.reserve(chosen, start)
     start_at = profile.time_at(start)
     names = ", ".join(nodes.names[i] for i in chosen)
@@ -1002,10 +989,7 @@ def _admit_now(job: WaitingJob, gpus: int, whole: bool, now: datetime, profile: 
     step = profile.step_s
     i0 = capacity.i0
     runtime_s = job.runtime_s * job.gpus / gpus
-    need_steps = _steps(runtime_s + settings.grace_s, step)
-    min_steps = need_steps if whole else _steps(
-        min(runtime_s, _min_segment_s(job, settings)) + settings.grace_s, step
-    )
+    need_steps, min_steps = _run_steps(job, runtime_s, whole, settings, step)
     if i0 + min_steps > len(capacity.values):
         return None
     fewer = "" if gpus == job.gpus else (
@@ -1027,6 +1011,37 @@ def _admit_now(job: WaitingJob, gpus: int, whole: bool, now: datetime, profile: 
             stop_by=stop_by,
         ), i0 + run
     return None
+
+
+def _runs_whole(job: WaitingJob) -> bool:
+    """Whether ``job`` must run its whole runtime at once: it cannot checkpoint, or has used
+    up its preemptions."""
+    return not job.checkpointable or (
+        job.max_preemptions is not None and job.preemptions >= job.max_preemptions)
+
+
+def _run_steps(job: WaitingJob, runtime_s: float, whole: bool, settings: PolicySettings,
+               step: int) -> tuple[int, int]:
+    """Steps ``job`` needs for ``runtime_s`` plus the grace period, and the fewest worth
+    starting it for (the same when it runs whole; else a worthwhile segment)."""
+    need_steps = _steps(runtime_s + settings.grace_s, step)
+    if whole:
+        return need_steps, need_steps
+    return need_steps, _steps(min(runtime_s, _min_segment_s(job, settings)) + settings.grace_s,
+                              step)
+
+
+def _hold_earliest(capacity: _Availability, avail: np.ndarray, earliest: int, gpus: int,
+                   need_steps: int, min_steps: int, whole: bool) -> int | None:
+    """A reservation's GPUs: from the first step at or after ``earliest`` that opens
+    ``min_steps`` with ``gpus`` available, taken for its run (whole: all ``need_steps``; else
+    as long as they stay available, up to that). The step, or None: nothing opens."""
+    start = _earliest_fit(avail, earliest, gpus, min_steps)
+    if start is None:
+        return None
+    length = need_steps if whole else min(need_steps, _run_length(avail, start, gpus))
+    capacity.take(start, start + length, gpus)
+    return start
 
 
 def _min_segment_s(job: WaitingJob | RunningJob, settings: PolicySettings) -> float:
