@@ -791,7 +791,7 @@ def simulate(
     end = last if days is None else min(last, start + pd.Timedelta(days=days))
     if end <= start:
         raise typer.BadParameter("nothing to simulate: the history ends before the trace starts")
-    rows, cumulative, losses = {}, {}, []
+    rows, cumulative, losses, delays = {}, {}, [], []
     out.mkdir(parents=True, exist_ok=True)
     with Progress(console=err_console, transient=True) as progress:
         for name in names:
@@ -812,6 +812,7 @@ def simulate(
             write_csv(result.runs, out / f"runs_{name}.csv", tz=settings.pool.timezone,
                       decimals=None)  # read back by `idlegpu report`: every digit
             losses.append(lost_work(result.runs, settings.pool.timezone).assign(policy=name))
+            delays.append(result.delays.assign(policy=name))
             kept = useful(result.runs)
             ends = pd.to_datetime(result.runs["end"], utc=True).dt.tz_convert(
                 settings.pool.timezone).dt.tz_localize(None)
@@ -837,6 +838,8 @@ def simulate(
     lost = pd.concat(losses, ignore_index=True)
     lost = lost[["policy", *[c for c in lost.columns if c != "policy"]]]
     write_csv(lost, out / "lost.csv")
+    waited = pd.concat(delays, ignore_index=True)[["policy", "time", "gpus_short"]]
+    write_csv(waited, out / "delays.csv", tz=settings.pool.timezone)
     for name in names:
         causes = lost[(lost["policy"] == name) & (lost["by"] == "cause")]
         if len(causes):
@@ -845,7 +848,8 @@ def simulate(
                 for r in causes.sort_values("lost_gpu_hours", ascending=False).itertuples()),
                 highlight=False, markup=False)
     console.print(f"tables: {out / 'policies.csv'}, runs_<policy>.csv, lost.csv (lost work by "
-                  f"cause, overrun, checkpointing and admission hour); chart: {chart}")
+                  f"cause, overrun, checkpointing and admission hour), delays.csv (each step "
+                  f"the service waited for GPUs units held); chart: {chart}")
     if confidences:
         _frontier(frame, settings, sim_jobs, confidences, rows, out, start=start, end=end,
                   placement=placement, saves_on_stop=saves_on_stop)

@@ -182,6 +182,14 @@ class SimResult:
     policy: str
     metrics: dict[str, float]
     runs: pd.DataFrame  # one row per attempt
+    delays: pd.DataFrame = field(default_factory=lambda: _delay_table([]))
+    """One row per step the service waited for GPUs research units held: when, and how
+    many GPUs it waited for (their sum times the step is ``service_delay_gpu_minutes``)."""
+
+
+def _delay_table(delays: list[tuple[datetime, float]]) -> pd.DataFrame:
+    return pd.DataFrame({"time": pd.to_datetime([t for t, _ in delays], utc=True),
+                         "gpus_short": np.array([g for _, g in delays], dtype=float)})
 
 
 @dataclass
@@ -286,7 +294,7 @@ def simulate(
                           saves_on_stop=saves_on_stop)
                  for n, name in enumerate(names)]
         best = max(plans, key=lambda r: r.metrics["work_gpu_hours"])
-        return SimResult(CLAIRVOYANT, best.metrics, best.runs)
+        return SimResult(CLAIRVOYANT, best.metrics, best.runs, best.delays)
     if placement not in PLACEMENTS:
         raise ValueError(f"unknown placement {placement!r}; choose from {', '.join(PLACEMENTS)}")
     on_nodes = placement != POOL
@@ -325,6 +333,7 @@ def simulate(
     runs = _Run()
     usage_log: list[tuple[datetime, str, float]] = []
     delay_gpu_min = 0.0
+    delays: list[tuple[datetime, float]] = []
     profile: FreeProfile | None = None
     planned_stops = 0
     shrinks = 0
@@ -403,6 +412,7 @@ def simulate(
             short = min(float(held), max(0.0, service + held - total))
             if short > 0:
                 delay_gpu_min += short * step_s / 60
+                delays.append((now, short))
                 for victim in _evict(live, short - releasing):
                     _stop(victim, now, grace, planned=False, runs=runs, cause=EVICTION)
                     releasing += victim.gpus  # on their way back: not short any more
@@ -416,6 +426,8 @@ def simulate(
                       at_will=clairvoyant)
             waiting = float(cluster.placement.nominated.sum())
             delay_gpu_min += waiting * step_s / 60
+            if waiting > 0:
+                delays.append((now, waiting))
             unplaced_gpu_min += cluster.placement.unplaced_gpus * step_s / 60
             coming = sum(j.gpus - (j.resume_gpus or 0) for j in live
                          if j.running and j.releasing_until is not None)
@@ -543,7 +555,7 @@ def simulate(
         metrics["gang_queue_wait_hours"] = float(np.mean([
             ((j.first_start or end_time) - j.spec.submit_at).total_seconds() / 3600
             for j in gangs])) if gangs else float("nan")
-    return SimResult(policy, metrics, frame)
+    return SimResult(policy, metrics, frame, _delay_table(delays))
 
 
 class _Nodes:

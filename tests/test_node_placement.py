@@ -196,6 +196,10 @@ def test_a_morning_scale_up_evicts_jobs_on_the_nodes_it_needs(pool):
     result = run(pool, "reactive", late, SPREAD, days=(7, 8))
     m = result.metrics
     assert m["preemptions"] >= 1 and m["service_delay_gpu_minutes"] > 0
+    # the replicas' wait on record, step by step (15-minute steps), adding up
+    assert len(result.delays) >= 1
+    assert result.delays["gpus_short"].sum() * 15 == pytest.approx(
+        m["service_delay_gpu_minutes"])
     assert m["service_unplaced_gpu_hours"] == 0  # the pool holds the service without jobs
     assert (result.runs["outcome"] == "preempted").sum() >= 1
 

@@ -194,3 +194,10 @@ def test_simulate_the_servegen_pool_from_three_days_of_history(tmp_path):
         runs = pd.read_csv(out / f"runs_{policy}.csv")
         stopped = runs[runs["outcome"].isin(["stopped", "preempted"])]
         assert (stopped["cause"].fillna("") != "").all()  # every stop names its cause
+    # when the service waited: each step on record, adding up to each policy's delay
+    delays = pd.read_csv(out / "delays.csv")
+    assert list(delays.columns) == ["policy", "time", "gpus_short"]
+    for policy in ("reactive", "forecast"):
+        mine = delays[delays["policy"] == policy]
+        assert mine["gpus_short"].sum() * 5 == pytest.approx(
+            metrics[policy]["service_delay_gpu_minutes"], abs=1e-6), policy

@@ -65,6 +65,12 @@ def test_reactive_runs_into_the_morning_and_the_service_waits():
     assert reactive["lost_gpu_hours"] > 0  # killed at 08:00, started again later
     assert reactive["service_delay_gpu_minutes"] > 0  # the service waited out the grace period
     assert reactive["preemptions"] >= 1
+    # each step the service waited is on record, at the morning scale-up (08:00), and adds up
+    waited = run("reactive", [eval_job]).delays
+    assert len(waited) >= 1 and (waited["gpus_short"] > 0).all()
+    assert (waited["time"].dt.tz_convert(TZ).dt.hour == 8).all()
+    assert (waited["gpus_short"].sum() * 15 == pytest.approx(
+        reactive["service_delay_gpu_minutes"]))
     for policy in ("forecast", "oracle"):
         m = run(policy, [eval_job]).metrics
         assert m["lost_gpu_hours"] == 0 and m["service_delay_gpu_minutes"] == 0, policy
