@@ -60,23 +60,26 @@ def service_correlation(replicas: pd.DataFrame, services: Sequence[str], *,
     rows = replicas[replicas[UNIQUE_ID].isin(ids)]
     if rows.empty:
         return out
+    # only the last days count: cut before reshaping (the history of a long replay is months)
+    stamps = rows[DS]
+    rows = rows[stamps >= stamps.max() - pd.Timedelta(days=days)]
     wide = rows.pivot_table(index=DS, columns=UNIQUE_ID, values=Y, aggfunc="last")
     wide = wide.reindex(columns=ids)
-    wide = wide[wide.index >= wide.index.max() - pd.Timedelta(days=days)]
     if len(wide.index) < 3:
         return out
     step = pd.Series(wide.index).diff().median()
     lag = max(1, round(pd.Timedelta(days=1) / step)) if step and step > pd.Timedelta(0) else 1
     change = wide - wide.shift(lag)
     # normal scores: rank / (n + 1) through the normal quantile function (ties share a rank)
-    scores = change.rank() / (change.notna().sum() + 1)
-    scores = scores.apply(ndtri)
+    scores = ndtri((change.rank() / (change.notna().sum() + 1)).to_numpy(dtype=float))
+    seen = np.isfinite(scores)
     for i in range(n):
         for j in range(i + 1, n):
-            both = scores.iloc[:, [i, j]].dropna()
-            if len(both) < 24 or both.iloc[:, 0].std() == 0 or both.iloc[:, 1].std() == 0:
+            both = seen[:, i] & seen[:, j]
+            a, b = scores[both, i], scores[both, j]
+            if len(a) < 24 or a.std() == 0 or b.std() == 0:
                 continue
-            r = float(np.corrcoef(both.iloc[:, 0], both.iloc[:, 1])[0, 1])
+            r = float(np.corrcoef(a, b)[0, 1])
             if np.isfinite(r):
                 out[i, j] = out[j, i] = r
     return _nearest_correlation(out)
