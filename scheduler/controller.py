@@ -110,6 +110,28 @@ def _rate(row) -> float:
     return row.gpus / row.spec.gpus if 0 < row.gpus < row.spec.gpus else 1.0
 
 
+def _kept_by_stop(row, stopped: datetime) -> tuple[float, float]:
+    """``(work_done_s, lost GPU-seconds)`` of a checkpointable unit's attempt stopped as
+    planned at ``stopped``. A workload that saves when told to stop (``saves_on_stop``) keeps
+    everything; any other keeps what its periodic checkpoints saved: one every checkpoint
+    interval from its last known checkpoint of this attempt, else the attempt's start (the
+    simulator's and ``decide()``'s model), and loses the rest."""
+    began = row.started_at
+    ran = max(0.0, (stopped - began).total_seconds())
+    if getattr(row.spec, "saves_on_stop", False):
+        return row.work_done_s + ran * _rate(row), 0.0
+    since = row.last_checkpoint_at
+    if since is None or since < began:
+        since = began  # from an earlier attempt: already in work_done_s
+    since = min(since, max(stopped, began))
+    interval = getattr(row.spec, "checkpoint_interval_s", None) or 0.0
+    after = max(0.0, (stopped - since).total_seconds())
+    saved_s = interval * (after // interval) if interval > 0 else 0.0
+    # ``work_done_s`` is what was saved by ``since``; the periodic checkpoints add whole
+    # intervals after it
+    return row.work_done_s + saved_s * _rate(row), row.gpus * (after - saved_s)
+
+
 def _pods(spec) -> int:
     """Pods of a unit: one, or a multi-node unit's nodes."""
     return max(1, int(getattr(spec, "nodes", 1) or 1))
@@ -503,11 +525,12 @@ class Controller:
             report.released.append(row.id)
             return
         planned = job.stop_kind is StopKind.PLANNED and row.checkpointable
+        lost = 0.0 if planned else None
         if planned and row.started_at is not None:
-            stopped = min(job.stopped_at or now, now)  # it checkpoints when told to stop
-            ran = max(0.0, (stopped - row.started_at).total_seconds())
-            self.store.checkpointed(row.id, now, row.work_done_s + ran * _rate(row))
-        self.store.preempted(row.id, now, lost_gpu_seconds=0.0 if planned else None,
+            work, lost = _kept_by_stop(row, min(job.stopped_at or now, now))
+            if work > row.work_done_s:
+                self.store.checkpointed(row.id, now, work)
+        self.store.preempted(row.id, now, lost_gpu_seconds=lost,
                              reason="stopped as planned" if planned else why)
         report.released.append(row.id)
 
@@ -515,14 +538,12 @@ class Controller:
         """A shrinking unit's Job stopped: save its progress (a planned stop checkpointed), open
         the attempt on ``shrink_to`` GPUs and create its Job."""
         planned = job.stop_kind is StopKind.PLANNED and row.checkpointable
-        work = None
+        work = lost = None
         if planned and row.started_at is not None:
-            stopped = min(job.stopped_at or now, now)
-            ran = max(0.0, (stopped - row.started_at).total_seconds())
-            work = row.work_done_s + ran * _rate(row)
+            work, lost = _kept_by_stop(row, min(job.stopped_at or now, now))
         elif planned:
             work = row.work_done_s  # stopped before it ran: nothing new, nothing lost
-        attempt = self.store.shrunk(row.id, now, work_done_s=work,
+        attempt = self.store.shrunk(row.id, now, work_done_s=work, lost_gpu_seconds=lost,
                                     reason=f"shrunk from {row.gpus} to {row.shrink_to} GPUs")
         report.released.append(row.id)
         if attempt is None:  # a cancel came first

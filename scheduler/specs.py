@@ -361,6 +361,11 @@ class Checkpoint(_Strict):
     resume_args: list[str] = Field(default_factory=list)
     """Arguments added when the job restarts after a preemption, templated like ``args``
     (e.g. ``["--resume", "{output}/ckpt"]``)."""
+    saves_on_stop: bool = False
+    """The workload saves its state when told to stop (SIGTERM), within the pool's grace
+    period: a planned stop then keeps all its work. Without it only the periodic checkpoints
+    (every ``interval`` from the attempt's start) count, and a planned stop loses what was
+    done since the last one."""
 
     @model_validator(mode="after")
     def _interval_when_enabled(self) -> Checkpoint:
@@ -1323,6 +1328,7 @@ def _build_units(req: JobRequest, max_units: int = UNITS_CEILING,
                 runtime_estimate_s=step.runtime,
                 checkpointable=checkpointable,
                 checkpoint_interval_s=step.checkpoint.interval if checkpointable else None,  # type: ignore[union-attr]
+                saves_on_stop=checkpointable and step.checkpoint.saves_on_stop,  # type: ignore[union-attr]
                 resume_args=resume,
                 priority=step.priority,
                 deadline=step.deadline,
@@ -1958,7 +1964,7 @@ _HINTS = {
 }
 _BOOLEANS = {
     "enabled", "read_only", "privileged", "host_network", "host_pid", "host_ipc",
-    "allow_privilege_escalation", "optional",
+    "allow_privilege_escalation", "optional", "saves_on_stop",
 }
 
 

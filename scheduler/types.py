@@ -470,6 +470,10 @@ class UnitSpec:
     """A multi-node (gang) unit: this many pods, one per node, started together or not at
     all (an Indexed Job). ``gpus``, ``cpu`` and ``memory`` are the unit's totals; each pod
     gets ``gpus_per_node`` GPUs and the same share of CPU and memory. 1: one pod."""
+    saves_on_stop: bool = False
+    """Its workload saves its state when told to stop (the request's
+    ``checkpoint.saves_on_stop``): a planned stop keeps all its work, not only what the
+    periodic checkpoints saved."""
 
     @property
     def gpus_per_node(self) -> int:

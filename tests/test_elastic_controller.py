@@ -26,10 +26,11 @@ ELASTIC = {
 
 
 @pytest.fixture
-def setup(tmp_path):
+def setup(tmp_path, request):
     store = JobStore(f"sqlite:///{tmp_path / 'jobs.db'}")
-    request = validate_request(ELASTIC)
-    store.submit(request.name, request.team, request.kind, ELASTIC, expand_units(request),
+    body = getattr(request, "param", ELASTIC)
+    request = validate_request(body)
+    store.submit(request.name, request.team, request.kind, body, expand_units(request),
                  T0 - timedelta(hours=1))
     cluster, signals = MemoryCluster(), Signals()
     free = {"values": np.full(288, 16.0)}
@@ -97,6 +98,10 @@ def test_a_live_shortfall_shrinks_the_job_and_its_next_attempt_runs_on_fewer_gpu
                           (EventKind.STARTED, 5), (EventKind.FINISHED, 5)]
 
 
+SAVES_ON_STOP = {**ELASTIC, "checkpoint": {**ELASTIC["checkpoint"], "saves_on_stop": True}}
+
+
+@pytest.mark.parametrize("setup", [SAVES_ON_STOP], indirect=True)
 def test_a_planned_shrink_keeps_the_work_and_counts_it_at_the_gpus_it_ran_on(setup):
     store, cluster, signals, controller, free, unit = setup
     first = running_at(controller, cluster, T0)
@@ -124,6 +129,34 @@ def test_a_planned_shrink_keeps_the_work_and_counts_it_at_the_gpus_it_ran_on(set
     (waiting,) = store.waiting(T0 + 67 * MIN, lambda r: 4 * 3600.0)
     assert (waiting.gpus, waiting.min_gpus) == (8, 4)
     del first
+
+
+def test_a_planned_shrink_without_a_save_on_stop_keeps_only_the_periodic_checkpoints(setup):
+    """The workload checkpoints every 30 minutes and does not save on SIGTERM: a planned
+    stop keeps the work up to its last periodic checkpoint and counts the rest as lost, at
+    the GPUs the attempt held."""
+    store, cluster, signals, controller, free, unit = setup
+    running_at(controller, cluster, T0)
+    free["values"] = np.concatenate([np.full(6, 16.0), np.full(282, 6.0)])  # a ramp at +30 min
+    signals.value = ServingSignals(observed_at=T0 + 25 * MIN)
+    controller.reconcile_once(T0 + 25 * MIN)
+    signals.value = ServingSignals(observed_at=T0 + 26 * MIN)
+    assert controller.reconcile_once(T0 + 26 * MIN).shrunk == [unit]
+    assert store.unit(unit).work_done_s == 0.0  # stopped 25 min in, before its first checkpoint
+    one, _ = store.attempts(unit)
+    assert one.outcome is AttemptOutcome.SHRUNK
+    assert one.lost_gpu_seconds == pytest.approx(8 * 25 * 60)
+    cluster.set_phase(cluster.job_name(unit, 2), JobPhase.RUNNING, T0 + 26 * MIN)
+    controller.reconcile_once(T0 + 27 * MIN)
+    cluster.stop(cluster.job_name(unit, 2), reason="test", kind=StopKind.PLANNED,
+                 now=T0 + 66 * MIN)
+    controller.reconcile_once(T0 + 67 * MIN)
+    row = store.unit(unit)
+    # 40 minutes on 6 GPUs: one checkpoint at +30 min saved 30 * 6/8 minutes of work
+    assert row.state is JobState.QUEUED
+    assert row.work_done_s == pytest.approx(30 * 60 * 6 / 8)
+    _, two = store.attempts(unit)
+    assert two.lost_gpu_seconds == pytest.approx(6 * 10 * 60)
 
 
 def test_a_reduced_admission_opens_an_attempt_on_the_gpus_granted(setup):

@@ -108,6 +108,14 @@ def test_pipeline_with_a_sweep_in_the_middle_expands_to_1_4_1_units():
     assert all(u.deadline == datetime(2025, 11, 3, 0, 0, tzinfo=UTC) for u in units)
     assert [u.checkpointable for u in units] == [False, True, True, True, True, False]
     assert train[0].checkpoint_interval_s == 1800.0 and prepare.checkpoint_interval_s is None
+    assert not any(u.saves_on_stop for u in units)  # only periodic checkpoints, unless told
+
+
+def test_a_workload_that_saves_on_stop_says_so_per_step():
+    data = pipeline()
+    data["steps"][1]["checkpoint"]["saves_on_stop"] = True
+    units = expand_units(validate_request(data))
+    assert [u.saves_on_stop for u in units] == [False, True, True, True, True, False]
 
 
 def test_sweep_members_follow_the_grid_first_key_slowest_and_templates_are_filled():
@@ -382,6 +390,8 @@ REJECTIONS = [
      "volumes.0.empty_dir.size_limit:", "on the node's disk is above the cap of 200Gi per GPU"),
     ("negative_max_preemptions", _set("max_preemptions", -1), "max_preemptions:",
      "greater than or equal to 0"),
+    ("saves_on_stop_not_a_boolean", _set("steps.1.checkpoint.saves_on_stop", "maybe"),
+     "steps.1.checkpoint.saves_on_stop:", "(got 'maybe'); use true or false"),
 ]
 
 
