@@ -118,7 +118,9 @@ def request(name: str, **overrides: object) -> dict:
         "name": name, "team": "nlp", "kind": "training",
         "image": "registry.example.com/research/train:1.0", "command": ["python", "train.py"],
         "gpus": 2, "runtime_estimate": "2h", "output": "s3://runs/{name}",
-        "checkpoint": {"enabled": True, "interval": "10m", "resume_args": ["--resume"]},
+        # the simulated workload checkpoints on SIGTERM before it exits, and says so
+        "checkpoint": {"enabled": True, "interval": "10m", "resume_args": ["--resume"],
+                       "saves_on_stop": True},
     }
     data.update(overrides)
     return data

@@ -67,6 +67,28 @@ def test_a_planned_stop_checkpoints_never_fails_and_keeps_the_work(pool) -> None
     daemon.until(lambda r: name in r.deleted or daemon.job(name) is None, what="deletion")
 
 
+def test_a_planned_stop_of_a_workload_that_does_not_save_on_stop_counts_the_unsaved_work_lost(
+        pool) -> None:
+    """The same stop of a workload whose only saves are its periodic checkpoints (every 10
+    minutes; it ran seconds): nothing is kept, the GPU-seconds since its start are lost."""
+    daemon, sim = pool(shutdown_seconds=1.0, start_delay=0.5)
+    blind = {"enabled": True, "interval": "10m", "resume_args": ["--resume"]}
+    unit = submit(daemon.store, request("blind", checkpoint=blind))
+    (name,) = daemon.reconcile().created
+    daemon.until(lambda r: unit in r.started, what="the pod running")
+    time.sleep(2)
+    daemon.free = np.zeros(12 * 24)
+    assert daemon.reconcile().stopped == [name]
+    stopped_at = daemon.now()
+    daemon.until(lambda r: unit in r.released, what="the release")
+    row = daemon.store.unit(unit)
+    assert row.state is JobState.QUEUED and row.preemptions == 1 and row.work_done_s == 0.0
+    (attempt,) = daemon.store.attempts(unit)
+    ran = (stopped_at - attempt.started_at).total_seconds()
+    assert ran >= 1.5
+    assert attempt.lost_gpu_seconds == pytest.approx(2 * ran, abs=2 * 1.0)
+
+
 def test_a_planned_stop_released_by_a_restarted_daemon_stays_planned(pool) -> None:
     daemon, _ = pool(shutdown_seconds=2.0, start_delay=0.5)
     unit = submit(daemon.store, request("restart"))
