@@ -222,7 +222,8 @@ def decide(
             if any(keep for _, keep in cover):
                 # say what the shrink saves: the cover of whole stops it beats
                 whole = _victims(running, need, now, exclude,
-                                 restart_cost_s=settings.restart_cost_s)
+                                 restart_cost_s=settings.restart_cost_s,
+                                 planned=live_need == 0)
             for job, keep in cover:
                 if keep:
                     shrinks[job.id] = keep
@@ -364,13 +365,14 @@ def _stops_after_checkpoint(
     forecast's need is the first shortfall beyond the grace period (the usual rule covers
     the grace period itself) of the GPUs the other units hold until their estimated ends;
     of the units that qualify, the cover that loses least (``_cover``: an elastic one may be
-    shrunk instead) is stopped. Units that cannot checkpoint, or whose interval is unknown,
-    are left to the usual rules. Returns the stops and, of those, the shrinks (GPUs kept)."""
+    shrunk instead) is stopped. Units that cannot checkpoint, whose interval is unknown, or
+    that save on stop (a stop at the last moment loses them nothing), are left to the usual
+    rules. Returns the stops and, of those, the shrinks (GPUs kept)."""
     step = profile.step_s
     pass_s = timedelta(seconds=step)
     fresh = [j for j in sorted(running, key=lambda j: j.id)
-             if j.id not in victims and j.checkpointable and j.next_checkpoint(now) is not None
-             and now - j.last_checkpoint(now) < pass_s]
+             if j.id not in victims and j.checkpointable and not j.saves_on_stop
+             and j.next_checkpoint(now) is not None and now - j.last_checkpoint(now) < pass_s]
     out: dict[str, tuple[str, bool, str]] = {}
     keeps: dict[str, int] = {}
     if not fresh:
@@ -437,7 +439,7 @@ def nowcast(free: np.ndarray, i0: int, live_free: float, step_s: int,
 
 def _victims(
     running: Sequence[RunningJob], need: int, now: datetime, exclude: Mapping[str, object],
-    *, restart_cost_s: float = 600.0,
+    *, restart_cost_s: float = 600.0, planned: bool = False,
 ) -> list[RunningJob]:
     """The victims covering ``need`` GPUs that lose the least: from the lowest priorities that
     can cover it, the set whose unsaved work plus a restart cost per GPU
@@ -446,24 +448,26 @@ def _victims(
     restart alone costs more. Exact (a min-cost cover over the GPUs needed). Whole stops
     only; ``_cover`` also shrinks elastic jobs."""
     return [job for job, _ in _cover(running, need, now, exclude, restart_cost_s=restart_cost_s,
-                                     shrink=False)]
+                                     shrink=False, planned=planned)]
 
 
-def _stop_cost(job: RunningJob, now: datetime, restart_cost_s: float) -> float:
+def _stop_cost(job: RunningJob, now: datetime, restart_cost_s: float, planned: bool = False
+               ) -> float:
     """GPU-seconds a stop loses: the unsaved work of every GPU, and every GPU's restart."""
-    return (job.unsaved_work_s(now) + restart_cost_s) * job.gpus
+    return (job.unsaved_work_s(now, planned=planned) + restart_cost_s) * job.gpus
 
 
-def _shrink_cost(job: RunningJob, keep: int, now: datetime, restart_cost_s: float) -> float:
+def _shrink_cost(job: RunningJob, keep: int, now: datetime, restart_cost_s: float,
+                 planned: bool = False) -> float:
     """GPU-seconds a shrink to ``keep`` GPUs loses: the job checkpoints and restarts, so by
     the rule of a stop its unsaved work (all its GPUs), and the restart of the ``keep`` GPUs
     it restarts on (the freed ones do not come back)."""
-    return job.unsaved_work_s(now) * job.gpus + restart_cost_s * keep
+    return job.unsaved_work_s(now, planned=planned) * job.gpus + restart_cost_s * keep
 
 
 def _cover(
     running: Sequence[RunningJob], need: int, now: datetime, exclude: Mapping[str, object],
-    *, restart_cost_s: float = 600.0, shrink: bool = True,
+    *, restart_cost_s: float = 600.0, shrink: bool = True, planned: bool = False,
 ) -> list[tuple[RunningJob, int]]:
     """The least costly way to free ``need`` GPUs: ``(job, keep)`` pairs sorted by id,
     ``keep == 0`` a stop, ``keep > 0`` a shrink of an elastic job to ``keep`` GPUs.
@@ -474,12 +478,13 @@ def _cover(
     shrunk by some GPUs, or spared). A shrink frees no more than the need still open (the
     job keeps every GPU it can: what stops free beyond the need goes back to it, unless whole
     stops are then cheaper); any whole number of GPUs from ``min_gpus`` up is a size it
-    accepts. Only checkpointable jobs shrink (a shrink is a checkpoint and a restart)."""
+    accepts. Only checkpointable jobs shrink (a shrink is a checkpoint and a restart).
+    ``planned``: the stops are planned (a unit that saves on stop loses no work to them)."""
     if need <= 0:
         return []
     candidates = sorted(
         (j for j in running if j.id not in exclude),
-        key=lambda j: (j.priority, _stop_cost(j, now, restart_cost_s), -j.gpus, j.id),
+        key=lambda j: (j.priority, _stop_cost(j, now, restart_cost_s, planned), -j.gpus, j.id),
     )
     if sum(j.gpus for j in candidates) <= need:
         return [(j, 0) for j in sorted(candidates, key=lambda j: j.id)]
@@ -494,7 +499,7 @@ def _cover(
         covered += job.gpus
     top = pool[-1].priority
     mixed = top != pool[0].priority
-    costs = [_stop_cost(j, now, restart_cost_s) for j in pool]
+    costs = [_stop_cost(j, now, restart_cost_s, planned) for j in pool]
     weight = sum(costs) + 1.0
     per_victim = 1e-6 * weight / (len(pool) + 1)  # ties: the fewest victims
 
@@ -516,7 +521,7 @@ def _cover(
         took[i, better] = -1
         if shrink and job.elastic:
             for freed in range(1, min(job.gpus - job.min_gpus, need) + 1):
-                cost = (_shrink_cost(job, job.gpus - freed, now, restart_cost_s)
+                cost = (_shrink_cost(job, job.gpus - freed, now, restart_cost_s, planned)
                         + penalty(job, freed) + per_victim)
                 with_f = np.full(need + 1, np.inf)
                 with_f[freed:] = best[: need + 1 - freed] + cost  # never beyond the need
@@ -548,12 +553,12 @@ def _cover(
     if any(keep for _, keep in chosen):
         # giving GPUs back costs restarts: whole stops win if they are now the cheaper
         def price(cover: list[tuple[RunningJob, int]]) -> float:
-            return sum((_shrink_cost(j, keep, now, restart_cost_s) if keep
-                        else _stop_cost(j, now, restart_cost_s))
+            return sum((_shrink_cost(j, keep, now, restart_cost_s, planned) if keep
+                        else _stop_cost(j, now, restart_cost_s, planned))
                        + penalty(j, j.gpus - keep) + per_victim for j, keep in cover)
 
         whole = _cover(running, need, now, exclude, restart_cost_s=restart_cost_s,
-                       shrink=False)
+                       shrink=False, planned=planned)
         if price(whole) < price(chosen):
             return whole
     return sorted(chosen, key=lambda c: c[0].id)
@@ -573,13 +578,13 @@ def _cover_sparing_whole_units(
     if live_need > 0:
         return _cover(running, need, now, exclude, restart_cost_s=restart_cost_s)
     need_now = min(need, max(0, math.ceil(short_now)))
-    cover = _cover(running, need_now, now, exclude, restart_cost_s=restart_cost_s)
+    cover = _cover(running, need_now, now, exclude, restart_cost_s=restart_cost_s, planned=True)
     rest = need - sum(job.gpus - keep for job, keep in cover)
     if rest > 0:
         taken = {**exclude, **{job.id: "" for job, _ in cover},
                  **{job.id: "" for job in running if not job.checkpointable}}
-        cover = sorted(cover + _cover(running, rest, now, taken, restart_cost_s=restart_cost_s),
-                       key=lambda c: c[0].id)
+        cover = sorted(cover + _cover(running, rest, now, taken, restart_cost_s=restart_cost_s,
+                                      planned=True), key=lambda c: c[0].id)
     return cover
 
 

@@ -138,6 +138,9 @@ class SimJob:
     goes proportionally slower."""
     nodes: int = 1
     """Pods of a multi-node (gang) unit, one per whole node (set by a simulation on nodes)."""
+    saves_on_stop: bool = False
+    """It saves all it did when told to stop (``checkpoint.saves_on_stop``): a planned stop
+    loses it nothing."""
 
     def as_waiting(self, *, runtime_s: float | None = None, preemptions: int = 0) -> WaitingJob:
         """What the policy sees of it in the queue (by default: never started)."""
@@ -274,7 +277,10 @@ def simulate(
     runs on the same history (the forecaster's backtest replays do not depend on the
     confidence, so a sweep over it refits them once). ``saves_on_stop``: model workloads that
     save their progress when told to stop (SIGTERM) in the grace period; by default, as for
-    a blind SIGTERM, a planned stop keeps only what the periodic checkpoints saved."""
+    a blind SIGTERM, a planned stop keeps only what the periodic checkpoints saved (each
+    job's own ``SimJob.saves_on_stop`` counts either way)."""
+    if saves_on_stop:
+        jobs = [replace(j, saves_on_stop=True) if j.checkpointable else j for j in jobs]
     if policy not in POLICIES and policy not in _CLAIRVOYANT_PLANS:
         raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
     if policy == CLAIRVOYANT:
@@ -290,8 +296,7 @@ def simulate(
 
         plans = [simulate(history, settings, jobs, name, start=start, end=end, horizon=horizon,
                           refresh_hour=refresh_hour, policy_config=policy_config,
-                          on_step=part(n), placement=placement, deletion_cost=deletion_cost,
-                          saves_on_stop=saves_on_stop)
+                          on_step=part(n), placement=placement, deletion_cost=deletion_cost)
                  for n, name in enumerate(names)]
         best = max(plans, key=lambda r: r.metrics["work_gpu_hours"])
         return SimResult(CLAIRVOYANT, best.metrics, best.runs, best.delays)
@@ -486,11 +491,11 @@ def simulate(
             if d.action is Action.PREEMPT:
                 planned_stops += d.planned
                 _stop(job, now, grace, planned=d.planned, runs=runs, cause=d.cause,
-                      at_will=clairvoyant, saves_on_stop=saves_on_stop)
+                      at_will=clairvoyant)
             elif d.action is Action.SHRINK:
                 shrinks += 1
                 _stop(job, now, grace, planned=d.planned, runs=runs, shrink_to=d.gpus,
-                      cause=d.cause, at_will=clairvoyant, saves_on_stop=saves_on_stop)
+                      cause=d.cause, at_will=clairvoyant)
                 job.resume_stop_by = d.stop_by
             elif d.action is Action.ADMIT:
                 if cluster is not None:
@@ -651,17 +656,16 @@ class _Nodes:
 
 
 def _stop(job: _Job, now: datetime, grace: timedelta, *, planned: bool, runs: _Run,
-          cause: str, shrink_to: int | None = None, at_will: bool = False,
-          saves_on_stop: bool = False) -> None:
+          cause: str, shrink_to: int | None = None, at_will: bool = False) -> None:
     """Start the grace period of a running job. A checkpointing job keeps what its periodic
     checkpoints saved and loses what it did since the last one: a stop's SIGTERM is no
-    checkpoint (``saves_on_stop``: workloads that save when told to stop, in the grace
+    checkpoint (``SimJob.saves_on_stop``: workloads that save when told to stop, in the grace
     period, lose nothing at a planned stop). ``shrink_to``: a shrink, not a stop: after its
     grace period the job runs on with these GPUs (not a preemption either way). ``cause``:
     what stopped it (the run table's). ``at_will``: the clairvoyant's stop: any unit saves all
     it has done in its grace period."""
     overran = job.saved_s + job.progress_s > job.spec.estimate_s > 0
-    if at_will or (planned and job.spec.checkpointable and saves_on_stop):
+    if at_will or (planned and job.spec.checkpointable and job.spec.saves_on_stop):
         job.saved_s += job.progress_s
         lost = 0.0
     else:
@@ -749,6 +753,7 @@ def _running(job: _Job, step_s: int, overruns: Overruns, *, oracle: bool = False
         min_gpus=spec.min_gpus, nodes=tuple(f"node-{i}" for i in sorted(job.where)),
         checkpoint_interval_s=(spec.checkpoint_interval_s
                                if spec.checkpointable and not at_will else None),
+        saves_on_stop=spec.checkpointable and spec.saves_on_stop,
     )
 
 
@@ -949,6 +954,7 @@ def trace_jobs(entries, estimate: Callable[[object], float]) -> list[SimJob]:
                     max_preemptions=unit.max_preemptions,
                     depends_on=tuple(f"{prefix}-{s}-{m}" for s, m in unit.depends_on),
                     min_gpus=unit.min_gpus,
+                    saves_on_stop=unit.checkpointable and unit.saves_on_stop,
                 )
             )
     return jobs

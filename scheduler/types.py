@@ -200,6 +200,10 @@ class RunningJob:
     """Seconds between its periodic checkpoints (None: unknown): with it, a checkpoint is
     expected every interval from its last known one (or its start), and a planned stop is
     timed just after one (``decide()``)."""
+    saves_on_stop: bool = False
+    """It saves all it has done when told to stop, within its grace period
+    (``checkpoint.saves_on_stop``): a planned stop loses it nothing, whenever it comes, so it
+    is neither stopped early for a checkpoint nor spared as the costlier victim."""
 
     def __post_init__(self) -> None:
         _elastic_min(self)
@@ -224,9 +228,12 @@ class RunningJob:
             return None
         return self.last_checkpoint(now) + timedelta(seconds=interval)
 
-    def unsaved_work_s(self, now: datetime) -> float:
+    def unsaved_work_s(self, now: datetime, *, planned: bool = False) -> float:
         """Seconds of work a stop now would lose (since the last checkpoint or start): a
-        stop's SIGTERM is no checkpoint, only the periodic ones count."""
+        stop's SIGTERM is no checkpoint, only the periodic ones count; except a planned stop
+        of a unit that saves on stop, which loses nothing."""
+        if planned and self.checkpointable and self.saves_on_stop:
+            return 0.0
         if not self.checkpointable:
             return (now - self.started_at).total_seconds()
         return max(0.0, (now - self.last_checkpoint(now)).total_seconds())

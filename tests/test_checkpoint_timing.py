@@ -86,6 +86,33 @@ def test_a_window_that_closes_before_the_next_checkpoint_stops_the_unit_now():
     assert plan(ramp(300), running=running).decisions == ()
 
 
+def test_a_unit_that_saves_on_stop_is_not_stopped_early_for_a_checkpoint():
+    # the same unit as above, but it saves when told to stop: stopping it now, 20 minutes
+    # before it must go, would only give its GPUs back early; it goes at the usual rule's time
+    saver = unit("a", saves_on_stop=True)
+    assert saver.unsaved_work_s(T0 + timedelta(minutes=10), planned=True) == 0.0
+    assert saver.unsaved_work_s(T0 + timedelta(minutes=10)) == 600.0  # a backstop's stop
+    assert plan(ramp(35, after=4), running=[saver, unit("b", gpus=4, ckpt_ago_min=10)]
+                ).decisions == ()
+    (d,) = plan(ramp(10, after=4), running=[saver, unit("b", gpus=4, ckpt_ago_min=10)]
+                ).decisions
+    assert (d.job_id, d.action, d.cause) == ("a", Action.PREEMPT, "forecast")
+
+
+def test_a_planned_stop_prefers_the_unit_that_saves_on_stop():
+    # 8 GPUs needed within the grace period; both 8-GPU units checkpointed 20 minutes ago,
+    # only one saves on stop: stopping it loses nothing, stopping the other 20 minutes
+    running = [unit("keeps", ckpt_ago_min=20, saves_on_stop=True),
+               unit("blind", ckpt_ago_min=20), unit("z", gpus=4, ckpt_ago_min=20)]
+    got = decisions(plan(ramp(10, after=12), running=running))
+    assert set(got) == {"keeps"} and got["keeps"].planned
+    # for a live need (the backstop) the daemon counts the unsaved work lost either way:
+    # the tie falls to the id
+    pressed = replace(FRESH, gpus_short=8)
+    got = decisions(plan(ramp(300, after=12), running=running, signals=pressed))
+    assert set(got) == {"blind"} and got["blind"].cause == "live"
+
+
 def test_units_that_cannot_checkpoint_or_whose_interval_is_unknown_are_not_timed():
     whole = replace(unit("w"), checkpointable=False)
     unknown = unit("x", interval=None)
@@ -120,17 +147,41 @@ def test_a_segment_shorter_than_one_checkpoint_interval_is_not_offered():
 # --- the simulator's stop: only periodic checkpoints are kept --------------------------
 
 
+def test_the_simulator_reads_saves_on_stop_from_each_request():
+    from idlegpu.scheduler.simulate import trace_jobs
+    from idlegpu.scheduler.specs import expand_units, validate_request
+
+    class Entry:
+        submit_at = T0
+
+        def __init__(self, saves):
+            self.request = validate_request({
+                "name": "ft", "team": "nlp", "kind": "sft",
+                "image": "registry.example.com/research/ft:1", "output": "s3://runs/{name}",
+                "command": ["python", "ft.py"], "gpus": 4, "runtime_estimate": "2h",
+                "checkpoint": {"enabled": True, "interval": "30m", "saves_on_stop": saves}})
+
+        def units(self):
+            return expand_units(self.request)
+
+        def actual_runtime_s(self, step, member):
+            return 2 * H
+
+    (saver,), (blind,) = (trace_jobs([Entry(v)], lambda u: 2 * H) for v in (True, False))
+    assert saver.saves_on_stop and not blind.saves_on_stop
+
+
 def test_a_planned_stop_keeps_only_what_the_periodic_checkpoints_saved():
     from idlegpu.scheduler.simulate import SimJob, _Job, _Run, _stop
 
     spec = SimJob(id="u", team="a", kind="train", gpus=8, submit_at=T0, work_s=10 * H,
                   estimate_s=10 * H, checkpointable=True)
     for saves, lost_s in ((False, 20 * 60.0), (True, 0.0)):
-        job = _Job(spec, saved_s=H, progress_s=20 * 60.0, gpus=8, running=True,
-                   started_at=T0, last_checkpoint_at=T0 + timedelta(hours=1))
+        job = _Job(replace(spec, saves_on_stop=saves), saved_s=H, progress_s=20 * 60.0, gpus=8,
+                   running=True, started_at=T0, last_checkpoint_at=T0 + timedelta(hours=1))
         runs = _Run()
         _stop(job, T0 + timedelta(hours=1, minutes=20), timedelta(minutes=10), planned=True,
-              runs=runs, cause="forecast", saves_on_stop=saves)
+              runs=runs, cause="forecast")
         assert job.lost_s == lost_s and job.preemptions == 0
         assert job.saved_s == H + 20 * 60.0 - lost_s
         assert pd.DataFrame(runs.rows)["lost_gpu_hours"].iloc[0] == 8 * lost_s / 3600

@@ -105,6 +105,9 @@ SAVES_ON_STOP = {**ELASTIC, "checkpoint": {**ELASTIC["checkpoint"], "saves_on_st
 def test_a_planned_shrink_keeps_the_work_and_counts_it_at_the_gpus_it_ran_on(setup):
     store, cluster, signals, controller, free, unit = setup
     first = running_at(controller, cluster, T0)
+    # the policy sees that it saves on stop (a planned stop then costs it no work)
+    (held,) = store.running(T0 + MIN, lambda r: 4 * 3600.0)
+    assert held.saves_on_stop and held.unsaved_work_s(T0 + MIN, planned=True) == 0.0
     free["values"] = np.concatenate([np.full(6, 16.0), np.full(282, 6.0)])  # a ramp at +30 min
     signals.value = ServingSignals(observed_at=T0 + 25 * MIN)
     report = controller.reconcile_once(T0 + 25 * MIN)
@@ -137,6 +140,8 @@ def test_a_planned_shrink_without_a_save_on_stop_keeps_only_the_periodic_checkpo
     the GPUs the attempt held."""
     store, cluster, signals, controller, free, unit = setup
     running_at(controller, cluster, T0)
+    (held,) = store.running(T0 + MIN, lambda r: 4 * 3600.0)
+    assert not held.saves_on_stop and held.unsaved_work_s(T0 + MIN, planned=True) == 60.0
     free["values"] = np.concatenate([np.full(6, 16.0), np.full(282, 6.0)])  # a ramp at +30 min
     signals.value = ServingSignals(observed_at=T0 + 25 * MIN)
     controller.reconcile_once(T0 + 25 * MIN)

@@ -346,7 +346,9 @@ class AutoForecaster(SeriesForecaster):
         lo = s.first_row * s.steps_per_day
         residual = s.flat[lo:] - self._line(s, raw, 1)[lo:-1]
         level = _trailing_nanmean(residual, NOW_STEPS)[origins - lo]
-        phi = s.phis.setdefault(raw, _lag_one(residual))
+        if raw not in s.phis:  # fitted once per fit (the replays' rate serves the forecast)
+            s.phis[raw] = _lag_one(residual)
+        phi = s.phis[raw]
         return np.nan_to_num(level)[:, None] * phi ** gap
 
     # ---------------------------------------------------------------- fit

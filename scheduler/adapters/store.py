@@ -1269,6 +1269,8 @@ class JobStore:
                 started_at=began, checkpointable=row.checkpointable, remaining_s=remaining,
                 last_checkpoint_at=checkpoint, stop_by=row.stop_by, kind=row.kind,
                 min_gpus=row.spec.min_gpus, checkpoint_interval_s=_interval(row),
+                saves_on_stop=row.checkpointable and bool(getattr(row.spec, "saves_on_stop",
+                                                                  False)),
             ))
         return jobs
 
