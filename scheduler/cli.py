@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from datetime import datetime, timezone
@@ -753,6 +754,9 @@ def simulate(
         "--saves-on-stop", help="Model workloads that save their progress when told to stop "
         "(SIGTERM, in the grace period). Default: a planned stop keeps only what the "
         "periodic checkpoints saved, as a blind SIGTERM does.")] = False,
+    workers: Annotated[Optional[int], typer.Option(
+        help="Policies simulated at once, each in its own process (the results are the same "
+        "as one by one). Default: the CPUs this process may use.")] = None,
 ) -> None:
     """Replay the pool history and a job trace through the admission policy, for each of
     night (fixed 20:00-08:00), reactive, forecast (ours), oracle (ours on the actual future) and
@@ -765,8 +769,13 @@ def simulate(
     from idlegpu.forecast.sources import read_history
     from idlegpu.forecast.tables import write_csv
     from idlegpu.scheduler.reports import useful
-    from idlegpu.scheduler.simulate import PLACEMENTS, POLICIES, lost_work, trace_jobs
-    from idlegpu.scheduler.simulate import simulate as run_policy
+    from idlegpu.scheduler.simulate import (
+        PLACEMENTS,
+        POLICIES,
+        lost_work,
+        simulate_policies,
+        trace_jobs,
+    )
     from idlegpu.scheduler.specs import load_trace
 
     names = [p.strip() for p in policies.split(",") if p.strip()]
@@ -777,6 +786,7 @@ def simulate(
     confidences = _confidences(sweep) if sweep is not None else []
     _check(days is None or days >= 1, "use at least 1 day", "--days")
     _check(warmup_days >= 0, "use 0 or more days", "--warmup-days")
+    _check(workers is None or workers >= 1, "use 1 or more processes", "--workers")
     _check(placement in PLACEMENTS, f"choose from {', '.join(PLACEMENTS)}", "--placement")
     settings = _load_settings(config)
     _check(placement == "pool" or bool(settings.pool.nodes),
@@ -793,30 +803,37 @@ def simulate(
         raise typer.BadParameter("nothing to simulate: the history ends before the trace starts")
     rows, cumulative, losses, delays = {}, {}, [], []
     out.mkdir(parents=True, exist_ok=True)
+    if workers is None:
+        workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+            os.cpu_count() or 1)
     with Progress(console=err_console, transient=True) as progress:
+        tasks = {}
         for name in names:
-            forecasting = progress.add_task("forecasting each evening", total=None,
-                                            visible=name == "forecast")
-            task = progress.add_task(escape(plain(f"simulating {name}")), total=None)
-            result = run_policy(
-                frame, settings, sim_jobs, name, start=start.to_pydatetime(),
-                end=end.to_pydatetime(),
-                on_refresh=lambda n, total: progress.update(forecasting, completed=n,
-                                                            total=total),
-                on_step=lambda k, total: progress.update(task, completed=k + 1, total=total),
-                placement=placement, saves_on_stop=saves_on_stop,
-            )
-            progress.remove_task(forecasting)
-            progress.remove_task(task)
-            rows[name] = result.metrics
-            write_csv(result.runs, out / f"runs_{name}.csv", tz=settings.pool.timezone,
-                      decimals=None)  # read back by `idlegpu report`: every digit
-            losses.append(lost_work(result.runs, settings.pool.timezone).assign(policy=name))
-            delays.append(result.delays.assign(policy=name))
-            kept = useful(result.runs)
-            ends = pd.to_datetime(result.runs["end"], utc=True).dt.tz_convert(
-                settings.pool.timezone).dt.tz_localize(None)
-            cumulative[name] = pd.Series(kept, index=ends).groupby(level=0).sum().cumsum()
+            if name == "forecast":
+                tasks[name, "refreshes"] = progress.add_task("forecast: refitting each evening",
+                                                             total=None)
+            tasks[name, "steps"] = progress.add_task(escape(plain(f"simulating {name}")),
+                                                     total=None)
+
+        def advance(name: str, what: str, done: int, total: int) -> None:
+            task = tasks.get((name, what))
+            if task is not None:
+                progress.update(task, completed=done, total=total)
+
+        results = simulate_policies(
+            frame, settings, sim_jobs, names, start=start.to_pydatetime(),
+            end=end.to_pydatetime(), workers=workers, on_progress=advance,
+            placement=placement, saves_on_stop=saves_on_stop)
+    for name, result in results.items():
+        rows[name] = result.metrics
+        write_csv(result.runs, out / f"runs_{name}.csv", tz=settings.pool.timezone,
+                  decimals=None)  # read back by `idlegpu report`: every digit
+        losses.append(lost_work(result.runs, settings.pool.timezone).assign(policy=name))
+        delays.append(result.delays.assign(policy=name))
+        kept = useful(result.runs)
+        ends = pd.to_datetime(result.runs["end"], utc=True).dt.tz_convert(
+            settings.pool.timezone).dt.tz_localize(None)
+        cumulative[name] = pd.Series(kept, index=ends).groupby(level=0).sum().cumsum()
     table = pd.DataFrame(rows).T
     table.index.name = "policy"
     write_csv(table, out / "policies.csv", index=True)

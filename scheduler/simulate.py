@@ -843,6 +843,95 @@ def forecast_profiles_for(
     return profiles
 
 
+# the policies' relative cost (the forecast policy refits every evening; the clairvoyant
+# plays three plans): the costliest start first, so the others fill the other workers
+_COST = {"forecast": 6.0, CLAIRVOYANT: 3.0}
+_progress_queue = None  # a worker's channel for its progress (set by ``_worker_started``)
+
+
+def simulate_policies(
+    history: pd.DataFrame,
+    settings: Settings,
+    jobs: Sequence[SimJob],
+    policies: Sequence[str],
+    *,
+    start: datetime,
+    end: datetime,
+    workers: int = 1,
+    on_progress: Callable[[str, str, int, int], None] | None = None,
+    **options,
+) -> dict[str, SimResult]:
+    """``simulate`` of each of ``policies`` on the same inputs, by policy in ``policies``
+    order: in ``workers`` processes at once (the runs are independent and each is
+    deterministic, so the results are the same as one after another), the costliest first.
+    ``on_progress(policy, what, done, total)``: ``what`` is ``"steps"`` or ``"refreshes"``
+    (the forecast policy's evening refits), called in this process."""
+    policies = list(dict.fromkeys(policies))
+    for name in policies:
+        if name not in POLICIES:
+            raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")
+    workers = max(1, min(int(workers), len(policies)))
+    if workers == 1:
+        out = {}
+        for name in policies:
+            hooks = {}
+            if on_progress is not None:
+                hooks = {"on_step": lambda k, n, name=name: on_progress(name, "steps", k + 1, n),
+                         "on_refresh": lambda k, n, name=name: on_progress(
+                             name, "refreshes", k, n)}
+            out[name] = simulate(history, settings, jobs, name, start=start, end=end,
+                                 **hooks, **options)
+        return out
+    import multiprocessing
+    import queue as queues
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+    # forkserver: workers forked from a clean process that has imported the simulator once
+    # (never from this one, whose threads, e.g. a progress bar's, a fork would copy mid-act)
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload([__name__])
+    channel = context.Queue()
+    order = sorted(policies, key=lambda n: (-_COST.get(n, 1.0), policies.index(n)))
+    results: dict[str, SimResult] = {}
+    with ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_started,
+                             initargs=(channel,)) as pool:
+        pending = {pool.submit(_simulate_one, history, settings, jobs, name, start, end,
+                               options): name for name in order}
+        while pending:
+            done, _ = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+            while True:
+                try:
+                    report = channel.get_nowait()
+                except queues.Empty:
+                    break
+                if on_progress is not None:
+                    on_progress(*report)
+            for future in done:
+                results[pending.pop(future)] = future.result()
+    channel.close()
+    return {name: results[name] for name in policies}
+
+
+def _worker_started(channel) -> None:
+    global _progress_queue
+    _progress_queue = channel
+
+
+def _simulate_one(history, settings, jobs, name: str, start, end, options) -> SimResult:
+    """One policy's run in a worker: its progress goes back at most every percent."""
+    said: dict[str, int] = {}
+
+    def tell(what: str, done: int, total: int) -> None:
+        mark = done * 100 // max(1, total)
+        if _progress_queue is not None and (said.get(what) != mark or done == total):
+            said[what] = mark
+            _progress_queue.put((name, what, done, total))
+
+    return simulate(history, settings, jobs, name, start=start, end=end,
+                    on_step=lambda k, n: tell("steps", k + 1, n),
+                    on_refresh=lambda k, n: tell("refreshes", k, n), **options)
+
+
 SWEEP_CONFIDENCES = (0.5, 0.7, 0.8, 0.9, 0.95)
 FRONTIER_METRICS = ("useful_gpu_hours", "work_gpu_hours", "lost_gpu_hours",
                     "service_delay_gpu_minutes", "jobs_finished", "mean_queue_wait_hours")
@@ -961,4 +1050,5 @@ def trace_jobs(entries, estimate: Callable[[object], float]) -> list[SimJob]:
 
 
 __all__ = ["CAUSE_NAMES", "PLACEMENTS", "POLICIES", "SWEEP_CONFIDENCES", "SimJob", "SimResult",
-           "forecast_profiles_for", "lost_work", "simulate", "sweep", "trace_jobs"]
+           "forecast_profiles_for", "lost_work", "simulate", "simulate_policies", "sweep",
+           "trace_jobs"]
