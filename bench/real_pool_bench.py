@@ -141,6 +141,9 @@ def main() -> None:
     parser.add_argument("--no-stop-after-checkpoint", action="store_true",
                         help="stop when the need comes within the grace period, not just "
                              "after a checkpoint (the rule before it)")
+    parser.add_argument("--early-stop-only-if-likely", action="store_true",
+                        help="stop a unit early, just after a checkpoint, only if the median "
+                             "forecast also falls short before its next one")
     parser.add_argument("--saves-on-stop", action="store_true",
                         help="model workloads that save when told to stop (SIGTERM)")
     args = parser.parse_args()
@@ -159,7 +162,8 @@ def main() -> None:
     index = pd.date_range(start, end, freq="5min", inclusive="left")
     config = replace(policy_settings(settings.admission, settings.pool.headroom_gpus,
                                      settings.pool.total_gpus),
-                     stop_after_checkpoint=not args.no_stop_after_checkpoint)
+                     stop_after_checkpoint=not args.no_stop_after_checkpoint,
+                     early_stop_only_if_likely=args.early_stop_only_if_likely)
     goals = []
     for name in args.variants.split(","):
         history, jobs = variant_inputs(VARIANTS[name], settings, entries, estimator, run)

@@ -33,6 +33,10 @@ from idlegpu.forecast.models.base import quantile_column
 from idlegpu.forecast.schema import DS, REPLICAS, UNIQUE_ID, Y, series_id
 
 SCENARIOS = 2000
+# the pool's median free GPUs (a column beside ``free``): what is likely, beside what is
+# promised, for decisions that pay off only when a shortfall is likely (``decide()``'s early
+# stops just after a checkpoint)
+FREE_MEDIAN = "free_median"
 # the forecast quantiles the marginals are read from (the admission confidence is added);
 # beyond the outermost ones a service's distribution is taken as flat (its extremes are not
 # modelled, and the pool's quantile at a confidence of 0.5-0.95 seldom reaches them)
@@ -141,14 +145,21 @@ def joint_pool_usage(
         grid = np.maximum.accumulate(np.nan_to_num(grid, nan=-np.inf), axis=1)  # monotone
         grid[~np.isfinite(grid)] = np.nan
         total += _interpolate(grid * service.gpus_per_replica, np.asarray(levels), u[:, k])
-    # the confidence-quantile of the scenarios at each step ("higher": an actual scenario)
+    # the confidence-quantile of the scenarios at each step ("higher": an actual scenario),
+    # and the median, from one partial sort
     rank = min(scenarios - 1, int(np.ceil(confidence * (scenarios - 1))))
-    joint = np.partition(total, rank, axis=0)[rank].astype(float)
+    middle = (scenarios - 1) // 2
+    ranked = np.partition(total, sorted({middle, rank}), axis=0)
+    joint = ranked[rank].astype(float)
+    median = ranked[middle].astype(float)
     joint = np.minimum(joint, summed[IN_USE].to_numpy())  # never worse than lockstep
     joint[summed[IN_USE].isna().to_numpy()] = np.nan
     frame = summed.copy()
     frame[IN_USE] = joint
     frame[FREE] = (settings.pool.lendable_gpus - frame[IN_USE]).clip(lower=0)
+    median[np.isnan(joint)] = np.nan
+    frame[FREE_MEDIAN] = np.maximum(
+        frame[FREE].to_numpy(), np.clip(settings.pool.lendable_gpus - median, 0, None))
     return frame
 
 
@@ -171,11 +182,19 @@ def pool_forecast_usage(
     """The pool's usage and free GPUs over a forecast at ``confidence`` as
     ``admission.pool_uncertainty`` says: ``joint`` (``joint_pool_usage``, the correlation from
     ``replicas``, the history the forecast was fitted on) or ``sum``
-    (``capacity.forecast_pool_usage``). The forecast needs ``forecast_levels``' quantiles."""
+    (``capacity.forecast_pool_usage``). The forecast needs ``forecast_levels``' quantiles.
+    ``FREE_MEDIAN``: the pool's median free GPUs (joint: the scenarios' median; sum: the
+    services' medians added up), never below ``free``."""
     if settings.admission.pool_uncertainty != "joint" or len(settings.services) < 2:
-        return forecast_pool_usage(forecast, settings, confidence, quantiles)
-    correlation = service_correlation(replicas, settings.service_names)
-    return joint_pool_usage(forecast, settings, confidence, correlation, quantiles)
+        frame = forecast_pool_usage(forecast, settings, confidence, quantiles)
+    else:
+        correlation = service_correlation(replicas, settings.service_names)
+        frame = joint_pool_usage(forecast, settings, confidence, correlation, quantiles)
+    if FREE_MEDIAN not in frame.columns:
+        median = forecast_pool_usage(forecast, settings, 0.5)[FREE].reindex(frame.index)
+        frame[FREE_MEDIAN] = np.fmax(frame[FREE].to_numpy(), median.to_numpy())
+        frame.loc[frame[FREE].isna(), FREE_MEDIAN] = np.nan
+    return frame
 
 
 def _remap(u: np.ndarray, confidence: float, wider: float) -> np.ndarray:
@@ -211,5 +230,5 @@ def _interpolate(grid: np.ndarray, levels: np.ndarray, u: np.ndarray) -> np.ndar
     return below + (grid.T[high] - below) * weight
 
 
-__all__ = ["MARGINAL_LEVELS", "forecast_levels", "joint_pool_usage", "marginal_levels",
+__all__ = ["FREE_MEDIAN", "MARGINAL_LEVELS", "forecast_levels", "joint_pool_usage", "marginal_levels",
            "pool_forecast_usage", "service_correlation"]

@@ -588,8 +588,9 @@ def night_only(profile, tz: str):
     times = pd.date_range(profile.start, periods=len(profile.free),
                           freq=f"{profile.step_s}s").tz_convert(tz)
     night = (times.hour >= NIGHT_HOURS[0]) | (times.hour < NIGHT_HOURS[1])
+    likely = None if profile.likely is None else np.where(night, profile.likely, 0.0)
     return FreeProfile(profile.start, profile.step_s, np.where(night, profile.free, 0.0),
-                       profile.confidence, profile.made_at)
+                       profile.confidence, profile.made_at, likely=likely)
 
 
 def write_last_month_report(settings, store, now: datetime):

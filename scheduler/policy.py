@@ -113,10 +113,16 @@ def decide(
         used[i0:last] += job.gpus
     forecast = np.asarray(profile.free, dtype=float)
     free = forecast
+    likely = None
+    if (profile.likely is not None and settings.early_stop_only_if_likely
+            and len(profile.likely) == n_steps):
+        likely = np.asarray(profile.likely, dtype=float)
     if settings.pool_gpus and signals.service_gpus is not None and signals.age_s(now) is not None:
         # free for jobs now, held by them or not (a job stopping still gives its GPUs back)
         live_free = settings.pool_gpus - settings.headroom_gpus - signals.service_gpus
         free = nowcast(free, i0, live_free, step, settings.nowcast_half_life_s)
+        if likely is not None:  # the same correction (the gap to the promise for now)
+            likely = likely + (free - forecast)
     # a unit that cannot checkpoint stakes all its work on its window: the live correction
     # may warn it off the hours ahead (a pool busier than forecast), never lure it into them
     # (a quieter one: the quiet is what the forecast doubts, and it would lose everything)
@@ -237,7 +243,7 @@ def decide(
         if not blind and live_need == 0 and settings.stop_after_checkpoint:
             timed, keeps = _stops_after_checkpoint(
                 now, profile, running, victims, free, used, ends, i0, n_steps, grace_steps,
-                settings)
+                settings, likely)
             held_by = {j.id: j.gpus for j in running}
             for job_id, keep in keeps.items():
                 shrinks[job_id] = keep
@@ -356,6 +362,7 @@ def _stops_after_checkpoint(
     now: datetime, profile: FreeProfile, running: Sequence[RunningJob],
     victims: Mapping[str, tuple[str, bool, str]], free: np.ndarray, used: np.ndarray,
     ends: Mapping[str, int], i0: int, n_steps: int, grace_steps: int, settings: PolicySettings,
+    likely: np.ndarray | None = None,
 ) -> tuple[dict[str, tuple[str, bool, str]], dict[str, int]]:
     """Planned stops timed just after a checkpoint: a stop's SIGTERM saves nothing, so a
     checkpointable unit that must go before its next checkpoint (its window closes, or the
@@ -367,7 +374,11 @@ def _stops_after_checkpoint(
     of the units that qualify, the cover that loses least (``_cover``: an elastic one may be
     shrunk instead) is stopped. Units that cannot checkpoint, whose interval is unknown, or
     that save on stop (a stop at the last moment loses them nothing), are left to the usual
-    rules. Returns the stops and, of those, the shrinks (GPUs kept)."""
+    rules. With ``likely`` (the median free GPUs, corrected as ``free``) a unit is stopped
+    early only if the median also falls short before its next checkpoint (and the grace
+    period): otherwise the shortfall is more likely not to come, the unit runs on, and the
+    usual rule still stops it in time if it does. Returns the stops and, of those, the
+    shrinks (GPUs kept)."""
     step = profile.step_s
     pass_s = timedelta(seconds=step)
     fresh = [j for j in sorted(running, key=lambda j: j.id)
@@ -409,6 +420,15 @@ def _stops_after_checkpoint(
     at = first + int(later[0])  # the step the service needs the GPUs from
     leave_by = profile.time_at(at) - grace
     qualify = [j for j in fresh if j.next_checkpoint(now) > leave_by and ends[j.id] > at]
+    if likely is not None:
+        short_likely = held - likely[i0:stop]
+        short_likely[np.isnan(short_likely)] = 0.0
+
+        def likely_before_checkpoint(job: RunningJob) -> bool:
+            until = min(stop, profile.index_at(job.next_checkpoint(now)) + grace_steps + 1)
+            return bool((short_likely[first - i0 : max(first, until) - i0] > 0).any())
+
+        qualify = [j for j in qualify if likely_before_checkpoint(j)]
     need = math.ceil(float(short[at - i0]))
     for job, keep in _cover(qualify, need, now, {}, restart_cost_s=settings.restart_cost_s):
         if keep:

@@ -31,7 +31,7 @@ from idlegpu.scheduler.coverage import (
     promise_of,
     score,
 )
-from idlegpu.scheduler.replay import forecast_free, profile_of
+from idlegpu.scheduler.replay import forecast_free, forecast_pool_free, profile_of
 from idlegpu.scheduler.types import FreeProfile
 
 
@@ -87,11 +87,12 @@ class Refresher:
         coverage = score(self.promises, replicas, now, services, target=confidence,
                          widened=self.widened, window=self.window)
         quantiles = planned_quantiles(coverage)
-        free, forecast = forecast_free(replicas, self.settings, now, horizon=self.horizon,
-                                       model=self.model, quantiles=quantiles, **self.options)
+        free, likely, forecast = forecast_pool_free(
+            replicas, self.settings, now, horizon=self.horizon, model=self.model,
+            quantiles=quantiles, **self.options)
         promise = promise_of(forecast, now, services, confidence)
         self._keep(promise, now)
-        return Refresh(now, free, profile_of(free, confidence, now), promise, coverage,
+        return Refresh(now, free, profile_of(free, confidence, now, likely), promise, coverage,
                        forecast)
 
     def backfill(self, replicas: pd.DataFrame, now: datetime, **options) -> None:

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from idlegpu.forecast.capacity import FREE
-from idlegpu.forecast.scenarios import forecast_levels, pool_forecast_usage
+from idlegpu.forecast.scenarios import FREE_MEDIAN, forecast_levels, pool_forecast_usage
 from idlegpu.forecast.config import Settings
 from idlegpu.forecast.schema import (
     DS,
@@ -115,7 +115,19 @@ def forecast_free(history: pd.DataFrame, settings: Settings, now: datetime, *,
                   horizon: timedelta = timedelta(hours=48), model: str = "auto",
                   quantiles: Mapping[str, float] | None = None,
                   **options) -> tuple[pd.Series, pd.DataFrame]:
-    """Free GPUs per step and the replica forecast they come from, fitted on the replicas
+    """Free GPUs per step and the replica forecast they come from (``forecast_pool_free``
+    without the median)."""
+    free, _, forecast = forecast_pool_free(history, settings, now, horizon=horizon,
+                                           model=model, quantiles=quantiles, **options)
+    return free, forecast
+
+
+def forecast_pool_free(history: pd.DataFrame, settings: Settings, now: datetime, *,
+                       horizon: timedelta = timedelta(hours=48), model: str = "auto",
+                       quantiles: Mapping[str, float] | None = None,
+                       **options) -> tuple[pd.Series, pd.Series, pd.DataFrame]:
+    """Free GPUs per step (promised), the pool's median free GPUs per step (likely, never
+    below the promise) and the replica forecast they come from, fitted on the replicas
     before ``now``: every service at the configured confidence, those in ``quantiles`` at
     their own (a service planned wider, ``idlegpu.scheduler.refresh``).
 
@@ -138,13 +150,14 @@ def forecast_free(history: pd.DataFrame, settings: Settings, now: datetime, *,
                   pd.Timedelta(seconds=settings.admission.max_forecast_age_seconds))
     levels = forecast_levels(settings, confidence, list((quantiles or {}).values()))
     forecast = model_for(model, settings, **options).fit(past).predict(span + lag, levels)
-    free = pool_forecast_usage(forecast, settings, confidence, past, quantiles)[FREE]
+    pool = pool_forecast_usage(forecast, settings, confidence, past, quantiles)
     if lag > pd.Timedelta(0):
-        free = free[free.index <= newest + span]  # the horizon of the freshest series
-    return free, forecast
+        pool = pool[pool.index <= newest + span]  # the horizon of the freshest series
+    return pool[FREE], pool[FREE_MEDIAN], forecast
 
 
-def profile_of(free: pd.Series, confidence: float, made_at: datetime) -> FreeProfile:
+def profile_of(free: pd.Series, confidence: float, made_at: datetime,
+               likely: pd.Series | None = None) -> FreeProfile:
     """The policy's view of a free-GPU forecast (a Series on a regular UTC index).
 
     A forecast starts one step after the newest sample, which can be after ``made_at`` (a
@@ -156,21 +169,25 @@ def profile_of(free: pd.Series, confidence: float, made_at: datetime) -> FreePro
     A forecast can also start before ``made_at``: a service whose replicas stopped being
     recorded (a metrics gap) is forecast from its last sample, and the pool's free GPUs are
     NaN wherever a service is not forecast. Steps before the one holding ``made_at`` are the
-    past and are dropped; NaN left in the profile are holes the policy admits nothing into."""
+    past and are dropped; NaN left in the profile are holes the policy admits nothing into.
+    ``likely``: the median free GPUs on the same index (``forecast_pool_free``), aligned
+    alike."""
     step = free.index[1] - free.index[0]
-    values = free.to_numpy(dtype=float)
     start = free.index[0]
     made = pd.Timestamp(made_at)
+    rows = [free.to_numpy(dtype=float)]
+    if likely is not None:
+        rows.append(likely.reindex(free.index).to_numpy(dtype=float))
     if start > made:
         missing = int(-(-(start - made) // step))  # steps from the one holding made_at
-        values = np.concatenate([np.full(missing, values[0]), values])
+        rows = [np.concatenate([np.full(missing, v[0]), v]) for v in rows]
         start -= missing * step
     elif made - start >= step:
         past = int((made - start) // step)  # steps wholly before the one holding made_at
-        values = values[past:] if past < len(values) else np.full(1, np.nan)
+        rows = [v[past:] if past < len(v) else np.full(1, np.nan) for v in rows]
         start += past * step
-    return FreeProfile(start.to_pydatetime(), int(step.total_seconds()), values, confidence,
-                       made.to_pydatetime())
+    return FreeProfile(start.to_pydatetime(), int(step.total_seconds()), rows[0], confidence,
+                       made.to_pydatetime(), likely=rows[1] if len(rows) > 1 else None)
 
 
 def forecast_profile(history: pd.DataFrame, settings: Settings, now: datetime, *,

@@ -6,6 +6,7 @@ only what periodic checkpoints saved at a planned stop (unless the workload save
 from dataclasses import replace
 from datetime import timedelta
 
+import numpy as np
 import pandas as pd
 from test_policy import FRESH, SETTINGS, STEP, T0, H, job, plan, profile
 
@@ -42,6 +43,31 @@ def test_a_unit_that_cannot_checkpoint_again_before_the_ramp_stops_just_after_it
                                "UTC, before its next checkpoint: it stops now, just after one, "
                                "losing nothing")
     assert "b" not in got  # 8 GPUs are the need: the 4-GPU unit runs on
+
+
+def test_an_early_stop_waits_for_a_shortfall_the_median_expects_too():
+    on = replace(SETTINGS, early_stop_only_if_likely=True)
+    running = [unit("a"), unit("b", gpus=4)]
+    promise = ramp(35, after=4)
+    # the median sees the pool stay quiet: the shortfall only the promise sees is more
+    # likely not to come; a runs on (the usual rule stops it in time if it does come)
+    quiet = replace(promise, likely=np.full(len(promise.free), 16.0))
+    assert plan(quiet, running=running, settings=on).decisions == ()
+    # the median falls short too, before a's next checkpoint (11:30) and the grace period:
+    # stopping now, just after its checkpoint, saves its work
+    busy = replace(promise, likely=ramp(40, after=4).free)
+    got = decisions(plan(busy, running=running, settings=on))
+    assert got["a"].action is Action.PREEMPT and got["a"].cause == "forecast"
+    # ... but a median shortfall only after that (12:30) is no reason to stop early
+    later = replace(promise, likely=ramp(90, after=4).free)
+    assert plan(later, running=running, settings=on).decisions == ()
+    # the knob off (the default): the promise alone decides, as without a median
+    got = decisions(plan(quiet, running=running))
+    assert got["a"].action is Action.PREEMPT
+    # the median never keeps a stop the usual rule needs: within the grace period it goes
+    (d,) = plan(replace(ramp(10, after=4), likely=np.full(72, 16.0)),
+                running=[unit("a", ckpt_ago_min=10)], settings=on).decisions
+    assert d.action is Action.PREEMPT and "within 0.2 h" in d.reason
 
 
 def test_a_unit_that_checkpoints_again_in_time_runs_to_that_checkpoint():

@@ -62,3 +62,17 @@ def test_a_profile_made_just_after_a_sample_covers_the_moment_it_was_made():
     # made at or after its start: unchanged
     later = profile_of(free, 0.9, datetime(2026, 1, 28, 8, 6, tzinfo=UTC))
     assert later.start == start.to_pydatetime() and list(later.free) == [12.0, 10.0, 8.0]
+
+
+def test_the_median_beside_a_profile_is_aligned_with_its_promise():
+    from idlegpu.scheduler.replay import profile_of
+
+    start = pd.Timestamp("2026-01-28T08:05:00Z")
+    index = pd.date_range(start, periods=3, freq="5min")
+    free = pd.Series([12.0, 10.0, 8.0], index=index)
+    likely = pd.Series([20.0, 18.0, 16.0], index=index)
+    early = profile_of(free, 0.9, datetime(2026, 1, 28, 8, 0, 14, tzinfo=UTC), likely)
+    assert list(early.likely) == [20.0, 20.0, 18.0, 16.0] and len(early.free) == 4
+    late = profile_of(free, 0.9, datetime(2026, 1, 28, 8, 11, tzinfo=UTC), likely)
+    assert list(late.free) == [10.0, 8.0] and list(late.likely) == [18.0, 16.0]
+    assert profile_of(free, 0.9, datetime(2026, 1, 28, 8, 6, tzinfo=UTC)).likely is None

@@ -137,3 +137,24 @@ def test_the_sample_pool_forecast_with_joint_uncertainty_never_promises_less():
     free_joint, forecast = forecast_free(frame, joint, now, horizon=timedelta(hours=24))
     assert {"q0.02", "q0.98"} <= set(forecast.columns)
     assert (free_joint >= free_sum - 1e-9).all()
+
+
+def test_the_pools_median_free_gpus_come_beside_the_promise_and_are_calibrated():
+    from idlegpu.forecast.scenarios import FREE_MEDIAN, pool_forecast_usage
+
+    config = settings()
+    joint = config.model_copy(update={"admission": config.admission.model_copy(
+        update={"pool_uncertainty": "joint"})})
+    forecast = normal_forecast(confidence=0.9)
+    frame = pool_forecast_usage(forecast, joint, 0.9, pd.DataFrame(
+        columns=["unique_id", "ds", "y"]))  # no history: the services taken as independent
+    assert (frame[FREE_MEDIAN] >= frame[FREE]).all()
+    # four independent N(5, 2) services of 4 GPUs: the pool's median use is 4 x 4 x 5 = 80
+    assert frame[FREE_MEDIAN].iloc[0] == pytest.approx(200 - 80, abs=1.5)
+    assert frame[FREE].iloc[0] < 200 - 80 - 10
+    # added up (the sum method): the services' medians, the same 120 here
+    by_sum = config.model_copy(update={"admission": config.admission.model_copy(
+        update={"pool_uncertainty": "sum"})})
+    summed = pool_forecast_usage(forecast, by_sum, 0.9, pd.DataFrame())
+    assert summed[FREE_MEDIAN].iloc[0] == pytest.approx(120)
+    assert (summed[FREE_MEDIAN] >= summed[FREE]).all()
