@@ -13,8 +13,8 @@ import numpy as np
 import pandas as pd
 
 from idlegpu.forecast.capacity import FREE
-from idlegpu.forecast.scenarios import FREE_MEDIAN, forecast_levels, pool_forecast_usage
 from idlegpu.forecast.config import Settings
+from idlegpu.forecast.scenarios import FREE_MEDIAN, forecast_levels, pool_forecast_usage
 from idlegpu.forecast.schema import (
     DS,
     KV_CACHE_USAGE,
