@@ -48,7 +48,6 @@ what the series has and what ``auto`` needs.
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -683,9 +682,14 @@ def _centred_median(flat: np.ndarray, steps_per_day: int, lag: int) -> np.ndarra
     it (a shape without a level)."""
     detrended = flat - _trailing_nanmean(flat, steps_per_day)
     days = _rolling_median(detrended.reshape(-1, steps_per_day), lag=lag, count=7, stride=1)
-    with np.errstate(invalid="ignore"), warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # a day with no value yet
-        return (days - np.nanmean(days, axis=1, keepdims=True)).reshape(-1)
+    # each day's mean of what it has (NaN for a day with no value yet), without nanmean's
+    # warning: warnings.catch_warnings is not thread-safe, and the console fits in threads
+    seen = np.isfinite(days)
+    count = seen.sum(axis=1, keepdims=True)
+    total = np.where(seen, days, 0.0).sum(axis=1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.where(count > 0, total / count, np.nan)
+    return (days - mean).reshape(-1)
 
 
 def _half_width(steps_per_day: int) -> int:
