@@ -98,6 +98,15 @@ def test_a_live_shortfall_shrinks_the_job_and_its_next_attempt_runs_on_fewer_gpu
                           (EventKind.STARTED, 5), (EventKind.FINISHED, 5)]
 
 
+def _run_second_attempt_then_stop_it_as_planned(controller, cluster, unit) -> None:
+    """The attempt on fewer GPUs starts at +26 min and is stopped as planned at +66 min."""
+    cluster.set_phase(cluster.job_name(unit, 2), JobPhase.RUNNING, T0 + 26 * MIN)
+    controller.reconcile_once(T0 + 27 * MIN)
+    cluster.stop(cluster.job_name(unit, 2), reason="test", kind=StopKind.PLANNED,
+                 now=T0 + 66 * MIN)
+    controller.reconcile_once(T0 + 67 * MIN)
+
+
 SAVES_ON_STOP = {**ELASTIC, "checkpoint": {**ELASTIC["checkpoint"], "saves_on_stop": True}}
 
 
@@ -121,11 +130,7 @@ def test_a_planned_shrink_keeps_the_work_and_counts_it_at_the_gpus_it_ran_on(set
     one, _ = store.attempts(unit)
     assert one.lost_gpu_seconds == 0.0 and one.outcome is AttemptOutcome.SHRUNK
     # on 6 GPUs, a planned stop later saves 6/8 of a second of work per second
-    cluster.set_phase(cluster.job_name(unit, 2), JobPhase.RUNNING, T0 + 26 * MIN)
-    controller.reconcile_once(T0 + 27 * MIN)
-    cluster.stop(cluster.job_name(unit, 2), reason="test", kind=StopKind.PLANNED,
-                 now=T0 + 66 * MIN)
-    controller.reconcile_once(T0 + 67 * MIN)
+    _run_second_attempt_then_stop_it_as_planned(controller, cluster, unit)
     row = store.unit(unit)
     assert row.state is JobState.QUEUED and row.preemptions == 1
     assert row.work_done_s == pytest.approx(25 * 60 + 40 * 60 * 6 / 8)
@@ -151,11 +156,7 @@ def test_a_planned_shrink_without_a_save_on_stop_keeps_only_the_periodic_checkpo
     one, _ = store.attempts(unit)
     assert one.outcome is AttemptOutcome.SHRUNK
     assert one.lost_gpu_seconds == pytest.approx(8 * 25 * 60)
-    cluster.set_phase(cluster.job_name(unit, 2), JobPhase.RUNNING, T0 + 26 * MIN)
-    controller.reconcile_once(T0 + 27 * MIN)
-    cluster.stop(cluster.job_name(unit, 2), reason="test", kind=StopKind.PLANNED,
-                 now=T0 + 66 * MIN)
-    controller.reconcile_once(T0 + 67 * MIN)
+    _run_second_attempt_then_stop_it_as_planned(controller, cluster, unit)
     row = store.unit(unit)
     # 40 minutes on 6 GPUs: one checkpoint at +30 min saved 30 * 6/8 minutes of work
     assert row.state is JobState.QUEUED
