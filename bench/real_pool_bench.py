@@ -144,6 +144,9 @@ def main() -> None:
     parser.add_argument("--early-stop-only-if-likely", action="store_true",
                         help="stop a unit early, just after a checkpoint, only if the median "
                              "forecast also falls short before its next one")
+    parser.add_argument("--checkpointable-on-promise", action="store_true",
+                        help="plan checkpointable units on the promise too, not on the median "
+                             "forecast (the rule before it)")
     parser.add_argument("--saves-on-stop", action="store_true",
                         help="model workloads that save when told to stop (SIGTERM)")
     args = parser.parse_args()
@@ -163,7 +166,8 @@ def main() -> None:
     config = replace(policy_settings(settings.admission, settings.pool.headroom_gpus,
                                      settings.pool.total_gpus),
                      stop_after_checkpoint=not args.no_stop_after_checkpoint,
-                     early_stop_only_if_likely=args.early_stop_only_if_likely)
+                     early_stop_only_if_likely=args.early_stop_only_if_likely,
+                     checkpointable_on_likely=not args.checkpointable_on_promise)
     goals = []
     for name in args.variants.split(","):
         history, jobs = variant_inputs(VARIANTS[name], settings, entries, estimator, run)

@@ -27,6 +27,14 @@
    backfilling), so small jobs never starve a big one. An elastic job whose full size does
    not fit now starts on the most GPUs that do (at least its ``min_gpus``), its runtime
    scaled linearly (``runtime_s * gpus / granted``).
+   **Two curves.** Where the profile carries the pool's median free GPUs beside the promise
+   (``FreeProfile.likely``, from the refresh's scenarios) and ``checkpointable_on_likely`` is
+   on (the default), units that checkpoint are admitted, given their windows, backfilled and
+   stopped for the forecast on the median, and units that cannot on the promise: a shortfall
+   the median did not expect costs a checkpointing unit at most the work since its last
+   checkpoint (the backstop still stops it when the service needs its GPUs), while it costs
+   a unit that cannot checkpoint everything. Both curves follow the live pool (``nowcast``),
+   each from its own value for now.
 5. **Nodes.** With a node view (``nodes``: the pool's nodes and what their pods request now), a
    unit starts now only if one node has the GPUs free (and the CPU and memory its pod asks,
    when known): a pod is never split over nodes, and the kube-scheduler would leave one that
@@ -114,20 +122,29 @@ def decide(
     forecast = np.asarray(profile.free, dtype=float)
     free = forecast
     likely = None
-    if (profile.likely is not None and settings.early_stop_only_if_likely
-            and len(profile.likely) == n_steps):
+    if (profile.likely is not None and len(profile.likely) == n_steps
+            and (settings.early_stop_only_if_likely or settings.checkpointable_on_likely)):
         likely = np.asarray(profile.likely, dtype=float)
     if settings.pool_gpus and signals.service_gpus is not None and signals.age_s(now) is not None:
         # free for jobs now, held by them or not (a job stopping still gives its GPUs back)
         live_free = settings.pool_gpus - settings.headroom_gpus - signals.service_gpus
         free = nowcast(free, i0, live_free, step, settings.nowcast_half_life_s)
-        if likely is not None:  # the same correction (the gap to the promise for now)
-            likely = likely + (free - forecast)
+        if likely is not None:
+            # the median follows the pool as it is now too, from its own value for now
+            # (a pool busier than the median but quieter than the promise pulls it down),
+            # and never promises less than the promise
+            likely = np.fmax(nowcast(likely, i0, live_free, step, settings.nowcast_half_life_s),
+                             free)
     # a unit that cannot checkpoint stakes all its work on its window: the live correction
     # may warn it off the hours ahead (a pool busier than forecast), never lure it into them
     # (a quieter one: the quiet is what the forecast doubts, and it would lose everything)
     whole_free = free if free is forecast else np.concatenate(
         [free[: i0 + 1], np.minimum(free[i0 + 1 :], forecast[i0 + 1 :])])
+    if likely is not None and settings.checkpointable_on_likely:
+        # checkpointable units are planned, stopped and backfilled on the median (a
+        # shortfall costs them at most a checkpoint interval); whole units on the promise
+        whole_free = whole_free if whole_free is not free else free.copy()
+        free = likely
     free = np.concatenate([free, [0.0]])  # beyond the forecast nothing is promised
     whole_free = np.concatenate([whole_free, [0.0]])
     # a hole (NaN: no replica history behind that stretch of the forecast) is a blind

@@ -327,6 +327,11 @@ class PolicySettings:
     stop_after_checkpoint: bool = True
     """Time planned stops of checkpointable units with a known interval just after a
     checkpoint (``decide()``); False: stop when the need comes within the grace period."""
+    checkpointable_on_likely: bool = True
+    """Checkpointable units are admitted, given their windows, backfilled and stopped for the
+    forecast on the profile's median (``FreeProfile.likely``), units that cannot checkpoint
+    on the promise (``decide()``, "Two curves"). False, or a profile without a median: every
+    unit on the promise."""
     early_stop_only_if_likely: bool = False
     """True: a unit that has just checkpointed is stopped early, before the promise's
     shortfall, only if the profile's median (``FreeProfile.likely``) also falls short before

@@ -46,7 +46,9 @@ def test_a_unit_that_cannot_checkpoint_again_before_the_ramp_stops_just_after_it
 
 
 def test_an_early_stop_waits_for_a_shortfall_the_median_expects_too():
-    on = replace(SETTINGS, early_stop_only_if_likely=True)
+    # (the promise plans the checkpointing units here, as for every unit before the median)
+    promise_only = replace(SETTINGS, checkpointable_on_likely=False)
+    on = replace(promise_only, early_stop_only_if_likely=True)
     running = [unit("a"), unit("b", gpus=4)]
     promise = ramp(35, after=4)
     # the median sees the pool stay quiet: the shortfall only the promise sees is more
@@ -62,7 +64,7 @@ def test_an_early_stop_waits_for_a_shortfall_the_median_expects_too():
     later = replace(promise, likely=ramp(90, after=4).free)
     assert plan(later, running=running, settings=on).decisions == ()
     # the knob off (the default): the promise alone decides, as without a median
-    got = decisions(plan(quiet, running=running))
+    got = decisions(plan(quiet, running=running, settings=promise_only))
     assert got["a"].action is Action.PREEMPT
     # the median never keeps a stop the usual rule needs: within the grace period it goes
     (d,) = plan(replace(ramp(10, after=4), likely=np.full(72, 16.0)),

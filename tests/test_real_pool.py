@@ -190,7 +190,8 @@ def test_simulate_the_servegen_pool_from_three_days_of_history(tmp_path):
         for by, part in mine.groupby("by"):
             assert part["lost_gpu_hours"].sum() == pytest.approx(
                 metrics[policy]["lost_gpu_hours"], rel=1e-3), by
-            assert part["share"].sum() == pytest.approx(1.0)
+            # (each share is written to 4 decimals: their sum is 1 within the rounding)
+            assert part["share"].sum() == pytest.approx(1.0, abs=0.5e-4 * len(part))
         runs = pd.read_csv(out / f"runs_{policy}.csv")
         stopped = runs[runs["outcome"].isin(["stopped", "preempted"])]
         assert (stopped["cause"].fillna("") != "").all()  # every stop names its cause
