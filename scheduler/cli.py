@@ -1061,7 +1061,8 @@ def plan(
         data = [{k: (None if pd.isna(v) else v) for k, v in row.items()}
                 for row in rows.to_dict("records")]
         emit(console, data, [Column(c, c) for c in rows.columns], output, tz=tz)
-        _free_gpu_chart(settings, frame, moment, span, confidence, free, table, out, tz)
+        _free_gpu_chart(settings, frame, moment, span, confidence, free, table, out, tz,
+                        refreshed.likely)
         return
     console.print(Text.assemble((f"Plan from {local:%a %Y-%m-%d %H:%M} ({tz})", "bold"),
                                 f", free GPUs promised with {confidence:.0%} confidence; "
@@ -1070,6 +1071,9 @@ def plan(
         best = table.loc[(table["hours"] * table["gpus"]).idxmax()]
         console.print(f"largest idle window: {best['gpus']} GPUs from {best['start']:%a %H:%M} "
                       f"to {best['end']:%a %H:%M} ({best['hours']:.1f} h)")
+        median = _largest_median_window(refreshed.likely, start, span, tz)
+        if median:
+            console.print(f"units that checkpoint plan on the median: {median}")
     _print_served(refreshed.forecast, "What forecasts each service")
     starts = [{"job": r.job_id, "team": r.team, "kind": r.kind, "gpus": r.gpus,
                "from": pd.Timestamp(r.start).tz_convert(tz).strftime("%a %H:%M"),
@@ -1101,17 +1105,43 @@ def plan(
         f" {len(result.waiting) + len(blocked)} wait. "
         f"Files: {plain(out / 'plan.csv')}, {plain(out / 'windows.csv')}, "
         f"{plain(out / 'free_gpus.png')}"))
-    _free_gpu_chart(settings, frame, moment, span, confidence, free, table, out, tz)
+    _free_gpu_chart(settings, frame, moment, span, confidence, free, table, out, tz,
+                    refreshed.likely)
 
 
-def _free_gpu_chart(settings, frame, moment, span, confidence, free, table, out, tz) -> None:
+def _largest_median_window(likely, start, span, tz) -> str:
+    """The largest idle window of the median free GPUs over the plan's stretch, as a phrase
+    ("" when the refresh has no median)."""
+    import pandas as pd
+
+    from idlegpu.forecast.capacity import idle_windows
+
+    if likely is None:
+        return ""
+    stretch = likely[(likely.index >= pd.Timestamp(start).floor("min"))
+                     & (likely.index < pd.Timestamp(start) + span)]
+    found = idle_windows(stretch, confidence=0.5, min_hours=1.0) if len(stretch) >= 2 else []
+    if not found:
+        return ""
+    best = max(found, key=lambda w: w.gpu_hours)
+    begin, end = best.start.tz_convert(tz), best.end.tz_convert(tz)
+    return (f"{best.gpus} GPUs from {begin:%a %H:%M} to {end:%a %H:%M} ({best.hours:.1f} h) "
+            "in the median forecast")
+
+
+def _free_gpu_chart(settings, frame, moment, span, confidence, free, table, out, tz,
+                    likely=None) -> None:
     from idlegpu.forecast import plots
     from idlegpu.forecast.capacity import FREE, pool_usage
 
     actual = pool_usage(frame[frame["ds"] < moment], settings)[FREE]
+    curves = {}  # the promise last: the chart shades it
+    if likely is not None:
+        curves["median (units that checkpoint plan on it)"] = likely.reindex(free.index)
+    curves[f"free with {confidence:.0%} confidence"] = free
     plots.free_gpu_chart(
         actual[actual.index > actual.index.max() - 2 * span],
-        {f"free with {confidence:.0%} confidence": free}, table, out / "free_gpus.png", tz=tz,
+        curves, table, out / "free_gpus.png", tz=tz,
         capacity=settings.pool.lendable_gpus,
         title=f"{settings.pool.name}: free GPUs and tonight's windows",
     )

@@ -43,6 +43,7 @@ class Refresh:
     promise: Promise  # what this forecast promises, at the confidence, per service
     coverage: Mapping[str, ServiceCoverage]  # how the forecasts in use fared, per service
     forecast: pd.DataFrame  # the replica forecast: unique_id, ds, model, q0.5, q0.9, ...
+    likely: pd.Series | None = None  # the pool's median free GPUs per step (two curves)
 
     @property
     def widened(self) -> dict[str, float]:
@@ -93,7 +94,7 @@ class Refresher:
         promise = promise_of(forecast, now, services, confidence)
         self._keep(promise, now)
         return Refresh(now, free, profile_of(free, confidence, now, likely), promise, coverage,
-                       forecast)
+                       forecast, likely)
 
     def backfill(self, replicas: pd.DataFrame, now: datetime, **options) -> None:
         """Make the forecasts of the nightly refreshes over the last ``window`` (each from

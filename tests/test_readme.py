@@ -66,5 +66,8 @@ def test_the_quick_start_plan_runs_verbatim(tmp_path):
     assert "Plan from Wed 2026-01-28 18:00 (Asia/Seoul)" in said
     assert "largest idle window: 44 GPUs from Wed 21:00 to Thu 07:50" in said  # as the README
     assert "44 GPUs from Wed 21:00 to Thu 07:50" in " ".join(README.split())
+    # the median the checkpointing units plan on: a window of its own, longer than the promise's
+    median = "units that checkpoint plan on the median: 40 GPUs from Wed 19:35 to Thu 08:10"
+    assert median in said and median.split(": ", 1)[1] in " ".join(README.split())
     for name in ("plan.csv", "windows.csv", "free_gpus.png"):
         assert (tmp_path / "out" / "plan" / name).is_file(), name
