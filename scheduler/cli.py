@@ -1068,12 +1068,11 @@ def plan(
                                 f", free GPUs promised with {confidence:.0%} confidence; "
                                 f"queue: {plain(source)}"))
     if not table.empty:
-        best = table.loc[(table["hours"] * table["gpus"]).idxmax()]
-        console.print(f"largest idle window: {best['gpus']} GPUs from {best['start']:%a %H:%M} "
-                      f"to {best['end']:%a %H:%M} ({best['hours']:.1f} h)")
-        median = _largest_median_window(refreshed.likely, start, span, tz)
-        if median:
-            console.print(f"units that checkpoint plan on the median: {median}")
+        console.print(f"largest idle window: {_largest_window(table)}")
+    median = planned.median_windows
+    if median is not None and not median.empty:
+        console.print(f"units that checkpoint plan on the median: {_largest_window(median)} "
+                      "in the median forecast")
     _print_served(refreshed.forecast, "What forecasts each service")
     starts = [{"job": r.job_id, "team": r.team, "kind": r.kind, "gpus": r.gpus,
                "from": pd.Timestamp(r.start).tz_convert(tz).strftime("%a %H:%M"),
@@ -1109,24 +1108,11 @@ def plan(
                     refreshed.likely)
 
 
-def _largest_median_window(likely, start, span, tz) -> str:
-    """The largest idle window of the median free GPUs over the plan's stretch, as a phrase
-    ("" when the refresh has no median)."""
-    import pandas as pd
-
-    from idlegpu.forecast.capacity import idle_windows
-
-    if likely is None:
-        return ""
-    stretch = likely[(likely.index >= pd.Timestamp(start).floor("min"))
-                     & (likely.index < pd.Timestamp(start) + span)]
-    found = idle_windows(stretch, confidence=0.5, min_hours=1.0) if len(stretch) >= 2 else []
-    if not found:
-        return ""
-    best = max(found, key=lambda w: w.gpu_hours)
-    begin, end = best.start.tz_convert(tz), best.end.tz_convert(tz)
-    return (f"{best.gpus} GPUs from {begin:%a %H:%M} to {end:%a %H:%M} ({best.hours:.1f} h) "
-            "in the median forecast")
+def _largest_window(windows) -> str:
+    """The window of most GPU-hours of a ``windows_frame``, as ``plan`` says it."""
+    best = windows.loc[(windows["hours"] * windows["gpus"]).idxmax()]
+    return (f"{best['gpus']} GPUs from {best['start']:%a %H:%M} to {best['end']:%a %H:%M} "
+            f"({best['hours']:.1f} h)")
 
 
 def _free_gpu_chart(settings, frame, moment, span, confidence, free, table, out, tz,

@@ -387,6 +387,7 @@ class Tonight:
     windows: pd.DataFrame  # idlegpu.forecast.capacity.windows_frame: start, end, gpus, hours, ...
     blocked: tuple[Any, ...] = field(default=())  # units waiting for a previous pipeline step
     confidence: float = 0.9
+    median_windows: pd.DataFrame | None = None  # the same of the median free GPUs, if known
 
 
 def planning_estimate(settings, runs=None) -> Callable[[Any], float]:
@@ -433,10 +434,17 @@ def tonight(settings, refreshed: Refresh, queue: Sequence[WaitingJob], *,
                         policy_settings(settings.admission, settings.pool.headroom_gpus,
                                         settings.pool.total_gpus),
                         horizon=horizon, running=running, team_usage=team_usage, tz=tz)
-    free = refreshed.free
     origin = pd.Timestamp(start).floor(f"{profile.step_s}s")
-    free = free[(free.index >= origin) & (free.index < pd.Timestamp(start) + horizon)]
-    found = idle_windows(free, confidence=confidence, granularity=granularity,
-                         min_hours=min_hours) if len(free) >= 2 else []
-    return Tonight(start, horizon, refreshed, free, result, windows_frame(found, tz),
-                   tuple(blocked), confidence)
+
+    def stretch(series: pd.Series) -> pd.Series:
+        return series[(series.index >= origin) & (series.index < pd.Timestamp(start) + horizon)]
+
+    def windows(series: pd.Series, at: float) -> pd.DataFrame:
+        found = idle_windows(series, confidence=at, granularity=granularity,
+                             min_hours=min_hours) if len(series) >= 2 else []
+        return windows_frame(found, tz)
+
+    free = stretch(refreshed.free)
+    median = None if refreshed.likely is None else windows(stretch(refreshed.likely), 0.5)
+    return Tonight(start, horizon, refreshed, free, result, windows(free, confidence),
+                   tuple(blocked), confidence, median)

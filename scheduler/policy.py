@@ -143,7 +143,6 @@ def decide(
     if likely is not None and settings.checkpointable_on_likely:
         # checkpointable units are planned, stopped and backfilled on the median (a
         # shortfall costs them at most a checkpoint interval); whole units on the promise
-        whole_free = whole_free if whole_free is not free else free.copy()
         free = likely
     free = np.concatenate([free, [0.0]])  # beyond the forecast nothing is promised
     whole_free = np.concatenate([whole_free, [0.0]])
@@ -260,7 +259,7 @@ def decide(
         if not blind and live_need == 0 and settings.stop_after_checkpoint:
             timed, keeps = _stops_after_checkpoint(
                 now, profile, running, victims, free, used, ends, i0, n_steps, grace_steps,
-                settings, likely)
+                settings, likely if settings.early_stop_only_if_likely else None)
             held_by = {j.id: j.gpus for j in running}
             for job_id, keep in keeps.items():
                 shrinks[job_id] = keep
