@@ -149,6 +149,13 @@ def main() -> None:
                              "forecast (the rule before it)")
     parser.add_argument("--saves-on-stop", action="store_true",
                         help="model workloads that save when told to stop (SIGTERM)")
+    parser.add_argument("--checkpoint-notice", type=float, default=0.0, metavar="SECONDS",
+                        help="planned stops of checkpointing units come with this much notice "
+                             "(the cooperative checkpoint; 0: blind SIGTERMs)")
+    parser.add_argument("--notice-answer", type=float, default=120.0, metavar="SECONDS",
+                        help="how long after a notice a unit has saved and answered")
+    parser.add_argument("--unanswered-share", type=float, default=0.0,
+                        help="the share of units that never answer a notice")
     args = parser.parse_args()
     run = RUNS[args.pool]
     days = args.days or run.days
@@ -179,6 +186,9 @@ def main() -> None:
             result = simulate(history, settings, jobs, policy, start=start.to_pydatetime(),
                               end=end.to_pydatetime(), policy_config=config,
                               saves_on_stop=args.saves_on_stop,
+                              checkpoint_notice_s=args.checkpoint_notice,
+                              notice_answer_s=args.notice_answer,
+                              unanswered_share=args.unanswered_share,
                               forecast_profiles=profiles if policy == "forecast" else None)
             rows[policy] = result.metrics
         table = pd.DataFrame(rows)

@@ -754,6 +754,15 @@ def simulate(
         "--saves-on-stop", help="Model workloads that save their progress when told to stop "
         "(SIGTERM, in the grace period). Default: a planned stop keeps only what the "
         "periodic checkpoints saved, as a blind SIGTERM does.")] = False,
+    checkpoint_notice: Annotated[str, typer.Option(
+        help="Planned stops of units that checkpoint come with this much notice (the "
+        "cooperative checkpoint, e.g. 10m): the unit saves, answers and leaves, losing "
+        "nothing. 0: blind SIGTERMs.")] = "0",
+    notice_answer: Annotated[str, typer.Option(
+        help="How long after a notice a unit has saved and answered (e.g. 2m).")] = "2m",
+    unanswered_share: Annotated[float, typer.Option(
+        help="The share of units (0-1) that never answer a notice: stopped blind at its "
+        "deadline.")] = 0.0,
     workers: Annotated[Optional[int], typer.Option(
         help="Policies simulated at once, each in its own process (the results are the same "
         "as one by one). Default: the CPUs this process may use.")] = None,
@@ -787,6 +796,12 @@ def simulate(
     _check(days is None or days >= 1, "use at least 1 day", "--days")
     _check(warmup_days >= 0, "use 0 or more days", "--warmup-days")
     _check(workers is None or workers >= 1, "use 1 or more processes", "--workers")
+    _check(0.0 <= unanswered_share <= 1.0, "use a share from 0 to 1", "--unanswered-share")
+    notice_options = {
+        "checkpoint_notice_s": _duration_s(checkpoint_notice, "--checkpoint-notice", "10m"),
+        "notice_answer_s": _duration_s(notice_answer, "--notice-answer", "2m"),
+        "unanswered_share": unanswered_share,
+    }
     _check(placement in PLACEMENTS, f"choose from {', '.join(PLACEMENTS)}", "--placement")
     settings = _load_settings(config)
     _check(placement == "pool" or bool(settings.pool.nodes),
@@ -823,7 +838,7 @@ def simulate(
         results = simulate_policies(
             frame, settings, sim_jobs, names, start=start.to_pydatetime(),
             end=end.to_pydatetime(), workers=workers, on_progress=advance,
-            placement=placement, saves_on_stop=saves_on_stop)
+            placement=placement, saves_on_stop=saves_on_stop, **notice_options)
     for name, result in results.items():
         rows[name] = result.metrics
         write_csv(result.runs, out / f"runs_{name}.csv", tz=settings.pool.timezone,
@@ -869,7 +884,7 @@ def simulate(
                   f"the service waited for GPUs units held); chart: {chart}")
     if confidences:
         _frontier(frame, settings, sim_jobs, confidences, rows, out, start=start, end=end,
-                  placement=placement, saves_on_stop=saves_on_stop)
+                  placement=placement, saves_on_stop=saves_on_stop, **notice_options)
 
 
 def _confidences(text: str) -> list[float]:
@@ -892,8 +907,23 @@ def _confidences(text: str) -> list[float]:
     return sorted(set(values))
 
 
+def _duration_s(text: str, option: str, example: str) -> float:
+    """A duration option's seconds (0 and up to a day), or a clear error naming the option."""
+    from idlegpu.scheduler.specs import SpecError, parse_duration
+
+    if text.strip() == "0":
+        return 0.0
+    try:
+        seconds = parse_duration(text)
+    except (SpecError, ValueError) as exc:
+        raise typer.BadParameter(f"{text[:40]!r}: {exc}; use a duration such as {example}, "
+                                 "or 0", param_hint=option) from None
+    _check(0 <= seconds <= 86400, f"{text[:40]!r}: use a duration from 0 to 24h", option)
+    return float(seconds)
+
+
 def _frontier(frame, settings, sim_jobs, confidences, rows, out: Path, *, start, end,
-              placement: str, saves_on_stop: bool = False) -> None:
+              placement: str, saves_on_stop: bool = False, **options) -> None:
     """``simulate --sweep``: the forecast policy at each confidence beside the policies just
     run (and any not run yet), as a table, frontier.csv and frontier.png."""
     import pandas as pd
@@ -910,7 +940,7 @@ def _frontier(frame, settings, sim_jobs, confidences, rows, out: Path, *, start,
         frontier = sweep_policies(
             frame, settings, sim_jobs, confidences, start=start.to_pydatetime(),
             end=end.to_pydatetime(), references=references, placement=placement,
-            saves_on_stop=saves_on_stop,
+            saves_on_stop=saves_on_stop, **options,
             on_point=lambda n, total: progress.update(task, completed=n, total=total))
     write_csv(frontier, out / "frontier.csv")
     chart = plots.frontier_chart(

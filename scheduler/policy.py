@@ -93,6 +93,10 @@ def _steps(seconds: float, step_s: int) -> int:
     return max(1, math.ceil(seconds / step_s))
 
 
+def _notice_steps(seconds: float, step_s: int) -> int:
+    return math.ceil(seconds / step_s) if seconds > 0 else 0
+
+
 def decide(
     now: datetime,
     profile: FreeProfile,
@@ -191,8 +195,10 @@ def decide(
     else:
         for job in by_id:
             # its stop_by is its window's end less the grace period: stopped at the last pass
-            # before it (passes are a step apart), it is gone by the window's end
-            if job.stop_by is not None and job.stop_by <= now + timedelta(seconds=step):
+            # before it (passes are a step apart), it is gone by the window's end; a unit
+            # that gets a notice is told that much earlier, and works on until it answers
+            notice = timedelta(seconds=_notice_s(job))
+            if job.stop_by is not None and job.stop_by - notice <= now + timedelta(seconds=step):
                 due = (job.next_checkpoint(now) if job.checkpointable
                        and settings.stop_after_checkpoint else None)
                 if due is not None and now < due <= job.stop_by:
@@ -214,7 +220,9 @@ def decide(
         # within the grace period nobody is trusted to finish on time: a job may overrun its
         # estimate, and stopping it later would make the service wait (unless the runtimes
         # are known, as the simulator's oracle knows them)
-        stop = min(n_steps, i0 + grace_steps + 1)
+        # (units told of a stop ahead of it are told as far ahead as their notice)
+        notice_steps = _notice_steps(max((_notice_s(j) for j in running), default=0.0), step)
+        stop = min(n_steps, i0 + grace_steps + notice_steps + 1)
         window = free[i0:stop]
         if settings.runtimes_known:
             held = np.zeros(len(window))
@@ -235,7 +243,7 @@ def decide(
         if need > 0:
             reason = live_reason or (
                 f"the forecast needs {math.ceil(deficit)} of their GPUs for the service within "
-                f"{_hours(settings.grace_s)}"
+                f"{_hours(settings.grace_s + notice_steps * step)}"
             )
             exclude = {**victims, **spared}
             whole: list[RunningJob] = []
@@ -274,7 +282,11 @@ def decide(
             reason, planned, cause = victims[job.id]
             # a checkpointing job gives its GPUs back once the grace period has passed; one
             # that cannot checkpoint has nothing to save and is stopped at once
-            release = min(n_steps, i0 + (grace_steps if job.checkpointable else 1))
+            # (a unit given notice: at the latest when it never answers, its notice and then
+            # its grace period later)
+            release = min(n_steps, i0 + (grace_steps + (_notice_steps(_notice_s(job), step)
+                                                        if planned else 0)
+                                         if job.checkpointable else 1))
             keep = shrinks.get(job.id, 0)
             if keep:
                 fits, stop_by = _after_shrink(job, keep, profile, free, used, ends[job.id],
@@ -1083,6 +1095,11 @@ def _hold_earliest(capacity: _Availability, avail: np.ndarray, earliest: int, gp
     length = need_steps if whole else min(need_steps, _run_length(avail, start, gpus))
     capacity.take(start, start + length, gpus)
     return start
+
+
+def _notice_s(job: RunningJob) -> float:
+    """The notice a unit gets before a planned stop (only units that checkpoint get one)."""
+    return job.notice_s if job.checkpointable and job.notice_s > 0 else 0.0
 
 
 def _min_segment_s(job: WaitingJob | RunningJob, settings: PolicySettings) -> float:

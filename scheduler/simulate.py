@@ -67,6 +67,7 @@ whole unit.
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
@@ -175,6 +176,11 @@ class _Job:
     lost_s: float = 0.0
     where: dict[int, int] = field(default_factory=dict)
     """On nodes: the GPUs the current (or last) attempt holds on each node (by index)."""
+    notice_until: datetime | None = None
+    """A planned stop with notice under way: it works on until then (its answer, or the
+    deadline when it never answers), then leaves (``_end_notice``)."""
+    notice_answers: bool = False
+    notice_close: tuple[str, bool] | None = None  # the stop's (cause, overran), closed later
     queued_view: tuple[tuple[float, int], WaitingJob] | None = None
     """The last ``as_waiting`` of it, with the (saved work, preemptions) it was made for: the
     replay asks every step, and it changes only when those do."""
@@ -270,6 +276,9 @@ def simulate(
     deletion_cost: bool = False,
     forecast_cache: dict | None = None,
     saves_on_stop: bool = False,
+    checkpoint_notice_s: float = 0.0,
+    notice_answer_s: float = 120.0,
+    unanswered_share: float = 0.0,
 ) -> SimResult:
     """Run one policy over ``[start, end)``; see the module docstring. ``placement``: ``pool``,
     ``spread`` or ``binpack`` (on ``pool.nodes``; ``deletion_cost``: the scale-downs empty the
@@ -278,7 +287,17 @@ def simulate(
     confidence, so a sweep over it refits them once). ``saves_on_stop``: model workloads that
     save their progress when told to stop (SIGTERM) in the grace period; by default, as for
     a blind SIGTERM, a planned stop keeps only what the periodic checkpoints saved (each
-    job's own ``SimJob.saves_on_stop`` counts either way)."""
+    job's own ``SimJob.saves_on_stop`` counts either way). ``checkpoint_notice_s``: planned
+    stops of checkpointing units come with that much notice (the cooperative checkpoint; 0:
+    blind SIGTERMs): the unit works on, saves and answers ``notice_answer_s`` after the
+    notice, losing nothing, and its GPUs are back at once; a share ``unanswered_share`` of
+    the units (picked by their id) never answers, and is stopped blind at the deadline. The
+    policy decides their planned stops a notice earlier; the service cuts a notice short when
+    it needs the GPUs now (a blind stop then)."""
+    if not 0.0 <= unanswered_share <= 1.0:
+        raise ValueError(f"unanswered_share must be between 0 and 1, got {unanswered_share}")
+    if checkpoint_notice_s < 0 or notice_answer_s < 0:
+        raise ValueError("checkpoint_notice_s and notice_answer_s must not be negative")
     if saves_on_stop:
         jobs = [replace(j, saves_on_stop=True) if j.checkpointable else j for j in jobs]
     if policy not in POLICIES and policy not in _CLAIRVOYANT_PLANS:
@@ -342,6 +361,18 @@ def simulate(
     profile: FreeProfile | None = None
     planned_stops = 0
     shrinks = 0
+    notices = notices_answered = 0
+    notice_saved_gpu_h = 0.0
+
+    def notice_of(job: _Job) -> tuple[float, bool] | None:
+        """The notice a planned stop of ``job`` comes with: (seconds it works on, answers)."""
+        if (checkpoint_notice_s <= 0 or clairvoyant or not job.spec.checkpointable
+                or job.spec.saves_on_stop):
+            return None
+        answers = zlib.crc32(job.spec.id.encode()) % 10_000 >= unanswered_share * 10_000
+        if answers and notice_answer_s <= checkpoint_notice_s:
+            return notice_answer_s, True
+        return checkpoint_notice_s, False
     grace = timedelta(seconds=config.grace_s)
     grace_steps = int(np.ceil(config.grace_s / step_s))
     overruns = Overruns(quantile=settings.admission.runtime_quantile)  # learnt as units finish
@@ -364,12 +395,17 @@ def simulate(
         for job in live:
             if not job.running:
                 continue
-            if job.releasing_until is None:
-                job.progress_s += step_s * _rate(job)
+            if job.releasing_until is None or job.notice_until is not None:
+                worked = step_s if job.notice_until is None else min(step_s, max(
+                    0.0, (job.notice_until - now).total_seconds() + step_s))
+                job.progress_s += worked * _rate(job)
                 if job.saved_s + job.progress_s >= job.spec.work_s:
                     job.saved_s, job.progress_s = job.spec.work_s, 0.0
                     job.running, job.finished_at = False, now
                     finished = True
+                    if job.notice_until is not None:  # it finished before it had to stop
+                        job.notice_until = job.notice_close = job.releasing_until = None
+                        job.resume_gpus = None
                     if job.spec.estimate_s > 0:
                         overruns = overruns.with_ratio(job.spec.work_s / job.spec.estimate_s)
                     runs.close(job, now, "finished", 0.0)
@@ -381,7 +417,13 @@ def simulate(
                     job.saved_s += job.progress_s
                     job.progress_s = 0.0
                     job.last_checkpoint_at = now
-            elif now >= job.releasing_until:
+                if job.notice_until is not None and now >= job.notice_until:
+                    notices_answered += job.notice_answers
+                    notice_saved_gpu_h += (job.progress_s * job.spec.gpus / 3600
+                                           if job.notice_answers else 0.0)
+                    _end_notice(job, runs)
+            if (job.running and job.releasing_until is not None and job.notice_until is None
+                    and now >= job.releasing_until):
                 job.running, job.releasing_until = False, None
                 if job.resume_gpus is not None:  # a shrink: it restarts on fewer GPUs
                     if job.where:  # on the node it ran on
@@ -416,6 +458,12 @@ def simulate(
             # short of more, which no policy could have given it
             short = min(float(held), max(0.0, service + held - total))
             if short > 0:
+                # the service needs GPUs now: notices under way are cut short (blind stops)
+                for job in live:
+                    if job.running and job.notice_until is not None:
+                        job.notice_until, job.notice_answers = now, False
+                        job.releasing_until = now + grace
+                        _end_notice(job, runs)
                 delay_gpu_min += short * step_s / 60
                 delays.append((now, short))
                 for victim in _evict(live, short - releasing):
@@ -452,7 +500,8 @@ def simulate(
             signals = ServingSignals(observed_at=None, missing_since=last_seen)
         # 3. what the policy sees
         queue = _waiting(live, state, step_s, overruns, oracle=oracle, at_will=clairvoyant)
-        running = [_running(j, step_s, overruns, oracle=oracle, at_will=clairvoyant)
+        running = [_running(j, step_s, overruns, oracle=oracle, at_will=clairvoyant,
+                            notice_s=checkpoint_notice_s)
                    for j in live if j.running and j.releasing_until is None]
         if not queue and not running:
             if on_step:
@@ -488,14 +537,16 @@ def simulate(
                           nodes=cluster.view(live, now))
         for d in plan.decisions:
             job = state[d.job_id]
+            notice = notice_of(job) if d.planned else None
+            notices += notice is not None and d.action in (Action.PREEMPT, Action.SHRINK)
             if d.action is Action.PREEMPT:
                 planned_stops += d.planned
                 _stop(job, now, grace, planned=d.planned, runs=runs, cause=d.cause,
-                      at_will=clairvoyant)
+                      at_will=clairvoyant, notice=notice)
             elif d.action is Action.SHRINK:
                 shrinks += 1
                 _stop(job, now, grace, planned=d.planned, runs=runs, shrink_to=d.gpus,
-                      cause=d.cause, at_will=clairvoyant)
+                      cause=d.cause, at_will=clairvoyant, notice=notice)
                 job.resume_stop_by = d.stop_by
             elif d.action is Action.ADMIT:
                 if cluster is not None:
@@ -525,6 +576,8 @@ def simulate(
 
     useful = float(useful_of(frame).sum()) if len(frame) else 0.0
     lost = float(frame["lost_gpu_hours"].sum()) if len(frame) else 0.0
+    lost_checkpointing = (float(frame.loc[frame["checkpointable"].astype(bool),
+                                          "lost_gpu_hours"].sum()) if len(frame) else 0.0)
     started = [j for j in state.values() if j.first_start is not None]
     waits = [(j.first_start - j.spec.submit_at).total_seconds() / 3600 for j in started]
     # the work done and kept, whatever the GPU-hours held for it: finished, saved at a
@@ -535,9 +588,15 @@ def simulate(
         "useful_gpu_hours": useful,
         "work_gpu_hours": work,
         "lost_gpu_hours": lost,
+        "lost_checkpointing_gpu_hours": lost_checkpointing,  # of units that checkpoint
         "preemptions": float(sum(j.preemptions for j in state.values())),
         "planned_stops": float(planned_stops),
         "shrinks": float(shrinks),
+        # planned stops told ahead (``checkpoint_notice_s``), those answered in time, and
+        # the work the answers saved that a blind stop would have lost
+        "notices": float(notices),
+        "notices_answered": float(notices_answered),
+        "notice_saved_gpu_hours": notice_saved_gpu_h,
         "service_delay_gpu_minutes": delay_gpu_min,
         "jobs_finished": float(sum(j.finished_at is not None for j in state.values())),
         # the units it could run: submitted by the end of the span (a backlog from before
@@ -656,15 +715,29 @@ class _Nodes:
 
 
 def _stop(job: _Job, now: datetime, grace: timedelta, *, planned: bool, runs: _Run,
-          cause: str, shrink_to: int | None = None, at_will: bool = False) -> None:
+          cause: str, shrink_to: int | None = None, at_will: bool = False,
+          notice: tuple[float, bool] | None = None) -> None:
     """Start the grace period of a running job. A checkpointing job keeps what its periodic
     checkpoints saved and loses what it did since the last one: a stop's SIGTERM is no
     checkpoint (``SimJob.saves_on_stop``: workloads that save when told to stop, in the grace
     period, lose nothing at a planned stop). ``shrink_to``: a shrink, not a stop: after its
     grace period the job runs on with these GPUs (not a preemption either way). ``cause``:
     what stopped it (the run table's). ``at_will``: the clairvoyant's stop: any unit saves all
-    it has done in its grace period."""
+    it has done in its grace period. ``notice``: a planned stop told ahead, (seconds the unit
+    works on, whether it answers): it saves and leaves at its answer, losing nothing, or is
+    stopped blind when it never answers (``_end_notice`` closes it)."""
     overran = job.saved_s + job.progress_s > job.spec.estimate_s > 0
+    if notice is not None and planned and job.spec.checkpointable and not at_will:
+        works_s, answers = notice
+        job.notice_until = now + timedelta(seconds=works_s)
+        job.notice_answers = answers
+        # an answer means it has saved: its pods exit at the SIGTERM that follows at once;
+        # one that never answers is stopped at the deadline and gets its grace period
+        job.releasing_until = job.notice_until + (timedelta(0) if answers else grace)
+        job.notice_close = (cause, overran)
+        job.stop_by = None
+        job.resume_gpus = shrink_to
+        return
     if at_will or (planned and job.spec.checkpointable and job.spec.saves_on_stop):
         job.saved_s += job.progress_s
         lost = 0.0
@@ -682,6 +755,19 @@ def _stop(job: _Job, now: datetime, grace: timedelta, *, planned: bool, runs: _R
     job.resume_gpus = shrink_to
     outcome = "stopped" if planned or shrink_to is not None else "preempted"
     runs.close(job, job.releasing_until, outcome, lost, cause=cause, overran=overran)
+
+
+def _end_notice(job: _Job, runs: _Run) -> None:
+    """A planned stop's notice is over: answered, the unit has saved all it did; otherwise
+    (no answer by the deadline, or the service cut it short) only its periodic checkpoints
+    count, as at a blind stop."""
+    lost = 0.0 if job.notice_answers else job.progress_s
+    job.saved_s += 0.0 if lost else job.progress_s
+    job.lost_s += lost
+    job.progress_s = 0.0
+    cause, overran = job.notice_close or ("", False)
+    job.notice_until = job.notice_close = None
+    runs.close(job, job.releasing_until, "stopped", lost, cause=cause, overran=overran)
 
 
 def _ends_by(job: _Job, now: datetime, when: datetime, step_s: int) -> bool:
@@ -740,7 +826,7 @@ def _rate(job: _Job) -> float:
 
 
 def _running(job: _Job, step_s: int, overruns: Overruns, *, oracle: bool = False,
-             at_will: bool = False) -> RunningJob:
+             at_will: bool = False, notice_s: float = 0.0) -> RunningJob:
     spec = job.spec
     done = job.saved_s + job.progress_s
     left = spec.work_s - done if oracle else overruns.remaining_s(spec.estimate_s, done)
@@ -754,6 +840,8 @@ def _running(job: _Job, step_s: int, overruns: Overruns, *, oracle: bool = False
         checkpoint_interval_s=(spec.checkpoint_interval_s
                                if spec.checkpointable and not at_will else None),
         saves_on_stop=spec.checkpointable and spec.saves_on_stop,
+        notice_s=(notice_s if spec.checkpointable and not spec.saves_on_stop and not at_will
+                  else 0.0),
     )
 
 

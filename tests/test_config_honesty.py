@@ -331,6 +331,12 @@ def test_a_horizon_under_the_step_is_one_line_before_any_fitting(command, tmp_pa
     (["backtest", "--days", "0"], "Invalid value for --days: use at least 1 day"),
     (["plan", "--queue-days", "0", "--store", "sqlite:///s.db"], "Invalid value for --queue-days"),
     (["simulate", "--jobs", "j.yaml", "--days", "0"], "Invalid value for --days"),
+    (["simulate", "--jobs", "j.yaml", "--checkpoint-notice", "soon"],
+     "Invalid value for --checkpoint-notice: 'soon'"),
+    (["simulate", "--jobs", "j.yaml", "--checkpoint-notice", "3d"],
+     "Invalid value for --checkpoint-notice: '3d': use a duration from 0 to 24h"),
+    (["simulate", "--jobs", "j.yaml", "--unanswered-share", "2"],
+     "Invalid value for --unanswered-share: use a share from 0 to 1"),
     (["analyze", "--min-hours", "-1"], "Invalid value for --min-hours"),
     (["windows", "--granularity", "many"], "Invalid value for '--granularity'"),
 ])
