@@ -537,8 +537,9 @@ def simulate(
                           nodes=cluster.view(live, now))
         for d in plan.decisions:
             job = state[d.job_id]
-            notice = notice_of(job) if d.planned else None
-            notices += notice is not None and d.action in (Action.PREEMPT, Action.SHRINK)
+            notice = (notice_of(job) if d.planned
+                      and d.action in (Action.PREEMPT, Action.SHRINK) else None)
+            notices += notice is not None
             if d.action is Action.PREEMPT:
                 planned_stops += d.planned
                 _stop(job, now, grace, planned=d.planned, runs=runs, cause=d.cause,
