@@ -357,6 +357,12 @@ class AdmissionConfig(_Strict):
     grace_seconds: int = Field(default=600, ge=0)
     """Time a preempted job gets to checkpoint and exit (terminationGracePeriodSeconds); also
     the lead time of proactive preemption before the forecast ramp."""
+    checkpoint_notice_seconds: int = Field(default=600, ge=0, le=86400)
+    """Notice a unit that answers checkpoint notices (``checkpoint.notice`` in its request)
+    gets before a planned stop: its pods are annotated ``idlegpu.io/checkpoint-request`` with
+    the deadline, and the stop comes at its acknowledgement or at the deadline. Planned
+    stops of such units are decided this much earlier, so the deadline never passes the
+    moment the service needs the GPUs. 0: no notices, blind SIGTERMs."""
     min_segment_seconds: int = Field(default=1800, gt=0)
     """Shortest run worth starting for a checkpointable job (restart costs)."""
     restart_cost_seconds: int = Field(default=600, ge=0)
@@ -478,6 +484,18 @@ class ClusterConfig(_Strict):
     """Service account of the research pods (none of the API: no token is mounted)."""
     run_as_user: int | None = Field(default=None, gt=0)
     """UID for images whose USER is root or unset (pods always run as non-root)."""
+    job_api_url: str | None = Field(default=None, max_length=2048)
+    """The job API's address as the research pods reach it (e.g.
+    ``https://idlegpu-api.idlegpu.svc:8080``): pods of units that answer checkpoint notices
+    get it as ``$IDLEGPU_API_URL`` to acknowledge at, with a pod-bound token of audience
+    ``token_audience``. None: such pods get the notice file but cannot acknowledge (they are
+    stopped at the notice's deadline)."""
+    token_audience: str = Field(default="idlegpu", min_length=1, max_length=253)
+    """Audience of the projected service-account token of those pods (the job API's
+    ``api.token_review.audiences`` must list it)."""
+    token_expiration_seconds: int = Field(default=600, ge=600, le=86400)
+    """Lifetime of that token; the kubelet rotates it before it expires (600 is the least
+    the API server accepts)."""
 
 
 class LeaderElectionConfig(_Strict):

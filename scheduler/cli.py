@@ -1226,7 +1226,8 @@ def run(
                             gang_timeout_s=settings.cluster.gang_timeout_seconds,
                             recheck=_admission_recheck(settings),
                             dry_run=dry_run,
-                            runtime_quantile=settings.admission.runtime_quantile)
+                            runtime_quantile=settings.admission.runtime_quantile,
+                            checkpoint_notice_s=settings.admission.checkpoint_notice_seconds)
     try:
         if once:
             # --dry-run: the manifests alone on stdout (kubectl apply -f -), the rest on stderr
@@ -1402,6 +1403,8 @@ def _cluster(settings, *, dry_run: bool, kubeconfig: str | None, context: str | 
         "ttl_seconds_after_finished": c.ttl_seconds_after_finished,
         "backoff_limit": c.backoff_limit, "service_account": c.service_account,
         "run_as_user": c.run_as_user,
+        "job_api_url": c.job_api_url, "token_audience": c.token_audience,
+        "token_expiration_seconds": c.token_expiration_seconds,
         "grace_seconds": settings.admission.grace_seconds, "dry_run": dry_run,
     }
     if dry_run and kubeconfig is None and c.kubeconfig is None and not c.in_cluster:

@@ -95,6 +95,10 @@ class PassReport:
     shrunk: list[str] = field(default_factory=list)
     """Units whose stopped Job was followed by an attempt on fewer GPUs."""
     stopped: list[str] = field(default_factory=list)
+    noticed: list[str] = field(default_factory=list)
+    """Jobs given a checkpoint notice this pass (their stop comes at the answer or deadline)."""
+    notices_closed: list[tuple[str, str]] = field(default_factory=list)
+    """``(unit, outcome)`` of the notices that ended this pass (answered, missed, cut, ended)."""
     deleted: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     signals: ServingSignals | None = None
@@ -169,6 +173,7 @@ class Controller:
         recheck: Callable[[object], None] | None = None,
         dry_run: bool = False,
         runtime_quantile: float = 0.9,
+        checkpoint_notice_s: float = 0.0,
     ) -> None:
         """``pending_timeout_s``: an admitted Job whose pod no node has placed after this long
         is stopped and its unit requeued (None: wait forever). ``stop_timeout_s``: a stopped
@@ -183,7 +188,9 @@ class Controller:
         in dry-run) only records manifests. ``runtime_quantile``: the quantile of finished
         units' overruns a unit past its estimate is planned to run on for (``Overruns``).
         ``gang_timeout_s``: a multi-node unit whose pods are not all running this long after
-        its Job was created is rolled back and requeued (None: only the pending timeout)."""
+        its Job was created is rolled back and requeued (None: only the pending timeout).
+        ``checkpoint_notice_s``: the notice units that answer notices get before a planned
+        stop (0: blind stops for all)."""
         self.store = store
         self.cluster = cluster
         self.signals = signals
@@ -198,6 +205,7 @@ class Controller:
         self.recheck = recheck
         self.dry_run = dry_run
         self.runtime_quantile = runtime_quantile
+        self.checkpoint_notice_s = max(0.0, float(checkpoint_notice_s))
         # how long units overran their estimates: read from the store's finished units at the
         # first pass, again after a pass that saw units finish
         self._overruns: Overruns | None = None
@@ -266,6 +274,15 @@ class Controller:
     def _backstop_pass(self, now: datetime) -> PassReport:
         return self._decide_and_apply(now, PassReport(now=now), [], {})
 
+    def notices_once(self, now: datetime) -> PassReport:
+        """The quick pass while checkpoint notices are under way (every few seconds): stop
+        the units that answered, and those past their deadline; nothing else. The service's
+        need still cuts notices short in the backstop pass."""
+        with self._pass_lock:
+            report = PassReport(now=now)
+            self._follow_notices(now, report, service_short=False)
+            return report
+
     def _with_requests(self, job):
         cpu, memory = self._requests.get(job.id, (None, None))
         pods = self._gangs.get(job.id, 1)
@@ -315,9 +332,12 @@ class Controller:
 
     def _decide_and_apply(self, now: datetime, report: PassReport, waiting, usage,
                           nodes: NodeView | None = None) -> PassReport:
-        holding = self.store.running(now, self._estimate_row, self._overrun_model())
-        report.signals = self._net_of_stopping(
-            self._read_signals(now, report, job_gpus=sum(job.gpus for job in holding)))
+        holding = self.store.running(now, self._estimate_row, self._overrun_model(),
+                                     notice_s=self.checkpoint_notice_s)
+        signals = self._read_signals(now, report, job_gpus=sum(job.gpus for job in holding))
+        if not self.dry_run:
+            self._follow_notices(now, report, service_short=bool(signals.gpus_short))
+        report.signals = self._net_of_stopping(signals)
         # the policy may still act on what runs, but not on what was already told to stop
         running = [job for job in holding if job.id not in self._stopping]
         if nodes is not None and running and (nodes.bound_at or self._claims):
@@ -640,11 +660,19 @@ class Controller:
         for decision in plan.decisions:
             if decision.action is Action.PREEMPT:
                 row = self.store.unit(decision.job_id)
+                if decision.planned and self._answers_notice(row):
+                    self._notify(row, decision.reason, now, report)
+                    continue
                 name = self.cluster.job_name(row.id, row.attempts)
                 kind = StopKind.PLANNED if decision.planned else StopKind.PREEMPT
                 if self._stop(name, decision.reason, kind, now, report):
                     self._stopping[row.id] = row.gpus
             elif decision.action is Action.SHRINK:
+                row = self.store.unit(decision.job_id)
+                if decision.planned and self._answers_notice(row):
+                    self._notify(row, decision.reason, now, report, shrink_to=decision.gpus,
+                                 shrink_stop_by=decision.stop_by)
+                    continue
                 self._shrink(now, decision, report)
             elif decision.action is Action.ADMIT:
                 self._admit(now, decision, report)
@@ -652,18 +680,119 @@ class Controller:
     def _shrink(self, now: datetime, decision: Decision, report: PassReport) -> None:
         """Stop the Job, then record what it restarts on (see the module docstring)."""
         row = self.store.unit(decision.job_id)
-        name = self.cluster.job_name(row.id, row.attempts)
         kind = StopKind.PLANNED if decision.planned else StopKind.PREEMPT
-        if not self._stop(name, decision.reason, kind, now, report):
-            return
-        self._stopping[row.id] = row.gpus - decision.gpus  # what comes back
+        self._stop_to_shrink(row, decision.gpus, decision.stop_by, decision.reason, kind, now,
+                             report)
+
+    def _stop_to_shrink(self, row, gpus: int, stop_by: datetime | None, reason: str,
+                        kind: StopKind, now: datetime, report: PassReport) -> bool:
+        name = self.cluster.job_name(row.id, row.attempts)
+        if not self._stop(name, reason, kind, now, report):
+            return False
+        self._stopping[row.id] = row.gpus - gpus  # what comes back
         if self.dry_run:
-            return
+            return True
         try:
-            self.store.shrinking(row.id, now, decision.gpus, stop_by=decision.stop_by)
+            self.store.shrinking(row.id, now, gpus, stop_by=stop_by)
         except IdlegpuError as exc:  # e.g. it ended meanwhile: an ordinary stop then
             report.errors.append(f"{row.id}: stopped, shrink not recorded ({exc})")
             self._stopping[row.id] = row.gpus
+        return True
+
+    # ------------------------------------------------------------ checkpoint notices
+    def _answers_notice(self, row) -> bool:
+        """A planned stop of this unit comes with a checkpoint notice: notices are on, its
+        workload answers them, and it runs (a unit not started yet has nothing to save)."""
+        return (self.checkpoint_notice_s > 0 and row.checkpointable
+                and row.state is JobState.RUNNING
+                and bool(getattr(row.spec, "answers_notice", False)))
+
+    def _notify(self, row, reason: str, now: datetime, report: PassReport, *,
+                shrink_to: int | None = None, shrink_stop_by: datetime | None = None) -> None:
+        """Tell the unit's pods to checkpoint by ``now + checkpoint_notice_s``: recorded
+        first (a crash after it leaves a notice the next pass delivers and times), then the
+        pods annotated. Its GPUs count as coming back, as a stop's do."""
+        name = self.cluster.job_name(row.id, row.attempts)
+        deadline = now + timedelta(seconds=self.checkpoint_notice_s)
+        if self.dry_run:
+            self.cluster.request_checkpoint(name, deadline=deadline, reason=reason, now=now)
+            report.noticed.append(name)
+            return
+        try:
+            notice = self.store.send_notice(row.id, now, deadline, reason, shrink_to=shrink_to,
+                                            shrink_stop_by=shrink_stop_by)
+        except IdlegpuError as exc:
+            report.errors.append(f"{row.id}: checkpoint notice not recorded ({exc})")
+            return
+        self._stopping[row.id] = row.gpus - (notice.shrink_to or 0)
+        if notice.sent_at == now:
+            log.info("checkpoint notice to %s until %s: %s", name,
+                     notice.deadline.isoformat(timespec="seconds"), reason)
+            report.noticed.append(name)
+        self._deliver(notice, name, now, report)
+
+    def _deliver(self, notice, name: str, now: datetime, report: PassReport) -> None:
+        try:
+            pods = self.cluster.request_checkpoint(name, deadline=notice.deadline,
+                                                   reason=notice.reason, now=now)
+        except IdlegpuError as exc:
+            report.errors.append(f"{name}: checkpoint notice not delivered yet ({exc})")
+            return
+        if pods:
+            self.store.notice_delivered(notice.attempt_id, now)
+
+    def _follow_notices(self, now: datetime, report: PassReport, *,
+                        service_short: bool) -> None:
+        """Each open notice ends in a stop: at its acknowledgement (nothing lost), at its
+        deadline (a blind stop: what was done since the last checkpoint is lost), or at once
+        when the service needs GPUs now (``service_short``: the backstop never waits for a
+        notice). Until then its GPUs count as coming back, and an undelivered notice (the
+        cluster was down) is delivered again."""
+        try:
+            notices = self.store.open_notices()
+        except IdlegpuError as exc:
+            report.errors.append(f"notices: {exc}")
+            return
+        for notice in notices:
+            try:
+                row = self.store.unit(notice.unit_id)
+                self._follow_notice(notice, row, now, report, service_short=service_short)
+            except IdlegpuError as exc:
+                report.errors.append(f"{notice.unit_id}: notice ({exc})")
+
+    def _follow_notice(self, notice, row, now: datetime, report: PassReport, *,
+                       service_short: bool) -> None:
+        from idlegpu.scheduler.adapters.store import NoticeOutcome
+
+        if not row.state.holds_gpus() or row.current_attempt != notice.attempt_id:
+            if self.store.close_notice(notice.attempt_id, now, NoticeOutcome.ENDED):
+                report.notices_closed.append((row.id, NoticeOutcome.ENDED.value))
+            return
+        name = self.cluster.job_name(row.id, row.attempts)
+        if service_short:
+            outcome, kind = NoticeOutcome.CUT, StopKind.PREEMPT
+            reason = "the service needs the GPUs now: checkpoint notice cut short"
+        elif notice.acked_at is not None:
+            outcome, kind = NoticeOutcome.ANSWERED, StopKind.PLANNED
+            reason = (f"checkpointed at step {notice.ack_step} on notice; {notice.reason}")
+        elif now >= notice.deadline:
+            outcome, kind = NoticeOutcome.MISSED, StopKind.PLANNED
+            reason = (f"no answer to the checkpoint notice by its deadline "
+                      f"{notice.deadline.isoformat(timespec='seconds')}; {notice.reason}")
+        else:
+            self._stopping.setdefault(row.id, row.gpus - (notice.shrink_to or 0))
+            if notice.delivered_at is None:
+                self._deliver(notice, name, now, report)
+            return
+        if notice.shrink_to is not None and kind is StopKind.PLANNED:
+            stopped = self._stop_to_shrink(row, notice.shrink_to, notice.shrink_stop_by,
+                                           reason, kind, now, report)
+        else:
+            stopped = self._stop(name, reason, kind, now, report)
+            if stopped:
+                self._stopping[row.id] = row.gpus
+        if stopped and self.store.close_notice(notice.attempt_id, now, outcome):
+            report.notices_closed.append((row.id, outcome.value))
 
     def _admit(self, now: datetime, decision: Decision, report: PassReport) -> None:
         # the decision is recorded first: a crash after this line leaves an ADMITTED unit that

@@ -53,6 +53,9 @@ from idlegpu.scheduler.reports import held_and_lost
 from idlegpu.scheduler.types import Action
 
 log = logging.getLogger("idlegpu.daemon")
+
+NOTICE_POLL_SECONDS = 2.0
+"""How often the daemon looks for acknowledged checkpoint notices (real seconds)."""
 # every line, every 15 s, may quote a source's error: never with its credentials
 log.addFilter(RedactingFilter())
 
@@ -89,6 +92,28 @@ class StoreTotals:
             value=self.lost)
 
 
+class NoticeTotals:
+    """Checkpoint notices in the job store by outcome (sent, answered in time, missed, cut
+    short by the service, ended otherwise, open), as of the last pass that sent or closed
+    one: the store's totals, so a restart or a new leader goes on from the same figures."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] | None = None
+        self.stale = True
+
+    def collect(self):
+        if self.counts is None:
+            return
+        family = CounterMetricFamily(
+            "idlegpu_checkpoint_notices", "Checkpoint notices sent before planned stops, by "
+            "outcome: sent (all), answered (acknowledged in time), missed (stopped at the "
+            "deadline), cut (the service needed the GPUs first), ended (the attempt ended "
+            "first), open (under way)", labels=["outcome"])
+        for outcome, n in sorted(self.counts.items()):
+            family.add_metric([outcome], n)
+        yield family
+
+
 class DaemonMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -101,6 +126,8 @@ class DaemonMetrics:
                                    ["kind"], registry=r)
         self.store_totals = StoreTotals()
         r.register(self.store_totals)
+        self.notice_totals = NoticeTotals()
+        r.register(self.notice_totals)
         self.forecast_age = Gauge("idlegpu_forecast_age_seconds", "Age of the forecast in use",
                                   registry=r)
         self.signal_age = Gauge("idlegpu_signal_age_seconds",
@@ -205,6 +232,21 @@ class Daemon:
 
     def backstop(self) -> PassReport | None:
         return self._pass("backstop", self.controller.backstop_once)
+
+    def notices(self) -> PassReport | None:
+        """The quick pass while checkpoint notices are under way: a unit that answered is
+        stopped within seconds of its acknowledgement, whatever the backstop's period."""
+        if not self.acting() or self.controller.checkpoint_notice_s <= 0:
+            return None
+        try:
+            report = self.controller.notices_once(self.clock.now())
+        except IdlegpuError as exc:
+            self.metrics.errors.inc()
+            log.error("notices pass failed: %s", exc)
+            return None
+        if report.notices_closed or report.stopped or report.errors:
+            self._record(report, "notices")
+        return report
 
     def _pass(self, kind: str, run: Callable[[datetime], PassReport]) -> PassReport | None:
         """One pass; a failure of a part it cannot do without (the store down, say) is logged
@@ -337,8 +379,11 @@ class Daemon:
             if d.action is not Action.DEFER:
                 log.info("%s pass at %s: %s %s (%d GPUs): %s", kind, report.now.isoformat(
                     timespec="seconds"), d.action.value, d.job_id, d.gpus, d.reason)
-        for what in ("created", "recreated", "started", "stopped", "released", "finished",
-                     "failed", "deleted"):
+        for unit, outcome in report.notices_closed:
+            log.info("%s pass at %s: checkpoint notice of %s %s", kind,
+                     report.now.isoformat(timespec="seconds"), unit, outcome)
+        for what in ("created", "recreated", "started", "noticed", "stopped", "released",
+                     "finished", "failed", "deleted"):
             names = getattr(report, what)
             if names:
                 log.info("%s pass at %s: %s %s", kind, report.now.isoformat(timespec="seconds"),
@@ -359,6 +404,14 @@ class Daemon:
                 m.errors.inc()
                 m.store_totals.stale = True
                 log.warning("could not read the GPU-hours totals from the store: %s", exc)
+        if m.notice_totals.stale or report.noticed or report.notices_closed:
+            try:
+                m.notice_totals.counts = self.controller.store.notice_counts()
+                m.notice_totals.stale = False
+            except Exception as exc:  # noqa: BLE001 - the last figures stand; read next pass
+                m.errors.inc()
+                m.notice_totals.stale = True
+                log.warning("could not read the checkpoint notices from the store: %s", exc)
         self.last_pass = report.now
 
     # ------------------------------------------------------------------ leadership
@@ -426,6 +479,10 @@ class Daemon:
 
         sched.add_job(self.reconcile, every(self.reconcile_seconds), id="reconcile", **common)
         sched.add_job(self.backstop, every(self.backstop_seconds), id="backstop", **common)
+        if getattr(self.controller, "checkpoint_notice_s", 0) > 0:
+            # in real seconds, even in a replay: acknowledgements come in the workloads' time
+            sched.add_job(self.notices, IntervalTrigger(seconds=NOTICE_POLL_SECONDS),
+                          id="notices", **common)
         sched.add_job(self.refresh_if_due, every(self.reconcile_seconds),
                       id="forecast-refresh", **common)
         sched.add_job(self.report_if_due, every(self.reconcile_seconds), id="monthly-report",

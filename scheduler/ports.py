@@ -90,6 +90,12 @@ class Cluster(Protocol):
         ``kind`` and ``now`` on the Job in the same write (a Job stopped before keeps its
         first kind and time); a Job that is already gone is fine."""
 
+    def request_checkpoint(self, name: str, *, deadline: datetime, reason: str,
+                           now: datetime) -> int:
+        """The checkpoint notice of a planned stop: tell the Job's pods to checkpoint by
+        ``deadline`` (the annotation ``idlegpu.io/checkpoint-request``, which their notice
+        file shows); returns how many pods carry it (0: none yet, call again). Idempotent."""
+
     def delete(self, name: str) -> None:
         """Remove a stopped Job of ours and its pods (a suspended Job is never cleaned up by
         the cluster: ``ttlSecondsAfterFinished`` only applies to finished ones); a Job that

@@ -366,6 +366,12 @@ class Checkpoint(_Strict):
     period: a planned stop then keeps all its work. Without it only the periodic checkpoints
     (every ``interval`` from the attempt's start) count, and a planned stop loses what was
     done since the last one."""
+    notice: bool = False
+    """The workload carries the idlegpu checkpoint helper (``idlegpu_checkpoint``, or the
+    Lightning / Trainer callbacks): before a planned stop its pods get a checkpoint notice
+    (the file ``/etc/idlegpu/checkpoint-request``), it saves and acknowledges, and it is
+    stopped at once, losing nothing; one that never answers is stopped at the notice's
+    deadline (``admission.checkpoint_notice`` after it)."""
 
     @model_validator(mode="after")
     def _interval_when_enabled(self) -> Checkpoint:
@@ -1329,6 +1335,7 @@ def _build_units(req: JobRequest, max_units: int = UNITS_CEILING,
                 checkpointable=checkpointable,
                 checkpoint_interval_s=step.checkpoint.interval if checkpointable else None,  # type: ignore[union-attr]
                 saves_on_stop=checkpointable and step.checkpoint.saves_on_stop,  # type: ignore[union-attr]
+                answers_notice=checkpointable and step.checkpoint.notice,  # type: ignore[union-attr]
                 resume_args=resume,
                 priority=step.priority,
                 deadline=step.deadline,
@@ -1964,7 +1971,7 @@ _HINTS = {
 }
 _BOOLEANS = {
     "enabled", "read_only", "privileged", "host_network", "host_pid", "host_ipc",
-    "allow_privilege_escalation", "optional", "saves_on_stop",
+    "allow_privilege_escalation", "optional", "saves_on_stop", "notice",
 }
 
 

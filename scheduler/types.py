@@ -50,6 +50,9 @@ class EventKind(StrEnum):
     FINISHED = "finished"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    NOTICE = "notice"
+    """A checkpoint notice ended: answered in time, missed (stopped at its deadline), or cut
+    short by the service's need (``detail["outcome"]``)."""
 
 
 class Action(StrEnum):
@@ -510,6 +513,10 @@ class UnitSpec:
     """Its workload saves its state when told to stop (the request's
     ``checkpoint.saves_on_stop``): a planned stop keeps all its work, not only what the
     periodic checkpoints saved."""
+    answers_notice: bool = False
+    """Its workload carries the idlegpu helper (the request's ``checkpoint.notice``): a
+    planned stop first annotates its pods with a checkpoint notice, and the stop comes at its
+    acknowledgement or at the notice's deadline, whichever is first."""
 
     @property
     def gpus_per_node(self) -> int:

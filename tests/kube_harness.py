@@ -50,17 +50,20 @@ class ScriptedSignals:
 
 class Harness:
     """One daemon (controller + adapter + store) against the real server, on a replayed clock
-    that runs at real speed from ``REPLAY_START``. ``api_client``: the daemon's credentials
-    (default: the control plane's admin)."""
+    that runs at real speed from ``REPLAY_START`` (``speed``: that many replayed seconds per
+    real one). ``api_client``: the daemon's credentials (default: the control plane's
+    admin); ``cluster_options``: more of ``KubernetesCluster``'s."""
 
     def __init__(self, plane, namespace: str, store: JobStore, node_labels: dict[str, str], *,
                  instance: str = "pool-a", api_client: Any = None,
+                 cluster_options: dict[str, Any] | None = None, speed: float = 1.0,
                  **controller_options: object) -> None:
         self.store = store
         self.cluster = KubernetesCluster(
             api_client or plane.api_client(), namespace=namespace, node_selector=node_labels,
             grace_seconds=GRACE_S, non_checkpoint_grace_seconds=5, backoff_s=0.2,
-            instance=instance)
+            instance=instance, **(cluster_options or {}))
+        self.speed = speed
         self.batch = kubernetes.client.BatchV1Api(plane.api_client())
         self.namespace = namespace
         self.signals = ScriptedSignals()
@@ -73,7 +76,7 @@ class Harness:
                                          grace_s=GRACE_S, min_segment_s=60), **options)
 
     def now(self) -> datetime:
-        return REPLAY_START + timedelta(seconds=time.monotonic() - self._origin)
+        return REPLAY_START + timedelta(seconds=(time.monotonic() - self._origin) * self.speed)
 
     def forecast(self, now: datetime) -> FreeProfile:
         return FreeProfile(REPLAY_START, 300, self.free, 0.9, REPLAY_START)

@@ -53,6 +53,18 @@ resolves them (``metadata.name``, ``namespace``, ``uid``, ``labels['k']``,
 ``$(VAR)`` references expanded; e.g. the ``JOB_COMPLETION_INDEX`` the Job controller gives every
 pod of an Indexed Job (several pods of one Job are just several pods here: each is bound by
 the real kube-scheduler and played on its own).
+
+**Volumes and real workloads** (``volume_root``, ``workload``): with a ``volume_root``, each pod
+that starts gets a folder there with its ``downwardAPI`` volumes written as the kubelet
+projects them (one file per item, the field's value, written atomically; rewritten whenever
+the pod changes, where a kubelet takes up to its sync period, about a minute) and its
+projected ``serviceAccountToken`` sources as real tokens from the TokenRequest API, bound to
+the pod (``boundObjectRef``: its name and uid) with the source's audience and lifetime.
+``SimPod.mounts`` maps each mount path to its folder. ``workload(record) -> argv | None`` runs
+a pod's workload as a local process instead of a timer: its environment is the container's
+(``values``), paths under a mount path pointing into that mount's folder, its output in
+``SimPod.log``; its exit code is the pod's; a deletion sends it SIGTERM and, past the grace
+period, SIGKILL (exit 143 / 137 as a container runtime reports them).
 """
 
 from __future__ import annotations
@@ -64,11 +76,13 @@ import json
 import logging
 import queue
 import secrets
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, Self
 from urllib.parse import quote, urlencode
 
@@ -87,6 +101,7 @@ GPU = "nvidia.com/gpu"
 NODE_LEASE_NAMESPACE = "kube-node-lease"
 FIELD_MANAGER = "idlegpu-node-sim"
 SIGTERM_EXIT, SIGKILL_EXIT = 143, 137
+PROCESS_POLL_SECONDS = 0.2
 DEFAULT_GRACE_SECONDS = 30
 
 
@@ -224,6 +239,8 @@ class SimPod:
     gone: bool = False  # the object is no longer on the server
     # the pod as the server last showed it (for a gone pod: as its DELETED event carried it)
     last_object: dict[str, Any] = field(default_factory=dict, repr=False)
+    mounts: dict[str, str] = field(default_factory=dict)  # mount path -> local folder
+    log: str | None = None  # the local workload's output (stdout and stderr)
     # private bookkeeping (monotonic seconds)
     _seen: float = field(default=0.0, repr=False)
     _started: float = field(default=0.0, repr=False)
@@ -277,6 +294,13 @@ def _values_of(container: dict[str, Any], pod: dict[str, Any], host_ip: str) -> 
     return seen
 
 
+def _write_atomically(path: Path, text: str) -> None:
+    """As the kubelet's atomic writer does: a reader sees the old file or the new, whole."""
+    partial = path.with_name(f".{path.name}.tmp")
+    partial.write_text(text)
+    partial.replace(path)
+
+
 def _per_node(value: Any, names: list[str], what: str) -> dict[str, Any]:
     """One value for every node, or one per node in the order of ``names``."""
     if isinstance(value, (int, float)):
@@ -320,6 +344,8 @@ class NodeSimulator:
         delete_delay: float | Sequence[float] = 1.0,
         heartbeat_seconds: float = 2.0,
         lease_duration_seconds: int = 40,
+        volume_root: str | None = None,
+        workload: Callable[[SimPod], list[str] | None] | None = None,
     ) -> None:
         if isinstance(nodes, int):
             prefix = name_prefix or f"sim-{secrets.token_hex(3)}"
@@ -345,12 +371,15 @@ class NodeSimulator:
         self.delete_delay = _per_node(delete_delay, names, "delete_delay")
         self.heartbeat_seconds = heartbeat_seconds
         self.lease_duration_seconds = lease_duration_seconds
+        self.volume_root = volume_root
+        self.workload = workload
 
         self._kube: _Kube | None = None
         self._dead: set[str] = set()
         self._node_since: dict[str, str] = {}  # Ready lastTransitionTime per node
         self._cache: dict[str, dict[str, Any]] = {}  # uid -> latest pod object (worker only)
         self._records: dict[str, SimPod] = {}  # uid -> record (guarded by _cond)
+        self._processes: dict[str, Any] = {}  # uid -> its local workload (subprocess.Popen)
         self._cond = threading.Condition()
         self._events: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._stop = threading.Event()
@@ -393,8 +422,15 @@ class NodeSimulator:
                 time.sleep(0.1)
 
     def stop(self, *, delete_nodes: bool = False) -> None:
-        """Stop both threads; with ``delete_nodes``, delete the Nodes and their Leases."""
+        """Stop both threads (and the local workloads); with ``delete_nodes``, delete the
+        Nodes and their Leases."""
         self._stop.set()
+        with self._cond:
+            processes = list(self._processes.values())
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait(timeout=10)
         self._events.put(("STOP", None))
         resp = self._watch_resp
         if resp is not None:
@@ -695,6 +731,9 @@ class NodeSimulator:
             if self._ours(obj):
                 self._cache[obj["metadata"]["uid"]] = obj
                 self._remember(obj)
+                record = self._records.get(obj["metadata"]["uid"])
+                if record is not None and record.mounts:
+                    self._write_downward(obj, record)
         elif kind == "DELETED":
             uid = obj.get("metadata", {}).get("uid")
             self._cache.pop(uid, None)
@@ -787,7 +826,11 @@ class NodeSimulator:
                         record.deletion_seen_at = _now()
                         record.grace_seconds = grace
                         self._cond.notify_all()
-                    if record.state != "running":
+                    if record.uid in self._processes and record.state == "running":
+                        self._processes[record.uid].send_signal(signal.SIGTERM)
+                        record._end_due = now + grace  # then SIGKILL
+                        record._end = (SIGKILL_EXIT, "Error")
+                    elif record.state != "running":
                         record._end_due, record._end = now, (SIGKILL_EXIT, "ContainerStatusUnknown")
                     elif record.shutdown_seconds <= grace:
                         record._end_due = now + record.shutdown_seconds
@@ -795,7 +838,16 @@ class NodeSimulator:
                     else:
                         record._end_due, record._end = now + grace, (SIGKILL_EXIT, "Error")
                 assert record._end_due is not None and record._end is not None
-                if now < record._end_due:
+                if record.uid in self._processes and record.state == "running":
+                    code = self._processes[record.uid].poll()
+                    if code is None and now < record._end_due:
+                        return min(record._end_due, now + PROCESS_POLL_SECONDS)
+                    if code is None:
+                        self._processes[record.uid].kill()
+                        code = self._processes[record.uid].wait(timeout=10)
+                    code = 128 - code if code < 0 else code
+                    record._end = (code, "Completed" if code == 0 else "Error")
+                elif now < record._end_due:
                     return record._end_due
                 self._finish(pod, record, *record._end)
             elif record.state == "pending":
@@ -805,13 +857,25 @@ class NodeSimulator:
                 due = record._seen + record.start_delay
                 if now < due:
                     return due
+                if self.volume_root is not None and not record.mounts:
+                    self._project_volumes(pod, record)
+                argv = self.workload(record) if self.workload is not None else None
                 self._patch_pod_status(pod, self._running_status(pod, record))
                 with self._cond:
                     record.state, record._started = "running", now
                     self._cond.notify_all()
+                if argv:
+                    self._start_process(record, argv)
+                    return now + PROCESS_POLL_SECONDS
                 if record.run_seconds is None:
                     return None
                 return now + record.run_seconds
+            elif record.uid in self._processes:  # running: a real process
+                code = self._processes[record.uid].poll()
+                if code is None:
+                    return now + PROCESS_POLL_SECONDS
+                code = 128 - code if code < 0 else code
+                self._finish(pod, record, code, "Completed" if code == 0 else "Error")
             else:  # running
                 if record.run_seconds is None:
                     return None
@@ -844,6 +908,71 @@ class NodeSimulator:
                 record.deleted = True
                 self._cond.notify_all()
         return None
+
+    def _project_volumes(self, pod: dict[str, Any], record: SimPod) -> None:
+        """The pod's downward-API and projected token volumes, as files in its folder."""
+        assert self.volume_root is not None and self._kube is not None
+        base = Path(self.volume_root) / record.uid
+        mounts = {m["name"]: m["mountPath"] for c in pod["spec"].get("containers") or []
+                  for m in c.get("volumeMounts") or []}
+        meta, spec = pod["metadata"], pod["spec"]
+        projected: dict[str, str] = {}  # all or nothing: a failed token request is retried
+        for volume in spec.get("volumes") or []:
+            name = volume["name"]
+            if name not in mounts or not ({"downwardAPI", "projected"} & set(volume)):
+                continue
+            folder = base / name
+            folder.mkdir(parents=True, exist_ok=True)
+            for source in (volume.get("projected") or {}).get("sources") or []:
+                token = source.get("serviceAccountToken")
+                if token is None:
+                    continue
+                account = spec.get("serviceAccountName") or "default"
+                answer = self._kube.request(
+                    "POST", f"/api/v1/namespaces/{quote(meta['namespace'])}/serviceaccounts/"
+                    f"{quote(account)}/token",
+                    {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                     "spec": {"audiences": [token["audience"]] if token.get("audience") else [],
+                              "expirationSeconds": int(token.get("expirationSeconds", 3600)),
+                              "boundObjectRef": {"apiVersion": "v1", "kind": "Pod",
+                                                 "name": meta["name"], "uid": meta["uid"]}}})
+                _write_atomically(folder / token["path"], answer["status"]["token"])
+            projected[mounts[name]] = str(folder)
+        record.mounts.update(projected)
+        self._write_downward(pod, record)
+
+    def _write_downward(self, pod: dict[str, Any], record: SimPod) -> None:
+        if self.volume_root is None:
+            return
+        base = Path(self.volume_root) / record.uid
+        for volume in pod["spec"].get("volumes") or []:
+            folder = base / volume["name"]
+            if "downwardAPI" not in volume or not folder.is_dir():
+                continue
+            for item in volume["downwardAPI"].get("items") or []:
+                path = (item.get("fieldRef") or {}).get("fieldPath", "")
+                _write_atomically(folder / item["path"], _field(pod, path) or "")
+
+    def _start_process(self, record: SimPod, argv: list[str]) -> None:
+        import os
+        import subprocess
+
+        values = dict(record.values.get(record.containers[0], {}))
+        for key, value in values.items():
+            for mount, folder in record.mounts.items():
+                if value == mount or value.startswith(mount.rstrip("/") + "/"):
+                    values[key] = folder + value[len(mount.rstrip("/")):]
+        env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG",
+                                                              "SYSTEMROOT", "PYTHONPATH")}
+        env.update(values)
+        log_path = Path(self.volume_root or ".") / record.uid / "workload.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "wb") as out:
+            process = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                       stdin=subprocess.DEVNULL)
+        with self._cond:
+            self._processes[record.uid], record.log = process, str(log_path)
+            self._cond.notify_all()
 
     def _patch_pod_status(self, pod: dict[str, Any], status: dict[str, Any]) -> None:
         assert self._kube is not None

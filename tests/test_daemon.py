@@ -53,6 +53,11 @@ def test_jobs_are_registered_once_with_safe_options(setup):  # noqa: F811
     assert all(job.max_instances == 1 and job.coalesce for job in jobs.values())
     assert jobs["reconcile"].trigger.interval.total_seconds() == 60
     assert jobs["backstop"].trigger.interval.total_seconds() == 15
+    # with checkpoint notices on, a quick pass stops the units that answered
+    controller.checkpoint_notice_s = 600.0
+    jobs = {job.id: job for job in daemon.scheduler(blocking=False).get_jobs()}
+    assert jobs["notices"].trigger.interval.total_seconds() == 2
+    assert jobs["notices"].max_instances == 1
 
 
 def test_a_replayed_daemon_keeps_every_period_in_replayed_time(setup):  # noqa: F811

@@ -101,6 +101,16 @@ ANN_STOPPED_AT = "idlegpu.io/stopped-at"
 LABEL_INSTANCE = "idlegpu.io/instance"
 JOB_NAME_LABELS = ("batch.kubernetes.io/job-name", "job-name")  # set on pods by the Job controller
 ANN_STEP = "idlegpu.io/step"
+ANN_CHECKPOINT_REQUEST = "idlegpu.io/checkpoint-request"  # the notice's deadline, RFC 3339
+ANN_CHECKPOINT_REASON = "idlegpu.io/checkpoint-reason"
+NOTICE_DIR = "/etc/idlegpu"
+NOTICE_FILE = "checkpoint-request"  # the kubelet projects the annotation here
+TOKEN_DIR = "/var/run/secrets/idlegpu"
+NOTICE_VOLUME = "idlegpu-notice"
+TOKEN_VOLUME = "idlegpu-token"
+NOTICE_FILE_ENV = "IDLEGPU_CHECKPOINT_REQUEST_FILE"
+TOKEN_FILE_ENV = "IDLEGPU_TOKEN_FILE"
+API_URL_ENV = "IDLEGPU_API_URL"
 GPU_RESOURCE = "nvidia.com/gpu"
 RESUME_ENV = "IDLEGPU_RESUME"
 ATTEMPT_ENV = "IDLEGPU_ATTEMPT"
@@ -346,6 +356,20 @@ def _pinned_affinity(affinity: dict[str, Any] | None,
 # --- pod security ------------------------------------------------------------------------
 
 
+def _own_notice_volume(volume: dict[str, Any]) -> bool:
+    """The notice volume as the adapter builds it: the pod's own notice annotation only."""
+    items = (volume.get("downwardAPI") or {}).get("items") or []
+    return len(items) == 1 and items[0].get("fieldRef", {}).get("fieldPath") == (
+        f"metadata.annotations['{ANN_CHECKPOINT_REQUEST}']")
+
+
+def _own_token_volume(volume: dict[str, Any]) -> bool:
+    """The token volume as the adapter builds it: one service-account token, no Secret or
+    ConfigMap smuggled in beside it."""
+    sources = (volume.get("projected") or {}).get("sources") or []
+    return len(sources) == 1 and set(sources[0]) == {"serviceAccountToken"}
+
+
 def check_pod_security(manifest: dict[str, Any]) -> None:
     """Raise ``UnsafeManifestError`` when a Job manifest asks for anything privileged: host
     namespaces, volumes other than persistentVolumeClaim, emptyDir, configMap and secret
@@ -361,7 +385,12 @@ def check_pod_security(manifest: dict[str, Any]) -> None:
     for i, volume in enumerate(pod.get("volumes") or []):
         # only claims, scratch space, ConfigMaps and Secrets: never hostPath, nor any other
         # source that reaches the node or storage outside the namespace's control
-        for key in sorted(set(volume) - {"name", *_VOLUME_SOURCES}):
+        allowed = set(_VOLUME_SOURCES)
+        if volume.get("name") == NOTICE_VOLUME and _own_notice_volume(volume):
+            allowed.add("downwardAPI")
+        if volume.get("name") == TOKEN_VOLUME and _own_token_volume(volume):
+            allowed.add("projected")
+        for key in sorted(set(volume) - {"name", *allowed}):
             problems.append(f"spec.template.spec.volumes[{i}].{key}")
     pod_ctx = pod.get("securityContext") or {}
     if pod_ctx.get("runAsNonRoot") is not True:
@@ -467,6 +496,9 @@ class KubernetesCluster:
         run_as_user: int | None = None,
         ttl_seconds_after_finished: int | None = None,
         instance: str | None = None,
+        job_api_url: str | None = None,
+        token_audience: str = "idlegpu",
+        token_expiration_seconds: int = 600,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         """``instance``: the identity of the daemon instance that owns these Jobs (a label on
@@ -502,6 +534,9 @@ class KubernetesCluster:
         self.service_account = service_account
         self.run_as_user = run_as_user
         self.ttl_seconds_after_finished = ttl_seconds_after_finished
+        self.job_api_url = job_api_url
+        self.token_audience = token_audience
+        self.token_expiration_seconds = int(token_expiration_seconds)
         self._sleep = sleep
         self.last_manifests: list[dict[str, Any]] = []
         """Manifests ``apply`` built, newest last (the last 1000): Jobs, each gang's headless
@@ -565,6 +600,12 @@ class KubernetesCluster:
             ours[OUTPUT_ENV] = spec.output
         if spec.checkpointable and attempt > 1 and spec.resume_args:
             ours[RESUME_ENV] = " ".join(spec.resume_args)
+        notice = spec.checkpointable and getattr(spec, "answers_notice", False)
+        if notice:
+            ours[NOTICE_FILE_ENV] = f"{NOTICE_DIR}/{NOTICE_FILE}"
+            if self.job_api_url:
+                ours[API_URL_ENV] = self.job_api_url
+                ours[TOKEN_FILE_ENV] = f"{TOKEN_DIR}/token"
         taken = {e["name"] for e in env}
         env += [{"name": k, "value": v} for k, v in ours.items() if k not in taken]
         if gang:
@@ -606,6 +647,11 @@ class KubernetesCluster:
             container["envFrom"] = [_env_from(source) for source in spec.env_from]
         if spec.volumes:
             container["volumeMounts"] = [_volume_mount(v) for v in spec.volumes]
+        notice_volumes = self._notice_volumes() if notice else []
+        if notice_volumes:
+            container.setdefault("volumeMounts", []).extend(
+                {"name": v["name"], "mountPath": NOTICE_DIR if v["name"] == NOTICE_VOLUME
+                 else TOKEN_DIR, "readOnly": True} for v in notice_volumes)
         grace = self.grace_seconds if spec.checkpointable else self.non_checkpoint_grace_seconds
         pod_spec: dict[str, Any] = {
             "restartPolicy": "Never",
@@ -617,8 +663,8 @@ class KubernetesCluster:
             },
             "containers": [container],
         }
-        if spec.volumes:
-            pod_spec["volumes"] = [_volume(v, name) for v in spec.volumes]
+        if spec.volumes or notice_volumes:
+            pod_spec["volumes"] = [_volume(v, name) for v in spec.volumes] + notice_volumes
         if self.priority_class:
             pod_spec["priorityClassName"] = self.priority_class
         if self.node_selector:
@@ -680,6 +726,68 @@ class KubernetesCluster:
         }
         check_pod_security(manifest)
         return manifest
+
+    def _notice_volumes(self) -> list[dict[str, Any]]:
+        """The volumes of a pod that answers checkpoint notices: its own annotation
+        ``idlegpu.io/checkpoint-request`` as a file (the downward API; the kubelet rewrites it
+        when the annotation changes, empty while there is none) and, when pods can reach the
+        job API, a short-lived token bound to the pod for it (audience ``token_audience``):
+        the only credential the pod has, good for acknowledging its own unit."""
+        volumes: list[dict[str, Any]] = [{"name": NOTICE_VOLUME, "downwardAPI": {"items": [
+            {"path": NOTICE_FILE,
+             "fieldRef": {"fieldPath": f"metadata.annotations['{ANN_CHECKPOINT_REQUEST}']"}},
+        ]}}]
+        if self.job_api_url:
+            volumes.append({"name": TOKEN_VOLUME, "projected": {"sources": [
+                {"serviceAccountToken": {"audience": self.token_audience,
+                                         "expirationSeconds": self.token_expiration_seconds,
+                                         "path": "token"}}]}})
+        return volumes
+
+    def request_checkpoint(self, name: str, *, deadline: datetime, reason: str,
+                           now: datetime) -> int:
+        """The checkpoint notice: annotate every live pod of Job ``name`` (and the Job, for
+        ``kubectl``) ``idlegpu.io/checkpoint-request: <deadline>``, which the kubelet
+        projects into the pods' notice file. Returns how many pods carry it (0: none yet, e.g.
+        its pod not created: call again). Idempotent."""
+        stamp = _iso(deadline)
+        annotations = {ANN_CHECKPOINT_REQUEST: stamp, ANN_CHECKPOINT_REASON: reason[:1024]}
+        if self.dry_run:
+            log.info("dry run: would give Job %s/%s's pods a checkpoint notice until %s",
+                     self.namespace, name, stamp)
+            return 1
+        try:
+            self._call("patch", lambda **kw: self.batch.patch_namespaced_job(
+                name, self.namespace, {"metadata": {"annotations": annotations}},
+                _content_type=_MERGE_PATCH, **kw))
+        except _NotFound:
+            return 0
+        body = self._call("list", lambda **kw: self.core.list_namespaced_pod(
+            self.namespace, label_selector=f"{JOB_NAME_LABEL}={name}", **kw),
+            resource="pods")
+        noticed = 0
+        for pod in body.get("items") or []:
+            meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+            if status.get("phase") in ("Succeeded", "Failed") or meta.get("deletionTimestamp"):
+                continue
+            if (meta.get("annotations") or {}).get(ANN_CHECKPOINT_REQUEST) == stamp:
+                noticed += 1
+                continue
+            patch = {"metadata": {"uid": meta.get("uid"), "annotations": annotations}}
+            pod_name = meta.get("name")
+            try:
+                self._call("patch", lambda body=patch, pod=pod_name, **kw:
+                           self.core.patch_namespaced_pod(
+                               pod, self.namespace, body, _content_type=_MERGE_PATCH, **kw),
+                           resource="pods")
+                noticed += 1
+            except _NotFound:
+                continue
+            except ClusterRejectedError as exc:
+                if exc.status == 409:  # a new pod of that name: the next call sees it
+                    continue
+                raise
+        return noticed
 
     def deadline_seconds(self, spec: UnitSpec, stop_by: datetime | None,
                          now: datetime) -> int | None:

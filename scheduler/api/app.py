@@ -39,6 +39,7 @@ from idlegpu.scheduler.adapters.store import (
 )
 from idlegpu.scheduler.api.auth import MEMBER, OPERATOR, ApiError, Authenticator, Identity, Reviewer
 from idlegpu.scheduler.api.bodies import BoundedBodies
+from idlegpu.scheduler.api.checkpoints import PodDirectory, add_checkpoint_routes
 from idlegpu.scheduler.api.docs import add_docs
 from idlegpu.scheduler.api.forecasts import RETRY_AFTER_S, Forecasts, ForecastUnavailable
 from idlegpu.scheduler.api.headers import SecurityHeaders
@@ -118,20 +119,27 @@ def _error(status: int, message: str, field: str | None = None,
 def create_app(settings: Settings, store: JobStore, *,
                clock: Clock | Callable[[], datetime] | None = None,
                reviewer: Reviewer | None = None,
-               forecasts: Forecasts | None = None) -> FastAPI:
+               forecasts: Forecasts | None = None,
+               pods: PodDirectory | None = None) -> FastAPI:
     """The job API over ``store``, validating with ``settings`` (its ``admission`` rules and
     ``api`` section). ``clock`` stamps ``submitted_at`` and judges token expiry (default: the
     wall clock); ``reviewer`` answers Kubernetes TokenReviews (default, when
     ``api.token_review.enabled``: one built from ``api.token_review``); ``forecasts``: the
     forecast the plan, windows and forecast routes read (default: the daemon's, from
-    Prometheus through the config, made at the first call that needs it)."""
+    Prometheus through the config, made at the first call that needs it); ``pods`` says
+    which unit a research pod runs (default, with TokenReview on: the API server's pods)."""
     api = settings.api
     now = as_clock(clock)
     if api.token_review.enabled and reviewer is None:
         from idlegpu.scheduler.api.tokenreview import TokenReviewer
 
         reviewer = TokenReviewer.from_config(api.token_review)
-    authenticator = Authenticator(api, store, reviewer)
+    if api.token_review.enabled and pods is None:
+        from idlegpu.scheduler.api.tokenreview import PodUnits
+
+        pods = PodUnits.from_config(api.token_review)
+    authenticator = Authenticator(api, store, reviewer,
+                                  workload_namespace=settings.cluster.namespace)
 
     app = FastAPI(
         title="idlegpu job API", version=API_VERSION,
@@ -433,7 +441,8 @@ def create_app(settings: Settings, store: JobStore, *,
         plan = None if row.state.is_terminal() else reads.unit_plan(row.id)
         return {**unit_json(row), "spec": spec_to_json(row.spec), "attempt_history": attempts,
                 "preemption_history": of(EventKind.PREEMPTED),
-                "checkpoints": of(EventKind.CHECKPOINTED), "plan": plan}
+                "checkpoints": of(EventKind.CHECKPOINTED), "notices": of(EventKind.NOTICE),
+                "workload_reports": store.workload_reports(unit_id), "plan": plan}
 
     def cancel(who: Identity, target: str, team: str, reason: str | None) -> dict[str, Any]:
         require_change(who, "cancel")
@@ -473,6 +482,8 @@ def create_app(settings: Settings, store: JobStore, *,
         reason = await cancel_reason(request)
         team = (await run_in_threadpool(store.unit, unit_id)).team
         return await run_in_threadpool(cancel, who, unit_id, team, reason)
+
+    add_checkpoint_routes(app, store, authenticator, pods, now.now, f"/{API_VERSION}")
 
     @app.get(f"/{API_VERSION}/audit", summary="The audit log (operators)")
     def get_audit(

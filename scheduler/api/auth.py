@@ -40,6 +40,10 @@ log = logging.getLogger("idlegpu.api")
 TOKEN_PREFIX = "igt_"
 MEMBER, OPERATOR, VIEWER = "member", "operator", "viewer"
 ROLES = (MEMBER, OPERATOR, VIEWER)
+WORKLOAD = "workload"
+"""The role of a research pod's own token (pod-bound, from the jobs' namespace): it may
+report its unit's checkpoints and progress, nothing else (never one of ``ROLES``)."""
+SERVICE_ACCOUNT_PREFIX = "system:serviceaccount:"
 
 
 def new_token() -> str:
@@ -73,6 +77,15 @@ def unauthenticated(message: str, *, bad_token: bool = False) -> ApiError:
 
 
 @dataclass(frozen=True)
+class PodRef:
+    """The pod a Kubernetes token is bound to, as TokenReview names it."""
+
+    namespace: str
+    name: str
+    uid: str
+
+
+@dataclass(frozen=True)
 class Identity:
     """The caller, as the server established it."""
 
@@ -84,6 +97,8 @@ class Identity:
     groups: tuple[str, ...] = ()
     address: str | None = None
     """Where the call came from (the client's address; behind a proxy ``client via proxy``)."""
+    pod: PodRef | None = None
+    """A ``workload`` caller's pod."""
 
     @property
     def principal(self) -> str:
@@ -102,7 +117,9 @@ class TokenStore(Protocol):
 
 
 class Reviewer(Protocol):
-    def review(self, token: str) -> tuple[bool, str, tuple[str, ...]]: ...
+    def review(self, token: str) -> tuple[bool, str, tuple[str, ...]]:
+        """``(authenticated, username, groups)``; an answer with a ``pod`` attribute (a
+        ``PodRef``, or None) also says which pod the token is bound to."""
 
 
 def map_identity(rules: Sequence[IdentityMapping], user: str,
@@ -123,6 +140,9 @@ class Authenticator:
     config: ApiConfig
     store: TokenStore
     reviewer: Reviewer | None = None
+    workload_namespace: str | None = None
+    """The research Jobs' namespace: a token bound to a pod there is that pod's ``workload``
+    identity (its unit's checkpoint reports only), never mapped to a team."""
     _proxies: list[Any] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -141,7 +161,9 @@ class Authenticator:
         return any(ip in net for net in self._proxies)
 
     def authenticate(self, headers: Mapping[str, str], address: str | None,
-                     now: datetime) -> Identity:
+                     now: datetime, *, workload: bool = False) -> Identity:
+        """The caller; ``workload``: a research pod's own token is accepted (the checkpoint
+        route only: everywhere else it is refused with 403)."""
         proxy = self.config.proxy
         user_header = headers.get(proxy.user_header.lower())
         if user_header is not None:
@@ -162,7 +184,7 @@ class Authenticator:
         if token.startswith(TOKEN_PREFIX) and self.config.tokens:
             return self._from_token(token, address, now)
         if self.config.token_review.enabled and self.reviewer is not None:
-            return self._from_review(token, address)
+            return self._from_review(token, address, workload=workload)
         raise unauthenticated("unknown token (not an idlegpu token, and Kubernetes "
                               "TokenReview is off: api.token_review.enabled)", bad_token=True)
 
@@ -188,11 +210,22 @@ class Authenticator:
         return Identity(user=user, auth=auth, team=rule.team, role=rule.role, groups=groups,
                         address=address)
 
-    def _from_review(self, token: str, address: str | None) -> Identity:
-        ok, user, groups = self.reviewer.review(token)  # type: ignore[union-attr]
+    def _from_review(self, token: str, address: str | None, *,
+                     workload: bool = False) -> Identity:
+        answer = self.reviewer.review(token)  # type: ignore[union-attr]
+        ok, user, groups = answer[0], answer[1], tuple(answer[2])
         if not ok:
             raise unauthenticated("the Kubernetes API server does not accept this token",
                                   bad_token=True)
+        pod = getattr(answer, "pod", None)
+        if pod is not None and self.workload_namespace and pod.namespace == (
+                self.workload_namespace):
+            if not workload:
+                raise ApiError(403, f"a token of research pod {pod.namespace}/{pod.name} may "
+                                    "only report its own unit's checkpoints and progress "
+                                    "(POST /v1/units/<unit>/checkpoint)")
+            return Identity(user=user, auth="pod", team="", role=WORKLOAD, groups=groups,
+                            address=address, pod=pod)
         return self._mapped(user, groups, "tokenreview", address)
 
     def _from_proxy(self, headers: Mapping[str, str], user: str,
