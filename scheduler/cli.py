@@ -1687,13 +1687,15 @@ def report(
     settings = _optional_config(config)
     defaults = settings.report if settings is not None else ReportConfig()
     tz = settings.pool.timezone if settings is not None else "UTC"
-    if runs is not None:
-        table = read_runs(runs)
-    else:
+    if runs is None:
         from idlegpu.scheduler.adapters.store import JobStore
+        from idlegpu.scheduler.reports import Month, notices_from_store
 
         with JobStore(_store_url(settings, store)) as job_store:
             table = runs_from_store(job_store, datetime.now(timezone.utc))
+            notices = notices_from_store(job_store, Month.parse(month), tz)
+    else:
+        table, notices = read_runs(runs), None
     idle = check = sizes = None
     if history is not None:
         if settings is None:
@@ -1721,7 +1723,7 @@ def report(
         price=defaults.price_per_gpu_hour if price is None else price,
         currency=(defaults.currency if currency is None else currency),
         idle_daily=idle, pool=settings.pool.name if settings is not None else "GPU pool",
-        forecast=check, job_sizes=sizes,
+        forecast=check, job_sizes=sizes, notices=notices,
     )
     files = write_report(result, out)
     from idlegpu.scheduler.reports import format_gpus, format_hours, format_money, format_share

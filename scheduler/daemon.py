@@ -655,14 +655,21 @@ def write_last_month_report(settings, store, now: datetime):
     attempts, into ``daemon.reports_dir/YYYY-MM/``; returns the files written."""
     from pathlib import Path
 
-    from idlegpu.scheduler.reports import Month, build_report, runs_from_store, write_report
+    from idlegpu.scheduler.reports import (
+        Month,
+        build_report,
+        notices_from_store,
+        runs_from_store,
+        write_report,
+    )
 
     local = now.astimezone(settings.pool.tz)
     month = Month(local.year, local.month).shift(-1)
     runs = runs_from_store(store, now)
     report = build_report(runs, month, months=3, tz=settings.pool.timezone,
                           price=settings.report.price_per_gpu_hour,
-                          currency=settings.report.currency, pool=settings.pool.name)
+                          currency=settings.report.currency, pool=settings.pool.name,
+                          notices=notices_from_store(store, month, settings.pool.timezone))
     files = write_report(report, Path(settings.daemon.reports_dir) / month.label)
     log.info("wrote the report of %s to %s", month.label, files[0].parent)
     return files

@@ -304,6 +304,30 @@ def runs_from_store(store: Any, now: datetime) -> pd.DataFrame:
     return validate_runs(pd.DataFrame(rows, columns=list(RUN_COLUMNS)), source="store")
 
 
+def notices_from_store(store: Any, month: Month, tz: str) -> dict[str, float]:
+    """The month's checkpoint notices from the store's log (``NOTICE`` events, by when they
+    ended): sent, ``answered`` in time, ``missed`` (stopped at the deadline), ``cut`` (the
+    service needed the GPUs first), ``ended`` (the attempt ended first), and
+    ``saved_gpu_hours``: what the answered ones kept that a blind stop would have lost (the
+    work since their last periodic checkpoint)."""
+    from idlegpu.scheduler.types import EventKind
+
+    start, end = month.start(tz).to_pydatetime(), month.end(tz).to_pydatetime()
+    figures = {"sent": 0.0, "answered": 0.0, "missed": 0.0, "cut": 0.0, "ended": 0.0,
+               "saved_gpu_hours": 0.0}
+    for event in store.events(start, end):
+        if event.kind is not EventKind.NOTICE:
+            continue
+        outcome = str(event.detail.get("outcome", ""))
+        figures["sent"] += 1
+        if outcome in figures:
+            figures[outcome] += 1
+        saved = event.detail.get("saved_gpu_seconds")
+        if isinstance(saved, (int, float)) and math.isfinite(saved) and saved > 0:
+            figures["saved_gpu_hours"] += saved / 3600
+    return figures
+
+
 # --------------------------------------------------------------------------- computations
 
 
@@ -800,6 +824,8 @@ class Report:
     """Per service: coverage, verdict and widened evenings of the month (``forecast_check``)."""
     job_sizes: JobSizeIdle | None = None
     """Idle capacity of the month by job size on the nodes (``job_size_idle``), when known."""
+    notices: dict[str, float] | None = None
+    """The month's checkpoint notices (``notices_from_store``), when read from a store."""
 
     @property
     def row(self) -> pd.Series:
@@ -820,6 +846,7 @@ def build_report(
     accuracy: dict[str, float] | None = None,
     forecast: ForecastCheck | None = None,
     job_sizes: JobSizeIdle | None = None,
+    notices: dict[str, float] | None = None,
 ) -> Report:
     """Compute everything a report shows for the ``months`` months ending with ``month``
     (``forecast``: the forecast check of the month, ``forecast_check``; its pooled figures
@@ -857,7 +884,7 @@ def build_report(
         daily=daily_usage(runs, span, tz),
         idle_daily=idle_daily, commands=list(commands),
         accuracy=accuracy if accuracy is not None or forecast is None else forecast.accuracy,
-        forecast=forecast, job_sizes=job_sizes,
+        forecast=forecast, job_sizes=job_sizes, notices=notices,
     )
 
 
@@ -969,6 +996,8 @@ def _sections(report: Report, charts: dict[str, Path]):
         yield from _forecast_sections(report, charts)
     if report.job_sizes is not None:
         yield from _job_size_section(report)
+    if report.notices and report.notices.get("sent"):
+        yield from _notice_section(report)
     yield ("h2", f"By team, {label}")
     yield ("table", _breakdown_rows(report.teams, "team", report.currency))
     yield ("h2", f"By kind of job, {label}")
@@ -980,6 +1009,22 @@ def _sections(report: Report, charts: dict[str, Path]):
 
 
 COVERAGE_CHART = "Realised coverage per service"
+
+
+def _notice_section(report: Report):
+    n = report.notices or {}
+    sent = int(n.get("sent", 0))
+    yield ("h2", f"Checkpoint notices, {report.month.label}")
+    yield ("table", (["sent", "answered in time", "missed (stopped at the deadline)",
+                      "cut short by the service", "ended first", "GPU-hours saved"],
+                     [[f"{sent:,}", f"{int(n.get('answered', 0)):,}",
+                       f"{int(n.get('missed', 0)):,}", f"{int(n.get('cut', 0)):,}",
+                       f"{int(n.get('ended', 0)):,}",
+                       format_hours(float(n.get("saved_gpu_hours", 0.0)))]]))
+    yield ("text", "A planned stop of a unit that answers notices (checkpoint.notice) first "
+                   "tells its pods to checkpoint; an answered notice stops it at its "
+                   "acknowledgement, losing nothing. GPU-hours saved: the work since their "
+                   "last periodic checkpoint, which a blind stop would have lost.")
 
 
 def _job_size_section(report: Report):

@@ -123,7 +123,8 @@ def test_the_deployed_config_is_the_sample_pool_run_in_cluster(monkeypatch):
     assert deployed.daemon.leader_election.enabled
     # the two copies describe the same pool; only where things are (and how many daemons)
     # differs
-    where = {"prometheus": {"url"}, "store": {"url"}, "cluster": {"in_cluster"},
+    where = {"prometheus": {"url"}, "store": {"url"},
+             "cluster": {"in_cluster", "job_api_url"},
              "daemon": {"reports_dir", "leader_election"}, "api": True}
     monkeypatch.delenv("IDLEGPU_STORE__URL")
     assert deployed.model_dump(exclude=where) == sample.model_dump(exclude=where)
@@ -149,10 +150,12 @@ def grants(role: dict) -> dict[tuple[str, str], set[str]]:
 
 def test_roles_grant_only_what_the_daemon_uses():
     roles = {(d["metadata"]["namespace"], d["metadata"]["name"]): d for d in docs("Role")}
-    assert set(roles) == {(JOBS, "idlegpu"), (SYSTEM, "idlegpu-leader-election")}
+    assert set(roles) == {(JOBS, "idlegpu"), (SYSTEM, "idlegpu-leader-election"),
+                          (JOBS, "idlegpu-api-pods")}
     assert grants(roles[JOBS, "idlegpu"]) == {
         ("batch", "jobs"): {"get", "list", "create", "patch", "delete"},
-        ("", "pods"): {"get", "list"},
+        # patch: the checkpoint notice's annotation on the pods of a unit it will stop
+        ("", "pods"): {"get", "list", "patch"},
         # the DisruptionTarget condition on the pods of a Job it stops, before the suspend
         ("", "pods/status"): {"patch"},
         # a multi-node gang's headless Service (rendezvous), created with its Job, deleted
@@ -190,9 +193,13 @@ def test_the_job_api_may_only_create_token_reviews():
     account = one("ServiceAccount", "idlegpu-api")
     assert account["metadata"]["namespace"] == SYSTEM
     assert account["automountServiceAccountToken"] is False
-    # no Role or RoleBinding names the API's account: no Jobs, Leases or Secrets
-    assert all(subject["name"] != "idlegpu-api" for b in docs("RoleBinding")
-               for subject in b["subjects"])
+    # one Role names the API's account: get on the research pods (which unit a pod-bound
+    # token acknowledges for); no Jobs, Leases or Secrets
+    bound = [b for b in docs("RoleBinding")
+             if any(subject["name"] == "idlegpu-api" for subject in b["subjects"])]
+    assert [(b["metadata"]["namespace"], b["roleRef"]["name"]) for b in bound] == [
+        (JOBS, "idlegpu-api-pods")]
+    assert grants(one("Role", "idlegpu-api-pods")) == {("", "pods"): {"get"}}
 
 
 def test_role_bindings_bind_the_daemon_account_of_idlegpu_system():
@@ -316,7 +323,13 @@ def inference_namespace() -> str:
 def test_research_pods_reach_neither_inference_nor_the_daemon():
     (spec,) = policies(JOBS).values()
     assert spec["podSelector"] == {} and spec["policyTypes"] == ["Egress"]
-    dns, namespaces, internet = spec["egress"]
+    dns, namespaces, job_api, internet = spec["egress"]
+    # of idlegpu-system, the job API's port only (checkpoint acknowledgements)
+    (api_peer,) = job_api["to"]
+    assert api_peer == {"namespaceSelector": {"matchLabels": {
+        "kubernetes.io/metadata.name": SYSTEM}}, "podSelector": {"matchLabels": {
+            "app.kubernetes.io/name": "idlegpu-api"}}}
+    assert job_api["ports"] == [{"protocol": "TCP", "port": 8080}]
     assert "to" not in dns and {p["port"] for p in dns["ports"]} == {53}
     (peer,) = namespaces["to"]
     assert "podSelector" not in peer  # all pods of the namespaces selected

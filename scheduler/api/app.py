@@ -137,7 +137,7 @@ def create_app(settings: Settings, store: JobStore, *,
     if api.token_review.enabled and pods is None:
         from idlegpu.scheduler.api.tokenreview import PodUnits
 
-        pods = PodUnits.from_config(api.token_review)
+        pods = PodUnits.lazily(api.token_review)
     authenticator = Authenticator(api, store, reviewer,
                                   workload_namespace=settings.cluster.namespace)
 

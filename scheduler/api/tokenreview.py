@@ -151,6 +151,12 @@ class PodUnits:
         return cls(kubernetes.client.ApiClient(configuration),
                    timeout_seconds=config.timeout_seconds)
 
+    @classmethod
+    def lazily(cls, config: TokenReviewConfig) -> _LazyPodUnits:
+        """``from_config`` at the first look-up (a server that never gets a pod's report
+        needs no credentials to read pods)."""
+        return _LazyPodUnits(config)
+
     def unit_of(self, pod: PodRef) -> tuple[str, int] | None:
         """``(unit id, attempt)`` of the pod, or None when it is not a research pod of ours
         (or no longer exists)."""
@@ -208,3 +214,16 @@ class PodUnits:
         if not unit_id or labels.get(JOB_NAME_LABEL) != job_name(unit_id, attempt):
             return None
         return unit_id, attempt
+
+
+class _LazyPodUnits:
+    def __init__(self, config: TokenReviewConfig) -> None:
+        self._config = config
+        self._pods: PodUnits | None = None
+        self._lock = threading.Lock()
+
+    def unit_of(self, pod: PodRef) -> tuple[str, int] | None:
+        with self._lock:
+            if self._pods is None:
+                self._pods = PodUnits.from_config(self._config)
+        return self._pods.unit_of(pod)
