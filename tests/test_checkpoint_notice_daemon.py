@@ -8,10 +8,13 @@ from datetime import timedelta
 
 import numpy as np
 import pytest
+from prometheus_client import generate_latest
 from test_controller import T0, MemoryCluster, Signals
 
 from idlegpu.scheduler.adapters.store import JobStore, NoticeOutcome
 from idlegpu.scheduler.controller import Controller
+from idlegpu.scheduler.daemon import Daemon
+from idlegpu.scheduler.reports import Month, notices_from_store
 from idlegpu.scheduler.ports import JobPhase, StopKind
 from idlegpu.scheduler.specs import expand_units, validate_request
 from idlegpu.scheduler.types import EventKind, FreeProfile, JobState, PolicySettings, ServingSignals
@@ -125,6 +128,15 @@ def test_a_planned_stop_becomes_a_notice_then_a_stop_at_the_answer(pool):
         8 * (at + timedelta(minutes=2) - T0).total_seconds())
     counts = store.notice_counts()
     assert (counts["sent"], counts["answered"], counts["missed"], counts["open"]) == (2, 1, 1, 0)
+    # the monthly report's figures, and the daemon's /metrics
+    figures = notices_from_store(store, Month(2026, 1), "UTC")
+    assert (figures["sent"], figures["answered"], figures["missed"]) == (2, 1, 1)
+    assert figures["saved_gpu_hours"] == pytest.approx(event.detail["saved_gpu_seconds"] / 3600)
+    daemon = Daemon(controller, clock=lambda: at + NOTICE)
+    daemon._record(report, "notices")
+    exported = generate_latest(daemon.metrics.registry).decode()
+    assert 'idlegpu_checkpoint_notices_total{outcome="answered"} 1.0' in exported
+    assert 'idlegpu_checkpoint_notices_total{outcome="sent"} 2.0' in exported
     # a report after the stop is late: recorded, and changes nothing
     late = store.workload_report(first, at + timedelta(minutes=4), kind="checkpoint",
                                  step=4300, attempt=1)
