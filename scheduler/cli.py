@@ -82,7 +82,8 @@ QUEUE_DATA = (
     Column("step", "step"), Column("gpus", "GPUs"), Column("state", "state"),
     Column("attempts", "attempts"), Column("preemptions", "preemptions"),
     Column("done_s", "done_s"), Column("estimate_s", "estimate_s"),
-    Column("estimate_source", "estimate_source"), Column("submitted", "submitted"))
+    Column("estimate_source", "estimate_source"), Column("submitted", "submitted"),
+    Column("notice_deadline", "notice_deadline"))
 
 
 @app.callback()
@@ -1541,6 +1542,8 @@ def queue(
     estimator = RuntimeEstimator.from_config(load_runs(runs) if runs else None, admission)
     with JobStore(_store_url(settings, store)) as job_store:
         rows = job_store.queue(include_terminal=all_units)
+        notices = {n.unit_id: n for n in job_store.open_notices()}
+        notice_counts = job_store.notice_counts()
     if not rows:
         console.print("the queue is empty" + ("" if all_units else " (--all shows ended units)"))
         return
@@ -1552,6 +1555,10 @@ def queue(
             state += " (stopping)"
         elif row.state.is_terminal() and row.reason:
             state += f": {row.reason}"
+        notice = notices.get(row.id)
+        if notice is not None and row.state.holds_gpus():
+            state += (f" (checkpoint notice until "
+                      f"{notice.deadline.astimezone(tz):%H:%M:%S})")
         listed.append({
             "unit": row.id, "request": row.request_id, "team": row.team,
             "step": f"{row.step}[{row.member}]" if row.member else row.step, "gpus": row.gpus,
@@ -1561,7 +1568,8 @@ def queue(
             "done_s": row.work_done_s,
             "estimate": f"{format_duration(estimate.seconds)} ({estimate.source})",
             "estimate_s": estimate.seconds, "estimate_source": estimate.source,
-            "submitted": row.submitted_at})
+            "submitted": row.submitted_at,
+            "notice_deadline": notice.deadline if notice is not None else None})
     emit(console, listed, QUEUE_COLUMNS if output in ("table", "wide") else QUEUE_DATA,
          output, title=f"job queue ({len(rows)} unit(s))", tz=tz)
     if output not in ("table", "wide"):
@@ -1572,6 +1580,12 @@ def queue(
     console.print(", ".join(f"{n} {s}" for s, n in counts.items())
                   + "; tries = admissions/preemptions; estimate source: history, model, user, "
                     "default (a guess)")
+    if notice_counts["sent"]:
+        console.print(
+            f"checkpoint notices: {notice_counts['sent']} sent, {notice_counts['answered']} "
+            f"answered in time, {notice_counts['missed']} missed (stopped at the deadline), "
+            f"{notice_counts['cut']} cut short by the service, {notice_counts['open']} under "
+            "way")
 
 
 @app.command(short_help="Cancel a job request or a unit.")

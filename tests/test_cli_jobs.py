@@ -133,3 +133,36 @@ def test_the_manifest_keeps_yaml_line_breaks_in_strings():
 
     for value in ("\x85", "a\x85b", "a\u2028b\u2029", MARKUP):
         assert yaml.safe_load(manifest_stream([{"v": value, value: 1}])) == {"v": value, value: 1}
+
+
+def test_the_queue_shows_a_checkpoint_notice_under_way(tmp_path, cli):
+    import json
+    from datetime import datetime, timedelta
+
+    from idlegpu.scheduler.adapters.store import JobStore
+
+    store = f"sqlite:///{tmp_path / 'jobs.db'}"
+    request = tmp_path / "noticed.yaml"
+    request.write_text("name: noticed\nteam: nlp\nkind: sft\n"
+                       "image: registry.example.com/research/train:1.0\ngpus: 4\n"
+                       "runtime_estimate: 2h\ncheckpoint: {interval: 30m, notice: true}\n")
+    code, _, err = cli(["submit", str(request), "--store", store, "--now", NOW])
+    assert code == 0, err
+    now = datetime.fromisoformat(NOW)
+    with JobStore(store) as jobs:
+        (unit,) = jobs.queue()
+        assert unit.spec.answers_notice
+        jobs.admit(unit.id, now)
+        jobs.started(unit.id, now)
+        jobs.send_notice(unit.id, now + timedelta(hours=1), now + timedelta(hours=1, minutes=10),
+                         "the forecast's ramp")
+    code, out, _ = cli(["queue", "--store", store, "--config", str(REPO / "idlegpu.yaml"),
+                        "--output", "wide"])
+    assert code == 0
+    flat = " ".join(out.split())
+    assert "checkpoint notice until 19:10:00" in flat  # the pool's zone (Asia/Seoul)
+    assert "checkpoint notices: 1 sent, 0 answered in time" in flat and "1 under way" in flat
+    code, out, _ = cli(["queue", "--store", store, "--output", "json"])
+    (listed,) = json.loads(out)
+    assert datetime.fromisoformat(listed["notice_deadline"]) == now + timedelta(hours=1,
+                                                                               minutes=10)
