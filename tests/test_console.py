@@ -379,3 +379,38 @@ def test_old_live_signals_are_shown_red(tmp_path, browser):
     finally:
         server.stop()
         store.close()
+
+
+def test_a_units_page_shows_its_checkpoint_notice_and_what_its_workload_reported(
+        console_server, browser):
+    from datetime import timedelta
+
+    from test_api_plan import NOW
+
+    from idlegpu.scheduler.adapters.store import NoticeOutcome
+    from idlegpu.scheduler.specs import expand_units, validate_request
+
+    store = console_server.store
+    body = {"name": "noticed-sft", "team": "alignment", "kind": "sft", "image": IMAGE,
+            "gpus": 4, "runtime_estimate": "2h", "command": ["python", "train.py"],
+            "checkpoint": {"interval": "30m", "notice": True}}
+    req = validate_request(body)
+    store.submit(req.name, req.team, req.kind, body, expand_units(req), NOW)
+    unit = next(r.id for r in store.queue() if r.request_name == "noticed-sft")
+    store.admit(unit, NOW)
+    store.started(unit, NOW + timedelta(minutes=1))
+    store.workload_report(unit, NOW + timedelta(minutes=20), kind="progress", step=900)
+    store.send_notice(unit, NOW + timedelta(minutes=30), NOW + timedelta(minutes=40),
+                      "the forecast's ramp")
+    hostile = "/ckpt/<img src=x onerror=alert(1)>"  # what a workload reports is shown as text
+    store.workload_report(unit, NOW + timedelta(minutes=31), kind="checkpoint", step=1000,
+                          path=hostile)
+    store.close_notice(f"{unit}/1", NOW + timedelta(minutes=31), NoticeOutcome.ANSWERED)
+    login(browser, console_server.url, console_server.tokens["alice"], f"/units/{unit}")
+    timeline = find(browser, "#timeline").text
+    assert "attempt 1: checkpoint notice, deadline Wed 28 Jan 17:40:00 KST: the forecast's ramp" \
+        in timeline
+    assert f"attempt 1: notice answered, saved step 1000 at {hostile}" in timeline
+    assert "notice answered in time: stopped at the acknowledgement" in timeline
+    assert not browser.find_elements(By.CSS_SELECTOR, "#timeline img")
+    assert browser.find_element(By.ID, "unit-progress").text.startswith("step 900 at Wed 28 Jan")

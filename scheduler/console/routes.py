@@ -593,6 +593,27 @@ def add_console(app: FastAPI, settings, store, authenticator: Authenticator, rea
                                    if isinstance(v, (str, int, float)))
                 timeline.append({"at": e.at, "what": e.kind.value + (f" ({detail})"
                                                                       if detail else "")})
+        outcomes = {"answered": "answered in time: stopped at the acknowledgement",
+                    "missed": "not answered: stopped at the deadline",
+                    "cut": "cut short: the service needed the GPUs at once",
+                    "ended": "ended: the attempt ended first"}
+        progress = None
+        for report in store.workload_reports(unit_id):
+            n, number = report["notice"], report["attempt"]
+            if progress is None and report["progress"]:
+                progress = {"attempt": number, **report["progress"]}
+            if n is None:
+                continue
+            timeline.append({"at": datetime.fromisoformat(n["sent_at"]), "what": (
+                f"attempt {number}: checkpoint notice, deadline "
+                f"{local(n['deadline'], seconds=True)}: {n['reason']}")})
+            if n["answered_at"]:
+                timeline.append({"at": datetime.fromisoformat(n["answered_at"]), "what": (
+                    f"attempt {number}: notice answered, saved step {n['step']}"
+                    + (f" at {n['path']}" if n["path"] else ""))})
+            if n["outcome"]:
+                timeline.append({"at": datetime.fromisoformat(n["closed_at"]), "what": (
+                    f"attempt {number}: notice {outcomes.get(n['outcome'], n['outcome'])}")})
         timeline.sort(key=lambda t: t["at"])
         plan = None if row.state.is_terminal() else reads.unit_plan(row.id)
         current = (job_name(row.id, row.attempts) if job_name and row.attempts
@@ -601,7 +622,7 @@ def add_console(app: FastAPI, settings, store, authenticator: Authenticator, rea
                 "siblings": store.request_units(row.request_id), "job_name": current,
                 "namespace": settings.cluster.namespace,
                 "raw": yaml.safe_dump(request_row.raw, sort_keys=False, allow_unicode=True),
-                "estimate": estimator.estimate(row.spec)}
+                "estimate": estimator.estimate(row.spec), "progress": progress}
 
     @app.get("/units/{unit_id}", include_in_schema=False)
     async def unit_page(unit_id: str, request: Request) -> Response:
