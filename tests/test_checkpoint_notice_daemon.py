@@ -204,3 +204,43 @@ def test_a_notice_waits_for_a_unit_that_has_not_started(pool):
     assert again.deadline == T0 + NOTICE  # one notice per attempt: the first stands
     assert store.close_notice(again.attempt_id, T0, NoticeOutcome.ENDED)
     assert not store.close_notice(again.attempt_id, T0, NoticeOutcome.ENDED)
+
+
+def test_a_planned_shrink_with_notice_shrinks_at_the_answer_keeping_the_work(tmp_path):
+    from test_elastic_controller import ELASTIC
+
+    store = JobStore(f"sqlite:///{tmp_path / 'elastic.db'}")
+    body = {**ELASTIC, "checkpoint": {**ELASTIC["checkpoint"], "notice": True}}
+    req = validate_request(body)
+    store.submit(req.name, req.team, req.kind, body, expand_units(req), T0 - timedelta(hours=1))
+    cluster, signals = NoticingCluster(), Signals()
+    free = np.full(288, 16.0)
+    controller = Controller(store, cluster, signals, lambda now: FreeProfile(
+        T0, 300, free, 0.9, T0), lambda spec: spec.runtime_estimate_s,
+        PolicySettings(grace_s=600), checkpoint_notice_s=NOTICE.total_seconds())
+    (unit,) = [row.id for row in store.queue()]
+    (name,) = controller.reconcile_once(T0).created
+    cluster.set_phase(name, JobPhase.RUNNING, T0)
+    controller.reconcile_once(T0 + timedelta(minutes=1))
+    free[6:] = 6.0  # a ramp at +30 min: 6 GPUs free
+    for minute in range(2, 30):
+        now = T0 + timedelta(minutes=minute)
+        signals.value = ServingSignals(observed_at=now)
+        report = controller.reconcile_once(now)
+        if report.noticed:
+            break
+    (d,) = [d for d in report.plan.decisions if d.job_id == unit]
+    assert (d.action.value, d.gpus, d.planned) == ("shrink", 6, True)
+    assert not report.stopped and store.unit(unit).shrink_to is None  # a notice first
+    store.workload_report(unit, now + timedelta(minutes=1), kind="checkpoint", step=7,
+                          path="/ckpt/7")
+    report = controller.notices_once(now + timedelta(minutes=1, seconds=3))
+    assert report.stopped == [name] and store.unit(unit).shrink_to == 6
+    report = controller.reconcile_once(now + timedelta(minutes=2))
+    assert report.shrunk == [unit] and report.created == [cluster.job_name(unit, 2)]
+    one, two = store.attempts(unit)
+    assert one.lost_gpu_seconds == pytest.approx(8 * 3)  # the acknowledgement to the stop
+    assert two.gpus == 6
+    assert store.unit(unit).work_done_s == pytest.approx(
+        (now + timedelta(minutes=1) - T0).total_seconds())
+    store.close()
