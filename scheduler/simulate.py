@@ -206,7 +206,8 @@ class _Run:
     rows: list[dict] = field(default_factory=list)
 
     def close(self, job: _Job, end: datetime, outcome: str, lost_s: float, *,
-              cause: str = "", overran: bool = False) -> None:
+              cause: str = "", overran: bool = False, notice: str = "",
+              notice_saved_s: float = 0.0) -> None:
         start = job.started_at
         assert start is not None
         hours = (end - start).total_seconds() / 3600
@@ -220,6 +221,10 @@ class _Run:
                 # whether the unit had run past its planned runtime, and whether it saves
                 "cause": cause, "overran": overran,
                 "checkpointable": job.spec.checkpointable,
+                # a planned stop told ahead: answered, missed (stopped at the deadline) or cut
+                # (the service first), and what the answer saved that a blind stop loses
+                "notice": notice,
+                "notice_saved_gpu_hours": job.spec.gpus * notice_saved_s / 3600,
                 # on nodes: where its pods ran (NodeView.of_shapes names)
                 **({"nodes": ",".join(f"node-{i}" for i in sorted(job.where))}
                    if job.where else {}),
@@ -463,7 +468,7 @@ def simulate(
                     if job.running and job.notice_until is not None:
                         job.notice_until, job.notice_answers = now, False
                         job.releasing_until = now + grace
-                        _end_notice(job, runs)
+                        _end_notice(job, runs, cut=True)
                 delay_gpu_min += short * step_s / 60
                 delays.append((now, short))
                 for victim in _evict(live, short - releasing):
@@ -570,6 +575,7 @@ def simulate(
     frame = pd.DataFrame(runs.rows, columns=["job_id", "team", "kind", "gpus", "start", "end",
                                              "outcome", "gpu_hours", "lost_gpu_hours",
                                              "cause", "overran", "checkpointable",
+                                             "notice", "notice_saved_gpu_hours",
                                              *(["nodes"] if cluster is not None else [])])
     # one definition of each figure, the report's, from the run table the report reads
     # (idlegpu.scheduler.reports.useful): a report on runs_<policy>.csv gives the same numbers
@@ -758,17 +764,20 @@ def _stop(job: _Job, now: datetime, grace: timedelta, *, planned: bool, runs: _R
     runs.close(job, job.releasing_until, outcome, lost, cause=cause, overran=overran)
 
 
-def _end_notice(job: _Job, runs: _Run) -> None:
+def _end_notice(job: _Job, runs: _Run, *, cut: bool = False) -> None:
     """A planned stop's notice is over: answered, the unit has saved all it did; otherwise
-    (no answer by the deadline, or the service cut it short) only its periodic checkpoints
-    count, as at a blind stop."""
+    (no answer by the deadline, or the service cut it short: ``cut``) only its periodic
+    checkpoints count, as at a blind stop."""
+    outcome = "cut" if cut else "answered" if job.notice_answers else "missed"
+    saved = job.progress_s if job.notice_answers else 0.0
     lost = 0.0 if job.notice_answers else job.progress_s
     job.saved_s += 0.0 if lost else job.progress_s
     job.lost_s += lost
     job.progress_s = 0.0
     cause, overran = job.notice_close or ("", False)
     job.notice_until = job.notice_close = None
-    runs.close(job, job.releasing_until, "stopped", lost, cause=cause, overran=overran)
+    runs.close(job, job.releasing_until, "stopped", lost, cause=cause, overran=overran,
+               notice=outcome, notice_saved_s=saved)
 
 
 def _ends_by(job: _Job, now: datetime, when: datetime, step_s: int) -> bool:

@@ -93,6 +93,11 @@ def test_a_notice_saves_the_work_a_blind_stop_loses():
     assert told["lost_gpu_hours"] == 0 and told["lost_checkpointing_gpu_hours"] == 0
     assert told["notice_saved_gpu_hours"] > 0
     assert told["service_delay_gpu_minutes"] == 0 == blind["service_delay_gpu_minutes"]
+    # the run table counts them apart, stop by stop, as the metrics do
+    runs = told_run.runs
+    assert (runs["notice"] == "answered").sum() == told["notices_answered"]
+    assert runs["notice_saved_gpu_hours"].sum() == pytest.approx(told["notice_saved_gpu_hours"])
+    assert (blind_run.runs["notice"] == "").all()
     # what the blind stops lost was done again: the told unit finishes first
 
     def finished(result):
@@ -134,6 +139,10 @@ def test_a_notice_the_service_needs_the_gpus_before_is_cut_short():
     # notice short, a blind stop that loses the work since the last checkpoint
     assert late["notices"] >= 2 and late["notices_answered"] == 0
     assert late["notice_saved_gpu_hours"] == 0 and late["lost_gpu_hours"] > 0
+    assert (late_runs := _run("night", [train], history=history, settings=settings,
+                              checkpoint_notice_s=3600, notice_answer_s=50 * 60).runs
+            )["notice"].eq("cut").sum() == late["notices"]
+    del late_runs
 
 
 def test_bad_notice_options_are_refused():
