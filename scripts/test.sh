@@ -51,7 +51,17 @@ if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet -e '.[test]'
+# torch first and exactly: 2.13.0 is the CPU build in /opt/wheels (PIP_FIND_LINKS); a plain
+# `torch` or a range would bring PyPI's CUDA build, several GB. The workload-test extra (the
+# checkpoint-notice callbacks' Lightning and Transformers) must then leave it as it is
+.venv/bin/python -m pip install --quiet 'torch==2.13.0'
+.venv/bin/python -m pip install --quiet -e '.[test,workload-test]'
+torch_now="$(.venv/bin/python -c 'from importlib.metadata import version; print(version("torch"))')"
+if [ "${torch_now%%+*}" != 2.13.0 ]; then
+    echo "pip replaced torch 2.13.0 with $torch_now; bound what pulled it in (workload-test in" \
+         "pyproject.toml)" >&2
+    exit 1
+fi
 
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 # every test, the slow ones too (a plain `pytest` leaves those out), on two workers: the suite
