@@ -14,8 +14,8 @@ from test_controller import T0, MemoryCluster, Signals
 from idlegpu.scheduler.adapters.store import JobStore, NoticeOutcome
 from idlegpu.scheduler.controller import Controller
 from idlegpu.scheduler.daemon import Daemon
-from idlegpu.scheduler.reports import Month, notices_from_store
 from idlegpu.scheduler.ports import JobPhase, StopKind
+from idlegpu.scheduler.reports import Month, notices_from_store
 from idlegpu.scheduler.specs import expand_units, validate_request
 from idlegpu.scheduler.types import EventKind, FreeProfile, JobState, PolicySettings, ServingSignals
 
