@@ -101,7 +101,7 @@ def test_a_planned_stop_with_notice_loses_nothing_and_a_silent_unit_stops_at_the
         notice_file = Path(pod.mounts["/etc/idlegpu"]) / "checkpoint-request"
         deadline = wait(lambda: notice_file.read_text(), 10, "the notice file")
         # in the daemon's (replayed) time: the notice's lead after the pass that sent it
-        assert datetime.fromisoformat(deadline.strip().replace("Z", "+00:00")) == (
+        assert datetime.fromisoformat(deadline.strip()) == (
             noticed_at + timedelta(seconds=NOTICE_S))
 
         # the helper saves and acknowledges; the quick pass stops it within seconds
@@ -173,4 +173,37 @@ def test_a_planned_stop_with_notice_loses_nothing_and_a_silent_unit_stops_at_the
         assert ok.status_code == 200 and ok.json()["recorded"] is True
     finally:
         api.stop()
+        store.close()
+
+
+EXITS_0 = "import signal, sys, time\nsignal.signal(signal.SIGTERM, lambda *a: sys.exit(0))\n" \
+          "while True: time.sleep(0.2)\n"
+
+
+def test_a_workload_that_exits_0_at_its_stop_is_stopped_not_finished(
+        kube_control_plane, kube_namespace, node_sim, priority_classes, tmp_path):  # noqa: F811
+    """Lightning turns a SIGTERM during fit() into exit 0, a blind stop of a job without the
+    helper too. The real Job controller of a suspended Job never counts that pod a success
+    (it has dropped the pod's tracking finalizer): the attempt is a stop, and the unit goes
+    back to the queue."""
+    store = JobStore(f"sqlite:///{tmp_path / 'jobs.db'}")
+    labels = {"idlegpu.test/pool": "exits-0"}
+    sim = node_sim(1, 4, labels=labels, volume_root=str(tmp_path / "kubelet"),
+                   workload=lambda pod: [sys.executable, "-c", EXITS_0])
+    daemon = Harness(kube_control_plane, kube_namespace, store, labels)
+    try:
+        unit = submit(store, request("exits-0", gpus=2, checkpoint={
+            "interval": "1h", "resume_args": ["--resume"]}))
+        daemon.until(lambda r: store.unit(unit).state is JobState.RUNNING, what="running")
+        daemon.free = np.zeros_like(daemon.free)
+        daemon.until(lambda r: r.stopped, what="the planned stop")
+        wait(lambda: [p for p in sim.pods() if p.exit_code == 0], 20, "the pod's exit 0")
+        time.sleep(2)  # the Job controller's turn
+        status = daemon.job(daemon.cluster.job_name(unit, 1))["status"]
+        assert not status.get("succeeded")
+        assert "Complete" not in {c["type"] for c in status.get("conditions") or []}
+        daemon.until(lambda r: store.unit(unit).state is JobState.QUEUED, what="the release")
+        (attempt,) = store.attempts(unit)
+        assert attempt.outcome.value == "preempted" and store.unit(unit).preemptions == 1
+    finally:
         store.close()
