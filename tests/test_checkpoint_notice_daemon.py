@@ -244,3 +244,24 @@ def test_a_planned_shrink_with_notice_shrinks_at_the_answer_keeping_the_work(tmp
     assert store.unit(unit).work_done_s == pytest.approx(
         (now + timedelta(minutes=1) - T0).total_seconds())
     store.close()
+
+
+def test_reports_in_a_loop_are_recorded_once_every_few_seconds_but_never_an_answer(pool):
+    store, cluster, signals, make, _ = pool()
+    running(store, cluster, make(), signals)
+    unit = store.queue()[0].id
+    at = T0 + timedelta(minutes=5)
+    assert store.workload_report(unit, at, kind="progress", step=1).recorded
+    held = store.workload_report(unit, at + timedelta(seconds=1), kind="progress", step=2)
+    assert not held.recorded and held.retry_after_s == pytest.approx(4.0)
+    assert store.workload_report(unit, at + timedelta(seconds=5), kind="progress", step=3).recorded
+    assert store.workload_report(unit, at, kind="checkpoint", step=3, path="/a").recorded
+    assert not store.workload_report(unit, at + timedelta(seconds=2), kind="checkpoint",
+                                     step=4, path="/b").recorded
+    # an answer to a notice is never held back
+    store.send_notice(unit, at + timedelta(seconds=2), at + NOTICE, "ramp")
+    answer = store.workload_report(unit, at + timedelta(seconds=3), kind="checkpoint", step=5,
+                                   path="/c")
+    assert answer.recorded and answer.answered_notice
+    (report,) = store.workload_reports(unit)
+    assert (report["progress"]["step"], report["checkpoint"]["step"]) == (3, 5)

@@ -168,9 +168,13 @@ def test_a_planned_stop_with_notice_loses_nothing_and_a_silent_unit_stops_at_the
         late = as_pod.post(f"/v1/units/{answering}/checkpoint",
                            json={"kind": "checkpoint", "step": saved_step + 5, "attempt": 1})
         assert late.status_code == 422 and late.json()["error"]["field"] == "attempt"
-        ok = as_pod.post(f"/v1/units/{answering}/checkpoint", json={"kind": "progress",
-                                                                    "step": saved_step + 1})
+        ok = as_pod.post(f"/v1/units/{answering}/checkpoint", json={
+            "kind": "checkpoint", "step": saved_step + 1, "path": "/ckpt/again"})
         assert ok.status_code == 200 and ok.json()["recorded"] is True
+        # a workload reporting in a loop is held to one report per kind every few seconds
+        again = as_pod.post(f"/v1/units/{answering}/checkpoint", json={
+            "kind": "checkpoint", "step": saved_step + 2, "path": "/ckpt/again"})
+        assert again.status_code == 429 and int(again.headers["Retry-After"]) >= 1
     finally:
         api.stop()
         store.close()

@@ -704,6 +704,7 @@ WORKLOAD_REPORTS = sa.Table(
     sa.Column("checkpoint_step", sa.BigInteger),
     sa.Column("checkpoint_path", sa.Text),
     sa.Column("checkpoint_at", UTCDateTime),
+    sa.Column("checkpoint_reported_at", UTCDateTime),
     sa.Column("progress_step", sa.BigInteger),
     sa.Column("progress_at", UTCDateTime),
     sa.Column("reports", sa.Integer, nullable=False),
@@ -763,6 +764,14 @@ class WorkloadReport:
     attempt: int | None
     answered_notice: bool = False
     work_done_s: float | None = None
+    retry_after_s: float | None = None
+    """Set when the report came sooner after the last one than ``REPORT_EVERY_S`` allows:
+    nothing was recorded (the answer to an open notice is never held back)."""
+
+
+REPORT_EVERY_S = 5.0
+"""The shortest interval between two recorded progress reports, or two checkpoint reports,
+of one attempt: a workload that reports every batch costs one write per interval."""
 
 
 Migration = tuple[str, Callable[[Connection], None]]
@@ -1886,6 +1895,14 @@ class JobStore:
                                                       if existing is not None else 1))
                 return WorkloadReport(recorded=False, late=True, attempt=number)
             reports = (existing.reports if existing is not None else 0) + 1
+            answering = (existing is not None and existing.notice_sent_at is not None
+                         and existing.acked_at is None and kind == "checkpoint")
+            last = None if existing is None else (
+                existing.progress_at if kind == "progress" else existing.checkpoint_reported_at)
+            if last is not None and not answering and (
+                    now - last).total_seconds() < REPORT_EVERY_S:
+                return WorkloadReport(recorded=False, late=False, attempt=number,
+                                      retry_after_s=REPORT_EVERY_S - (now - last).total_seconds())
             if kind == "progress":
                 self._upsert_report(conn, existing, attempt_id, row.id, number,
                                     progress_step=int(step), progress_at=now, reports=reports)
@@ -1910,7 +1927,8 @@ class JobStore:
             gained = max(0.0, (saved_at - since).total_seconds())
             work = float(row.work_done_s) + gained * rate
             values: dict[str, Any] = {"checkpoint_step": int(step), "checkpoint_path": path,
-                                      "checkpoint_at": saved_at, "reports": reports}
+                                      "checkpoint_at": saved_at, "checkpoint_reported_at": now,
+                                      "reports": reports}
             answered = (existing is not None and existing.notice_sent_at is not None
                         and existing.acked_at is None)
             if answered:

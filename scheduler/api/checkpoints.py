@@ -21,6 +21,7 @@ from fastapi import Depends, FastAPI, Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from starlette.concurrency import run_in_threadpool
 
+from idlegpu.scheduler.adapters.store import REPORT_EVERY_S
 from idlegpu.scheduler.api.auth import WORKLOAD, ApiError, Authenticator, Identity, PodRef
 from idlegpu.scheduler.api.schema import UnitId
 from idlegpu.scheduler.limits import SURROGATE_PROBLEM, has_surrogate
@@ -128,6 +129,10 @@ def add_checkpoint_routes(app: FastAPI, store, authenticator: Authenticator,
         result = await run_in_threadpool(
             store.workload_report, unit_id, now(), kind=report.kind, step=report.step,
             attempt=attempt, path=report.path, at=when)
+        if result.retry_after_s is not None:
+            raise ApiError(429, f"reports of one attempt come at most every "
+                                f"{REPORT_EVERY_S:g} s; this one was not recorded",
+                           headers={"Retry-After": str(max(1, round(result.retry_after_s)))})
         return {"unit": unit_id, "attempt": attempt, "kind": report.kind,
                 "recorded": result.recorded, "late": result.late,
                 "stop": "within seconds" if result.answered_notice else None}
