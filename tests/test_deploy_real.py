@@ -167,6 +167,8 @@ def test_restricted_admits_the_pods_of_the_daemon_and_of_postgres(deployed, kube
 MAY = [  # (verb, resource, namespace)
     *[(verb, "jobs.batch", JOBS) for verb in ("get", "list", "create", "patch", "delete")],
     ("get", "pods", JOBS), ("list", "pods", JOBS), ("patch", "pods/status", JOBS),
+    # the checkpoint notice: an annotation on the pods of a unit it will stop
+    ("patch", "pods", JOBS),
     *[(verb, "leases.coordination.k8s.io", SYSTEM) for verb in ("get", "create", "update")],
     # the node view (ClusterRole idlegpu-node-view): nodes, and the pods bound to them
     ("get", "nodes", "default"), ("list", "nodes", "default"),
@@ -175,7 +177,8 @@ MAY = [  # (verb, resource, namespace)
 MAY_NOT = [
     ("create", "jobs.batch", "default"), ("create", "jobs.batch", SYSTEM),
     ("update", "jobs.batch", JOBS), ("watch", "jobs.batch", JOBS),
-    ("delete", "pods", JOBS), ("create", "pods", JOBS), ("patch", "pods", JOBS),
+    ("delete", "pods", JOBS), ("create", "pods", JOBS), ("update", "pods", JOBS),
+    ("patch", "pods", SYSTEM), ("patch", "pods", "default"),
     ("create", "pods/eviction", JOBS), ("create", "pods/exec", JOBS), ("get", "pods/log", JOBS),
     ("update", "jobs.batch/status", JOBS), ("update", "pods/status", JOBS),
     ("patch", "pods/status", SYSTEM), ("patch", "pods/status", "default"),
@@ -246,7 +249,8 @@ def test_the_daemon_holds_exactly_its_roles(kube_control_plane):
     assert extra == {
         JOBS: {*{("batch", "jobs", verb, "*")
                  for verb in ("get", "list", "create", "patch", "delete")},
-               ("", "pods", "get", "*"), ("", "pods/status", "patch", "*"), *node_view,
+               ("", "pods", "get", "*"), ("", "pods", "patch", "*"),
+               ("", "pods/status", "patch", "*"), *node_view,
                # a gang's headless Service, created with its Job and deleted with it
                ("", "services", "create", "*"), ("", "services", "delete", "*")},
         SYSTEM: {*{("coordination.k8s.io", "leases", verb, "*")
@@ -340,19 +344,23 @@ def test_leader_election_with_a_real_token(daemon_api):
 
 
 @pytest.mark.usefixtures("deployed")
-def test_the_job_api_may_create_token_reviews_and_nothing_else(kube_control_plane):
+def test_the_job_api_may_create_token_reviews_and_read_research_pods_only(kube_control_plane):
     kube = kube_control_plane
     assert _can_i(kube, JOB_API, "create", "tokenreviews.authentication.k8s.io", "default")
     assert not _can_i(kube, DAEMON, "create", "tokenreviews.authentication.k8s.io", "default")
     assert not _can_i(kube, STRANGER, "create", "tokenreviews.authentication.k8s.io", "default")
-    for verb, resource, namespace in [*MAY, ("get", "secrets", SYSTEM),
+    # which unit a pod-bound token speaks for (checkpoint acknowledgements)
+    assert _can_i(kube, JOB_API, "get", "pods", JOBS)
+    for verb, resource, namespace in [*(m for m in MAY if m != ("get", "pods", JOBS)),
+                                      ("get", "secrets", SYSTEM), ("get", "pods", SYSTEM),
                                       ("create", "subjectaccessreviews.authorization.k8s.io",
                                        "default")]:
         assert not _can_i(kube, JOB_API, verb, resource, namespace), (verb, resource)
     extra = {ns: _rules(kube, JOB_API, ns) - _rules(kube, STRANGER, ns)
              for ns in (JOBS, SYSTEM, "default")}
     review = {("authentication.k8s.io", "tokenreviews", "create", "*")}
-    assert extra == {JOBS: review, SYSTEM: review, "default": review}
+    assert extra == {JOBS: review | {("", "pods", "get", "*")}, SYSTEM: review,
+                     "default": review}
 
 
 def test_the_job_api_authenticates_researchers_with_its_deployed_rbac(
