@@ -301,6 +301,21 @@ class Client:
             end_on_sigterm()
         return answer
 
+    def acknowledge_or_warn(self, step: int, path: str | os.PathLike[str], *,
+                            raise_on_error: bool = False) -> tuple[dict | None,
+                                                                   CheckpointAckError | None]:
+        """:meth:`acknowledge`, for callers that train on when it fails (the stop comes at
+        the deadline, blind): ``(answer, None)``, or ``(None, error)`` with a warning logged;
+        ``raise_on_error`` raises instead."""
+        try:
+            return self.acknowledge(step, path), None
+        except CheckpointAckError as exc:
+            if raise_on_error:
+                raise
+            log.warning("checkpoint notice: saved %s but could not acknowledge it (%s); "
+                        "training on", os.fspath(path), exc)
+            return None, exc
+
     def report_progress(self, step: int, *, every_s: float = 60.0) -> bool:
         """Report the training step at most once per ``every_s`` seconds; True when a report
         went out and was accepted. Never raises for the API's sake: a failure is logged and

@@ -32,7 +32,6 @@ makes one for a ``pytorch_lightning.Trainer``. Copied into an image beside
 
 from __future__ import annotations
 
-import logging
 import os
 from typing import Any
 
@@ -48,7 +47,6 @@ except ImportError:
 
 __all__ = ["IdlegpuCheckpoint", "callback_class"]
 
-log = logging.getLogger("idlegpu.checkpoint")
 
 DEFAULT_FILENAME = "idlegpu-notice.ckpt"
 
@@ -107,15 +105,9 @@ class _NoticeSaver:
         trainer.save_checkpoint(path)
         failed = False
         if trainer.is_global_zero:
-            try:
-                self.answer = self.client.acknowledge(step, path)
-            except _notices.CheckpointAckError as exc:
-                if self.raise_on_ack_error:
-                    raise
-                self.ack_error = exc
-                failed = True
-                log.warning("checkpoint notice: saved %s but could not acknowledge it (%s); "
-                            "training on", path, exc)
+            self.answer, self.ack_error = self.client.acknowledge_or_warn(
+                step, path, raise_on_error=self.raise_on_ack_error)
+            failed = self.ack_error is not None
         if trainer.world_size > 1:
             failed = trainer.strategy.broadcast(failed, src=0)
         if failed:

@@ -28,7 +28,6 @@ Copied into an image beside ``idlegpu_checkpoint.py``, keep this file under anot
 
 from __future__ import annotations
 
-import logging
 import os
 from typing import Any
 
@@ -41,7 +40,6 @@ except ImportError:  # copied into an image beside it, as the helper's docs say
 
 __all__ = ["IdlegpuCheckpointCallback"]
 
-log = logging.getLogger("idlegpu.checkpoint")
 
 
 class IdlegpuCheckpointCallback(TrainerCallback):
@@ -96,15 +94,9 @@ class IdlegpuCheckpointCallback(TrainerCallback):
         path = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
         failed = False
         if state.is_world_process_zero:
-            try:
-                self.answer = self.client.acknowledge(state.global_step, path)
-            except _notices.CheckpointAckError as exc:
-                if self.raise_on_ack_error:
-                    raise
-                self.ack_error = exc
-                failed = True
-                log.warning("checkpoint notice: saved %s but could not acknowledge it (%s); "
-                            "training on", path, exc)
+            self.answer, self.ack_error = self.client.acknowledge_or_warn(
+                state.global_step, path, raise_on_error=self.raise_on_ack_error)
+            failed = self.ack_error is not None
         if _on_any_rank(failed, args):
             # the stop comes at the deadline all the same, as a blind one: training on until
             # then loses nothing that stopping now would keep
