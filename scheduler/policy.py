@@ -193,7 +193,20 @@ def decide(
                 f"live signals {what}: stopping every job to keep the service safe", False,
                 "signals")
     else:
+        after = settings.missing_signals_preempt_after_s
+        if missing_for is not None and after is not None:
+            # every job stops once the signals have been missing ``after`` seconds: a unit
+            # that gets a notice is told that much earlier, so it has saved by then, but not
+            # before they have been missing half of it (a reading or two lost is no reason)
+            for job in by_id:
+                lead = min(_notice_s(job), after / 2)
+                if lead > 0 and missing_for > after - lead:
+                    victims[job.id] = (
+                        f"live signals missing for {missing_for / 60:.0f} min: checkpoint "
+                        f"now, every job stops at {after / 60:.0f} min", True, "signals")
         for job in by_id:
+            if job.id in victims:
+                continue
             # its stop_by is its window's end less the grace period: stopped at the last pass
             # before it (passes are a step apart), it is gone by the window's end; a unit
             # that gets a notice is told that much earlier, and works on until it answers

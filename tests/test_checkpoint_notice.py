@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from test_checkpoint_timing import decisions, ramp, unit
-from test_policy import T0, plan
+from test_policy import SETTINGS, T0, plan
 from test_simulate import TZ, at, job, pool
 
 from idlegpu.scheduler.policy import policy_settings
@@ -60,6 +60,28 @@ def test_a_unit_with_notice_loses_nothing_at_a_planned_stop():
         unit("blind", ckpt_ago_min=25, interval=3600.0),
         unit("told", ckpt_ago_min=25, interval=3600.0, notice_s=NOTICE)]))
     assert set(got) == {"told"}
+
+
+def test_missing_signals_tell_units_with_notice_to_checkpoint_before_every_job_stops():
+    from idlegpu.scheduler.types import ServingSignals
+
+    after = 900.0
+    settings = replace(SETTINGS, missing_signals_preempt_after_s=after)
+    running = [unit("told", ckpt_ago_min=10, notice_s=NOTICE), unit("blind", ckpt_ago_min=10)]
+
+    def missing(minutes):
+        return ServingSignals(observed_at=None, missing_since=T0 - timedelta(minutes=minutes))
+
+    # 7 min in: nobody is told yet (a notice starts once half the 15 minutes have passed)
+    assert plan(ramp(300), running=running, signals=missing(7), settings=settings
+                ).decisions == ()
+    # 8 min in: the unit with notice is told, and has saved by about the 15th minute
+    got = decisions(plan(ramp(300), running=running, signals=missing(8), settings=settings))
+    assert set(got) == {"told"} and got["told"].planned and got["told"].cause == "signals"
+    assert "stops at 15 min" in got["told"].reason
+    # past 15 min every job stops, told or not, as before
+    got = decisions(plan(ramp(300), running=running, signals=missing(16), settings=settings))
+    assert set(got) == {"told", "blind"} and not any(d.planned for d in got.values())
 
 
 # --- the simulator -------------------------------------------------------------------
