@@ -263,18 +263,23 @@ def test_the_daemon_holds_exactly_its_roles(kube_control_plane):
 def daemon_api(deployed: Deployed, kube_control_plane: Any) -> Iterator[Any]:
     """A ``kubernetes.client.ApiClient`` authenticated by a REAL token of the daemon's
     ServiceAccount (TokenRequest, as the kubelet would mount it), not by impersonation."""
-    import kubernetes
-
     kube = kube_control_plane
     token = kube.kubectl("create", "token", ACCOUNT, "-n", SYSTEM, "--duration=10m").stdout
+    with _client_with_token(kube, token.strip()) as api:
+        yield api
+
+
+def _client_with_token(kube: Any, token: str) -> Any:
+    """A ``kubernetes.client.ApiClient`` that authenticates with ``token`` only."""
+    import kubernetes
+
     config = json.loads(Path(kube.kubeconfig).read_text())
     (cluster,) = config["clusters"]
     configuration = kubernetes.client.Configuration()
     configuration.host = cluster["cluster"]["server"]
     configuration.ssl_ca_cert = cluster["cluster"]["certificate-authority"]
-    configuration.api_key = {"authorization": f"Bearer {token.strip()}"}
-    with kubernetes.client.ApiClient(configuration) as api:
-        yield api
+    configuration.api_key = {"authorization": f"Bearer {token}"}
+    return kubernetes.client.ApiClient(configuration)
 
 
 def _status(call: Any) -> int:
@@ -423,14 +428,17 @@ def _daemon_job() -> dict[str, Any]:
         priority_class=c.priority_class, active_deadline_seconds=c.active_deadline_seconds,
         ttl_seconds_after_finished=c.ttl_seconds_after_finished, backoff_limit=c.backoff_limit,
         service_account=c.service_account, run_as_user=c.run_as_user,
-        grace_seconds=settings.admission.grace_seconds, instance="5f3c2a1b", dry_run=True)
+        grace_seconds=settings.admission.grace_seconds, instance="5f3c2a1b", dry_run=True,
+        job_api_url=c.job_api_url, token_audience=c.token_audience)
+    # a unit that answers checkpoint notices: its pods also mount the notice file and a
+    # pod-bound token for the job API
     spec = UnitSpec(
         step="train", step_index=0, member=0, image="registry.example.com/llm/train:1.2",
         command=("python", "-m", "train"), args=("--epochs", "3"),
         env=(("WANDB_MODE", "offline"),), parameters=(), gpus=2, cpu=8.0, memory="64Gi",
         runtime_estimate_s=7200.0, checkpointable=True, checkpoint_interval_s=900.0,
         resume_args=("--resume", "/ckpt/last"), priority=0, deadline=None,
-        max_preemptions=None, output="s3://bucket/out", depends_on=())
+        max_preemptions=None, output="s3://bucket/out", depends_on=(), answers_notice=True)
     return cluster.manifest("req7-0-1", 1, spec, "nlp", NOW + timedelta(hours=5), NOW)
 
 
@@ -475,6 +483,24 @@ def test_restricted_admits_the_job_the_daemon_builds(deployed, daemon_api, kube_
         marked = _get(kube, "pod", pod["metadata"]["name"], "-n", JOBS)
         assert {(c["type"], c["status"], c.get("reason")) for c in marked["status"][
             "conditions"]} >= {("DisruptionTarget", "True", "StoppedByIdlegpu")}
+        # a checkpoint notice with the deployed Role (pods: patch)
+        assert {v["name"] for v in pod["spec"]["volumes"]} >= {"idlegpu-notice", "idlegpu-token"}
+        deadline = NOW + timedelta(minutes=10)
+        assert cluster.request_checkpoint(name, deadline=deadline, reason="probe", now=NOW) == 1
+        noticed = _get(kube, "pod", pod["metadata"]["name"], "-n", JOBS)
+        assert noticed["metadata"]["annotations"]["idlegpu.io/checkpoint-request"] == (
+            deadline.isoformat().replace("+00:00", "Z"))
+        # and the job API's deployed account tells which unit that pod runs (pods: get)
+        from idlegpu.scheduler.api.auth import PodRef
+        from idlegpu.scheduler.api.tokenreview import PodUnits
+        api_token = kube.kubectl("create", "token", API_ACCOUNT, "-n", SYSTEM,
+                                 "--duration=10m").stdout.strip()
+        with _client_with_token(kube, api_token) as api_client:
+            pods = PodUnits(api_client)
+            ref = PodRef(JOBS, pod["metadata"]["name"], pod["metadata"]["uid"])
+            assert pods.unit_of(ref) == ("req7-0-1", 1)
+            # a pod of that name but another uid (a replaced pod) speaks for nobody
+            assert PodUnits(api_client).unit_of(PodRef(JOBS, ref.name, "0000")) is None
     finally:
         client.BatchV1Api(daemon_api).delete_namespaced_job(
             name, JOBS, propagation_policy="Background")
