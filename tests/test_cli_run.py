@@ -60,6 +60,38 @@ def test_run_once_dry_run_replays_a_past_evening(tmp_path, cli):
     assert "queued" in out and "admitted" not in out  # a dry run records nothing
 
 
+def test_a_unit_that_answers_notices_gets_the_notice_file_and_a_token_for_the_api(tmp_path,
+                                                                                   cli):
+    settings = yaml.safe_load((REPO / "idlegpu.yaml").read_text())
+    settings["cluster"]["job_api_url"] = "http://idlegpu-api.idlegpu-system.svc:8080"
+    config = tmp_path / "idlegpu.yaml"
+    config.write_text(yaml.safe_dump(settings, sort_keys=False))
+    request = yaml.safe_load((REPO / "examples/jobs/pretrain.yaml").read_text())
+    request["checkpoint"]["notice"] = True
+    path = tmp_path / "noticed.yaml"
+    path.write_text(yaml.safe_dump(request, sort_keys=False))
+    store = f"sqlite:///{tmp_path / 'jobs.db'}"
+    submit(cli, store, path)
+    code, out, err = dry_run_once(cli, store, config)
+    assert code == 0, err
+    pod = next(yaml.safe_load_all(out))["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["idlegpu-notice"]["downwardAPI"]["items"] == [{
+        "path": "checkpoint-request",
+        "fieldRef": {"fieldPath": "metadata.annotations['idlegpu.io/checkpoint-request']"}}]
+    assert volumes["idlegpu-token"]["projected"]["sources"] == [{"serviceAccountToken": {
+        "audience": "idlegpu", "expirationSeconds": 600, "path": "token"}}]
+    assert pod["automountServiceAccountToken"] is False  # no token of the Kubernetes API
+    container = pod["containers"][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["IDLEGPU_API_URL"] == settings["cluster"]["job_api_url"]
+    assert env["IDLEGPU_CHECKPOINT_REQUEST_FILE"] == "/etc/idlegpu/checkpoint-request"
+    assert env["IDLEGPU_TOKEN_FILE"] == "/var/run/secrets/idlegpu/token"
+    mounts = {m["name"]: (m["mountPath"], m["readOnly"]) for m in container["volumeMounts"]}
+    assert mounts["idlegpu-notice"] == ("/etc/idlegpu", True)
+    assert mounts["idlegpu-token"] == ("/var/run/secrets/idlegpu", True)
+
+
 def test_dry_run_manifests_keep_number_like_args_strings(tmp_path, cli):
     store = f"sqlite:///{tmp_path / 'jobs.db'}"
     submit(cli, store, tricky_request(tmp_path))
