@@ -70,6 +70,7 @@ from idlegpu.scheduler.types import (
     FreeProfile,
     JobState,
     NodeView,
+    NoticeOutcome,
     Overruns,
     Plan,
     PolicySettings,
@@ -673,19 +674,15 @@ class Controller:
                     self._notify(row, decision.reason, now, report, shrink_to=decision.gpus,
                                  shrink_stop_by=decision.stop_by)
                     continue
-                self._shrink(now, decision, report)
+                kind = StopKind.PLANNED if decision.planned else StopKind.PREEMPT
+                self._stop_to_shrink(row, decision.gpus, decision.stop_by, decision.reason,
+                                     kind, now, report)
             elif decision.action is Action.ADMIT:
                 self._admit(now, decision, report)
 
-    def _shrink(self, now: datetime, decision: Decision, report: PassReport) -> None:
-        """Stop the Job, then record what it restarts on (see the module docstring)."""
-        row = self.store.unit(decision.job_id)
-        kind = StopKind.PLANNED if decision.planned else StopKind.PREEMPT
-        self._stop_to_shrink(row, decision.gpus, decision.stop_by, decision.reason, kind, now,
-                             report)
-
     def _stop_to_shrink(self, row, gpus: int, stop_by: datetime | None, reason: str,
                         kind: StopKind, now: datetime, report: PassReport) -> bool:
+        """Stop the Job, then record what it restarts on (see the module docstring)."""
         name = self.cluster.job_name(row.id, row.attempts)
         if not self._stop(name, reason, kind, now, report):
             return False
@@ -762,8 +759,6 @@ class Controller:
 
     def _follow_notice(self, notice, row, now: datetime, report: PassReport, *,
                        service_short: bool) -> None:
-        from idlegpu.scheduler.adapters.store import NoticeOutcome
-
         if not row.state.holds_gpus() or row.current_attempt != notice.attempt_id:
             if self.store.close_notice(notice.attempt_id, now, NoticeOutcome.ENDED):
                 report.notices_closed.append((row.id, NoticeOutcome.ENDED.value))

@@ -55,6 +55,17 @@ class EventKind(StrEnum):
     short by the service's need (``detail["outcome"]``)."""
 
 
+class NoticeOutcome(StrEnum):
+    ANSWERED = "answered"
+    """Acknowledged before its deadline: stopped at the acknowledgement."""
+    MISSED = "missed"
+    """No acknowledgement by the deadline: stopped then, blind."""
+    CUT = "cut"
+    """The service needed the GPUs before the answer: stopped at once, blind."""
+    ENDED = "ended"
+    """The attempt ended otherwise first (finished, failed, cancelled, its Job lost)."""
+
+
 class Action(StrEnum):
     ADMIT = "admit"
     PREEMPT = "preempt"

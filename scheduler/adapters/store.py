@@ -101,7 +101,15 @@ from sqlalchemy.engine import Connection, Engine
 
 from idlegpu.forecast.errors import PermanentError, TemporaryError
 from idlegpu.forecast.redact import redact
-from idlegpu.scheduler.types import EventKind, JobState, Overruns, RunningJob, UnitSpec, WaitingJob
+from idlegpu.scheduler.types import (
+    EventKind,
+    JobState,
+    NoticeOutcome,
+    Overruns,
+    RunningJob,
+    UnitSpec,
+    WaitingJob,
+)
 
 # --------------------------------------------------------------------------- errors
 
@@ -716,17 +724,6 @@ WORKLOAD_REPORTS = sa.Table(
 def _v7_workload_reports(conn: Connection) -> None:
     # a new table only (checkpoint notices and what workloads report through the job API)
     _V7_MD.create_all(conn)
-
-
-class NoticeOutcome(StrEnum):
-    ANSWERED = "answered"
-    """Acknowledged before its deadline: stopped at the acknowledgement."""
-    MISSED = "missed"
-    """No acknowledgement by the deadline: stopped then, blind."""
-    CUT = "cut"
-    """The service needed the GPUs before the answer: stopped at once, blind."""
-    ENDED = "ended"
-    """The attempt ended otherwise first (finished, failed, cancelled, its Job lost)."""
 
 
 @dataclass(frozen=True)
