@@ -401,3 +401,18 @@ def test_forecast_accuracy_of_a_month_uses_only_the_past():
     assert accuracy["refresh_hour"] == settings.daemon.forecast_refresh_hour
     with pytest.raises(ReportError, match="does not cover 2026-03"):
         forecast_accuracy(early, settings, "2026-03")
+
+
+def test_the_months_checkpoint_notices_have_their_own_table(tmp_path):
+    notices = {"sent": 5.0, "answered": 3.0, "missed": 1.0, "cut": 1.0, "ended": 0.0,
+               "saved_gpu_hours": 42.5}
+    report = build_report(hand_runs(), "2026-03", months=3, tz=TZ, notices=notices)
+    write_report(report, tmp_path)
+    md = (tmp_path / "report-2026-03.md").read_text(encoding="utf-8")
+    assert "## Checkpoint notices, 2026-03" in md
+    assert "| 5 | 3 | 1 | 1 | 0 | 42.5 |" in md
+    page = (tmp_path / "report-2026-03.html").read_text(encoding="utf-8")
+    assert "Checkpoint notices, 2026-03" in page
+    # a month without notices (or a report from a run table) has no such section
+    write_report(build_report(hand_runs(), "2026-03", months=3, tz=TZ), tmp_path / "none")
+    assert "Checkpoint notices" not in (tmp_path / "none" / "report-2026-03.md").read_text()
