@@ -198,3 +198,41 @@ def test_calibrated_pinball_is_the_pinball_around_each_rows_own_quantile():
         d = errors - offsets[:, None]
         expected = np.mean(np.maximum(Q * d, (Q - 1) * d), axis=1)
         assert _calibrated_pinball(errors, Q) == pytest.approx(expected, abs=1e-12)
+
+
+def test_harmonic_line_fits_a_trend_and_a_daily_cycle_from_past_days_only():
+    """``harmonic`` on a noiseless level + trend + daily sine recovers it a day ahead, and a
+    day's value never reads that day (a change today shows a day later)."""
+    from idlegpu.forecast.models.auto import _harmonic_line
+
+    S, days = 24, 40
+    t = np.arange(S * days) / S
+    truth = 10 + 0.1 * t + 3 * np.sin(2 * np.pi * t)
+    line = _harmonic_line(truth.copy(), S, 1)
+    assert np.isnan(line[: 4 * S]).all()  # too few whole days before
+    assert np.allclose(line[30 * S:], truth[30 * S:], atol=1e-3)
+    jumped = truth.copy()
+    jumped[35 * S:] += 50  # a step on day 35: the fits of days 35 and 36 cannot see it
+    moved = _harmonic_line(jumped, S, 1)
+    assert np.allclose(moved[: 37 * S], line[: 37 * S], equal_nan=True)
+    assert not np.allclose(moved[37 * S:], line[37 * S:])
+
+
+def test_scaled_errors_cover_each_bucket_where_its_spread_differs():
+    """``_ScaledErrors``: buckets whose errors differ 10x in spread each get their own width
+    from one shared quantile of the standardised errors: q0.9 covers about 0.9 in each.
+    (With few errors a bucket is pulled towards its parent, and a narrow one over-covers.)"""
+    from idlegpu.forecast.models.auto import _ScaledErrors
+    from idlegpu.forecast.models.curve import _bucket_key
+
+    rng = np.random.default_rng(3)
+    hour = np.repeat(np.arange(24), 2000)  # ample errors: the parent barely weighs
+    lead = np.full(len(hour), 2)
+    keys = _bucket_key(lead, hour, np.zeros(len(hour), bool))
+    spread = np.where(hour < 12, 0.5, 5.0)
+    errors = rng.normal(0.0, 1.0, len(hour)) * spread + np.where(hour < 12, 0.0, 3.0)
+    q = _ScaledErrors(keys, errors).quantiles((0.9,), keys)[:, 0]
+    assert 0.88 <= float(np.mean(errors <= q)) <= 0.92
+    for part in (hour < 12, hour >= 12):  # the parent's pull costs a bucket a few points
+        assert 0.84 <= float(np.mean(errors[part] <= q[part])) <= 0.96
+    assert np.median(q[hour >= 12]) > 5 * np.median(q[hour < 12])
