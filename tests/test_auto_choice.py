@@ -236,3 +236,25 @@ def test_scaled_errors_cover_each_bucket_where_its_spread_differs():
     for part in (hour < 12, hour >= 12):  # the parent's pull costs a bucket a few points
         assert 0.84 <= float(np.mean(errors[part] <= q[part])) <= 0.96
     assert np.median(q[hour >= 12]) > 5 * np.median(q[hour < 12])
+
+
+def test_scaled_errors_keep_bucket_quantiles_where_replays_are_mostly_exact():
+    """An integer series at rest (most replays exactly right, a miss of one replica now and
+    then) has a point mass a location and a scale cannot describe: that lead block keeps each
+    bucket's own quantiles, exactly 0 or 1 replica; a continuous one is scaled."""
+    from idlegpu.forecast.models.auto import DISCRETE_SHARE, _ScaledErrors
+    from idlegpu.forecast.models.curve import _bucket_key, _Errors
+
+    rng = np.random.default_rng(5)
+    hour = np.repeat(np.arange(24), 200)
+    keys = _bucket_key(np.full(len(hour), 2), hour, np.zeros(len(hour), bool))
+    misses = np.where(hour == 20, 0.3, 0.02)  # the evening ramp misses by one, often
+    errors = (rng.random(len(hour)) < misses).astype(float)
+    assert np.mean(errors == 0.0) >= DISCRETE_SHARE
+    q = _ScaledErrors(keys, errors).quantiles((0.9,), keys)[:, 0]
+    assert np.array_equal(q, _Errors(keys, errors).quantiles((0.9,), keys)[:, 0])
+    assert set(np.unique(q[hour == 20])) == {1.0} and set(np.unique(q[hour != 20])) == {0.0}
+    noisy = errors + rng.normal(0.0, 0.3, len(hour))  # no point mass: location and scale
+    scaled = _ScaledErrors(keys, noisy).quantiles((0.9,), keys)[:, 0]
+    assert not np.allclose(scaled, _Errors(keys, noisy).quantiles((0.9,), keys)[:, 0])
+    assert 0.86 <= float(np.mean(noisy <= scaled)) <= 0.94
