@@ -51,6 +51,7 @@ what the series has and what ``auto`` needs.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 import pandas as pd
@@ -797,23 +798,19 @@ def _harmonic_line(flat: np.ndarray, steps_per_day: int, lag: int) -> np.ndarray
     S = steps_per_day
     rows = flat.reshape(-1, S)
     n_days = rows.shape[0]
-    t = np.arange(n_days * S, dtype=float) / S  # in days
     daily = min(HARMONIC_DAILY, max(1, (S - 1) // 2))
-    columns = [np.ones_like(t), t / HARMONIC_DAYS]
-    for period, count in ((1.0, daily), (7.0, HARMONIC_WEEKLY)):
-        for h in range(1, count + 1):
-            angle = 2 * np.pi * h * t / period
-            columns += [np.sin(angle), np.cos(angle)]
-    X = np.stack(columns, axis=1).reshape(n_days, S, -1)
+    X = _harmonic_basis(n_days, S, daily)
     weekly = np.zeros(X.shape[2], bool)
     weekly[2 + 2 * daily:] = True
     ok = np.isfinite(rows)
     y = np.where(ok, rows, 0.0)
     Xw = X * ok[:, :, None]
-    zeros = np.zeros((1,) + X.shape[2:])
-    gram = np.concatenate([zeros[:, :, None] * zeros[:, None, :],
-                           np.einsum("dsf,dsg->dfg", Xw, X)]).cumsum(axis=0)
-    moment = np.concatenate([zeros, np.einsum("dsf,ds->df", Xw, y)]).cumsum(axis=0)
+    F = X.shape[2]
+    # batched matrix products (BLAS), not einsum: the refit's hottest lines
+    gram = np.zeros((n_days + 1, F, F))
+    np.cumsum(np.matmul(Xw.transpose(0, 2, 1), X), axis=0, out=gram[1:])
+    moment = np.zeros((n_days + 1, F))
+    np.cumsum(np.matmul(Xw.transpose(0, 2, 1), y[:, :, None])[:, :, 0], axis=0, out=moment[1:])
     seen_days = np.concatenate([[0], ok.any(axis=1).cumsum()])
     ends = np.arange(n_days + 1)  # fit j: the days [j - HARMONIC_DAYS, j)
     starts = np.maximum(0, ends - HARMONIC_DAYS)
@@ -823,7 +820,6 @@ def _harmonic_line(flat: np.ndarray, steps_per_day: int, lag: int) -> np.ndarray
     # too few days for the week's terms: they are held at zero (an identity row each)
     drop = (days_seen < 14)[:, None] & weekly[None, :]
     G = np.where(drop[:, :, None] | drop[:, None, :], 0.0, G)
-    F = X.shape[2]
     eye = np.eye(F)
     count = np.maximum(G[:, 0, 0], 1.0)
     ridge = 1e-6 * count[:, None, None] * eye  # keeps a window of few values solvable
@@ -836,8 +832,25 @@ def _harmonic_line(flat: np.ndarray, steps_per_day: int, lag: int) -> np.ndarray
     # day D reads the fit that ends at D - lag
     fit_of_day = np.arange(n_days) - lag
     usable = (fit_of_day >= 0) & fitted[np.maximum(fit_of_day, 0)]
-    out = np.einsum("dsf,df->ds", X, beta[np.maximum(fit_of_day, 0)])
+    out = np.matmul(X, beta[np.maximum(fit_of_day, 0)][:, :, None])[:, :, 0]
     return np.where(usable[:, None], out, np.nan).reshape(-1)
+
+
+@lru_cache(maxsize=8)
+def _harmonic_basis(n_days: int, steps_per_day: int, daily: int) -> np.ndarray:
+    """``harmonic``'s regressors at every step of ``n_days`` days (days x slots x terms): a
+    level, a trend over ``HARMONIC_DAYS``, ``daily`` harmonics of the day and
+    ``HARMONIC_WEEKLY`` of the week, in days from the first; the same for every series and
+    refit of that many days, so made once (read-only)."""
+    t = np.arange(n_days * steps_per_day, dtype=float) / steps_per_day
+    columns = [np.ones_like(t), t / HARMONIC_DAYS]
+    for period, count in ((1.0, daily), (7.0, HARMONIC_WEEKLY)):
+        for h in range(1, count + 1):
+            angle = 2 * np.pi * h * t / period
+            columns += [np.sin(angle), np.cos(angle)]
+    X = np.stack(columns, axis=1).reshape(n_days, steps_per_day, -1)
+    X.flags.writeable = False
+    return X
 
 
 def _half_width(steps_per_day: int) -> int:
