@@ -90,6 +90,7 @@ class _Errors:
         # position of each error's target step in the series (for the adaptive level)
         self.targets = np.zeros(len(errors), dtype=np.int64) if targets is None else targets
         self._sorted: dict[int, tuple] = {}
+        self._by_value: np.ndarray | None = None  # the errors' stable order by value
 
     def offsets(
         self, qs: tuple[float, ...], lead: np.ndarray, hour: np.ndarray, off: np.ndarray
@@ -123,11 +124,21 @@ class _Errors:
         """The errors sorted by bucket of grouping ``level`` (-1: one bucket) and by value:
         each bucket's keys, first positions, sizes, and the sorted errors; once per fit."""
         if level not in self._sorted:
-            keys = (_coarse_key(self._keys, level) if level >= 0
-                    else np.zeros(len(self.all), dtype=np.int64))
-            order = np.lexsort((self.all, keys))
-            uniq, starts, counts = np.unique(keys[order], return_index=True, return_counts=True)
-            self._sorted[level] = (uniq, starts, counts, self.all[order])
+            if self._by_value is None:
+                self._by_value = np.argsort(self.all, kind="stable")
+            by_value = self._by_value
+            if level >= 0:
+                keys = _coarse_key(self._keys, level)[by_value]
+                # a stable sort by bucket of the errors sorted by value is lexsort's order,
+                # and small integer keys sort by radix in linear time
+                small = keys.astype(np.int16) if len(keys) and keys.max() < 2**15 else keys
+                by_key = np.argsort(small, kind="stable")
+                order, keys = by_value[by_key], keys[by_key]
+            else:
+                order, keys = by_value, np.zeros(len(self.all), dtype=np.int64)
+            starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]]) if len(keys) else keys
+            counts = np.diff(np.r_[starts, len(keys)])
+            self._sorted[level] = (keys[starts], starts, counts, self.all[order])
         return self._sorted[level]
 
 
