@@ -72,6 +72,7 @@ from idlegpu.forecast.models.curve import (
     _coarse_key,
     _Errors,
     _grouped_quantiles,
+    _small_unique,
     _trailing_nanmean,
     adapted_levels,
 )
@@ -680,13 +681,14 @@ class _ScaledErrors(_Errors):
     def quantiles(self, qs, keys: np.ndarray) -> np.ndarray:
         if len(self.all) == 0:
             return np.zeros((len(keys), len(qs)))
-        keys = np.asarray(keys)
-        z = self._z.quantiles(qs, _parent_key(keys))
-        out = self._loc[keys][:, None] + self._scale[keys][:, None] * z
-        own = self._discrete[keys]
+        # per distinct bucket, then spread: a fit asks for every backtest error's bucket
+        fine, inverse = _small_unique(np.asarray(keys))
+        z = self._z.quantiles(qs, _parent_key(fine))
+        out = self._loc[fine][:, None] + self._scale[fine][:, None] * z
+        own = self._discrete[fine]
         if own.any():
-            out[own] = super().quantiles(qs, keys[own])
-        return out
+            out[own] = super().quantiles(qs, fine[own])
+        return out[inverse.reshape(-1)]
 
 
 def _parent_key(keys: np.ndarray) -> np.ndarray:

@@ -102,7 +102,7 @@ class _Errors:
         """The error quantiles ``qs`` of the finest well-filled bucket of each key."""
         if len(self.all) == 0:
             return np.zeros((len(keys), len(qs)))
-        fine, inverse = np.unique(keys, return_inverse=True)
+        fine, inverse = _small_unique(np.asarray(keys))
         qs = np.asarray(qs, dtype=float)
         table = np.empty((len(fine), len(qs)))
         todo = np.ones(len(fine), dtype=bool)
@@ -140,6 +140,18 @@ class _Errors:
             counts = np.diff(np.r_[starts, len(keys)])
             self._sorted[level] = (keys[starts], starts, counts, self.all[order])
         return self._sorted[level]
+
+
+def _small_unique(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(keys, return_inverse=True)`` of bucket keys (small non-negative integers)
+    by counting, in linear time: a fit asks for the quantiles of every backtest error's bucket."""
+    if len(keys) == 0 or keys.min() < 0 or keys.max() > 1_000_000:
+        return np.unique(keys, return_inverse=True)
+    present = np.bincount(keys.reshape(-1)) > 0
+    fine = np.flatnonzero(present)
+    where = np.zeros(len(present), dtype=np.int64)
+    where[fine] = np.arange(len(fine))
+    return fine, where[keys]
 
 
 def _grouped_quantiles(values: np.ndarray, starts: np.ndarray, counts: np.ndarray,
