@@ -782,6 +782,7 @@ def simulate(
     from idlegpu.scheduler.simulate import (
         PLACEMENTS,
         POLICIES,
+        delay_events,
         lost_work,
         simulate_policies,
         trace_jobs,
@@ -871,8 +872,20 @@ def simulate(
     lost = pd.concat(losses, ignore_index=True)
     lost = lost[["policy", *[c for c in lost.columns if c != "policy"]]]
     write_csv(lost, out / "lost.csv")
-    waited = pd.concat(delays, ignore_index=True)[["policy", "time", "gpus_short"]]
+    waited = pd.concat(delays, ignore_index=True)[["policy", "time", "gpus_short",
+                                                   "service_rise_gpus"]]
     write_csv(waited, out / "delays.csv", tz=settings.pool.timezone)
+    step_s = int(frame["ds"].drop_duplicates().sort_values().diff().median().total_seconds())
+    headroom = settings.pool.headroom_gpus
+    for name in names:
+        events = delay_events(waited[waited["policy"] == name], step_s, headroom)
+        if len(events):
+            jumps = events[events["above_headroom"]]
+            console.print(
+                f"{name}: the service waited {events['gpu_minutes'].sum():,.0f} GPU-min in "
+                f"{len(events)} events; {len(jumps)} of them ({jumps['gpu_minutes'].sum():,.0f} "
+                f"GPU-min) began with the service rising more than the headroom "
+                f"({headroom} GPUs) within one step", highlight=False, markup=False)
     for name in names:
         causes = lost[(lost["policy"] == name) & (lost["by"] == "cause")]
         if len(causes):

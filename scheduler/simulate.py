@@ -192,13 +192,38 @@ class SimResult:
     metrics: dict[str, float]
     runs: pd.DataFrame  # one row per attempt
     delays: pd.DataFrame = field(default_factory=lambda: _delay_table([]))
-    """One row per step the service waited for GPUs research units held: when, and how
-    many GPUs it waited for (their sum times the step is ``service_delay_gpu_minutes``)."""
+    """One row per step the service waited for GPUs research units held: when, how many
+    GPUs it waited for (their sum times the step is ``service_delay_gpu_minutes``) and how
+    many GPUs more the service used than one step before (``delay_events`` groups them)."""
 
 
-def _delay_table(delays: list[tuple[datetime, float]]) -> pd.DataFrame:
-    return pd.DataFrame({"time": pd.to_datetime([t for t, _ in delays], utc=True),
-                         "gpus_short": np.array([g for _, g in delays], dtype=float)})
+def _delay_table(delays: list[tuple[datetime, float, float]]) -> pd.DataFrame:
+    return pd.DataFrame({"time": pd.to_datetime([d[0] for d in delays], utc=True),
+                         "gpus_short": np.array([d[1] for d in delays], dtype=float),
+                         "service_rise_gpus": np.array([d[2] for d in delays], dtype=float)})
+
+
+def delay_events(delays: pd.DataFrame, step_s: int, headroom_gpus: float) -> pd.DataFrame:
+    """A simulation's service delay (``SimResult.delays``) as events: each run of
+    consecutive steps the service waited, from its first step, with its GPU-minutes, the
+    service's rise over the step that opened it and whether that rise was above the pool's
+    headroom. A rise above the headroom within one step meets whatever GPUs research holds:
+    only GPUs left idle beyond the headroom, or a forecast of that very step, absorb it."""
+    columns = ["start", "steps", "gpu_minutes", "opening_rise_gpus", "above_headroom"]
+    if delays.empty:
+        return pd.DataFrame(columns=columns)
+    times = pd.to_datetime(delays["time"], utc=True)
+    new = times.diff() != pd.Timedelta(seconds=step_s)
+    event = new.cumsum()
+    grouped = delays.assign(event=event.to_numpy()).groupby("event", sort=True)
+    out = pd.DataFrame({
+        "start": grouped["time"].first().to_numpy(),
+        "steps": grouped.size().to_numpy(),
+        "gpu_minutes": (grouped["gpus_short"].sum() * step_s / 60).to_numpy(),
+        "opening_rise_gpus": grouped["service_rise_gpus"].first().to_numpy(),
+    })
+    out["above_headroom"] = out["opening_rise_gpus"] > headroom_gpus
+    return out[columns]
 
 
 @dataclass
@@ -362,7 +387,7 @@ def simulate(
     runs = _Run()
     usage_log: list[tuple[datetime, str, float]] = []
     delay_gpu_min = 0.0
-    delays: list[tuple[datetime, float]] = []
+    delays: list[tuple[datetime, float, float]] = []
     profile: FreeProfile | None = None
     planned_stops = 0
     shrinks = 0
@@ -446,6 +471,7 @@ def simulate(
                 if job.releasing_until is not None:
                     releasing += job.gpus - (job.resume_gpus or 0)
         service = pool.service_gpus[k]
+        rise = float(service - pool.service_gpus[k - 1]) if k else 0.0
         if clairvoyant and cluster is None:
             # it sees the service's need a grace period ahead: the units in its way save all
             # they have done and leave, their GPUs back just as the service needs them
@@ -470,7 +496,7 @@ def simulate(
                         job.releasing_until = now + grace
                         _end_notice(job, runs, cut=True)
                 delay_gpu_min += short * step_s / 60
-                delays.append((now, short))
+                delays.append((now, short, rise))
                 for victim in _evict(live, short - releasing):
                     _stop(victim, now, grace, planned=False, runs=runs, cause=EVICTION)
                     releasing += victim.gpus  # on their way back: not short any more
@@ -485,7 +511,7 @@ def simulate(
             waiting = float(cluster.placement.nominated.sum())
             delay_gpu_min += waiting * step_s / 60
             if waiting > 0:
-                delays.append((now, waiting))
+                delays.append((now, waiting, rise))
             unplaced_gpu_min += cluster.placement.unplaced_gpus * step_s / 60
             coming = sum(j.gpus - (j.resume_gpus or 0) for j in live
                          if j.running and j.releasing_until is not None)
@@ -1148,5 +1174,5 @@ def trace_jobs(entries, estimate: Callable[[object], float]) -> list[SimJob]:
 
 
 __all__ = ["CAUSE_NAMES", "PLACEMENTS", "POLICIES", "SWEEP_CONFIDENCES", "SimJob", "SimResult",
-           "forecast_profiles_for", "lost_work", "simulate", "simulate_policies", "sweep",
+           "delay_events", "forecast_profiles_for", "lost_work", "simulate", "simulate_policies", "sweep",
            "trace_jobs"]

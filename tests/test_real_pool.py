@@ -197,7 +197,7 @@ def test_simulate_the_servegen_pool_from_three_days_of_history(tmp_path):
         assert (stopped["cause"].fillna("") != "").all()  # every stop names its cause
     # when the service waited: each step on record, adding up to each policy's delay
     delays = pd.read_csv(out / "delays.csv")
-    assert list(delays.columns) == ["policy", "time", "gpus_short"]
+    assert list(delays.columns) == ["policy", "time", "gpus_short", "service_rise_gpus"]
     for policy in ("reactive", "forecast"):
         mine = delays[delays["policy"] == policy]
         assert mine["gpus_short"].sum() * 5 == pytest.approx(

@@ -7,7 +7,7 @@ import pytest
 
 from idlegpu.forecast.config import load_config
 from idlegpu.scheduler.reports import useful
-from idlegpu.scheduler.simulate import SimJob, simulate
+from idlegpu.scheduler.simulate import SimJob, delay_events, simulate
 
 TZ = "Asia/Seoul"
 START = pd.Timestamp("2026-01-05 00:00", tz=TZ)  # a Monday
@@ -71,6 +71,13 @@ def test_reactive_runs_into_the_morning_and_the_service_waits():
     assert (waited["time"].dt.tz_convert(TZ).dt.hour == 8).all()
     assert (waited["gpus_short"].sum() * 15 == pytest.approx(
         reactive["service_delay_gpu_minutes"]))
+    # the wait began as the service rose from 2 to 9 replicas in one step: 28 GPUs, above the
+    # pool's headroom (none), one event per morning the job was in the way
+    events = delay_events(waited, 900, headroom_gpus=0)
+    assert waited["service_rise_gpus"].iloc[0] == 28
+    assert (events["opening_rise_gpus"] == 28).all() and events["above_headroom"].all()
+    assert events["gpu_minutes"].sum() == pytest.approx(reactive["service_delay_gpu_minutes"])
+    assert events["steps"].sum() == len(waited)
     for policy in ("forecast", "oracle"):
         m = run(policy, [eval_job]).metrics
         assert m["lost_gpu_hours"] == 0 and m["service_delay_gpu_minutes"] == 0, policy
@@ -209,3 +216,19 @@ def test_work_is_what_was_done_and_kept_and_useful_adds_the_checkpointing_grace(
         32 * m["planned_stops"] * 0.25, abs=32 * 5 / 60)
     lost = run("reactive", [job("eval", 16, 6, ckpt=False, submit=(7, 5))]).metrics
     assert lost["work_gpu_hours"] == pytest.approx(16 * 6)  # the killed attempt is no work
+
+
+def test_delay_events_group_consecutive_steps_and_name_the_rise_that_opened_them():
+    t = pd.Timestamp("2026-01-05 08:00", tz="UTC")
+    step = pd.Timedelta(minutes=5)
+    delays = pd.DataFrame({
+        "time": [t, t + step, t + 4 * step, t + 9 * step],
+        "gpus_short": [3.0, 1.0, 2.0, 4.0],
+        "service_rise_gpus": [20.0, 0.0, 6.0, 9.0],
+    })
+    events = delay_events(delays, 300, headroom_gpus=8)
+    assert list(events["steps"]) == [2, 1, 1]
+    assert list(events["gpu_minutes"]) == [20.0, 10.0, 20.0]
+    assert list(events["opening_rise_gpus"]) == [20.0, 6.0, 9.0]
+    assert list(events["above_headroom"]) == [True, False, True]
+    assert delay_events(delays.iloc[:0], 300, 8).empty
