@@ -127,18 +127,28 @@ def test_a_tainted_or_cordoned_node_is_not_offered(pool, kube_control_plane) -> 
     view = daemon.cluster.nodes()
     assert [n.schedulable for n in view.nodes] == [False, False] and view.free_gpus == 0
     core = kubernetes.client.CoreV1Api(kube_control_plane.api_client())
-    core.patch_node(sim.node_names[1], {"spec": {"taints": [], "unschedulable": True}})
+    node = sim.node_names[1]
+    core.patch_node(node, {"spec": {"taints": [], "unschedulable": True}})
     by_name = {n.name: n for n in daemon.cluster.nodes().nodes}
-    assert not by_name[sim.node_names[1]].schedulable  # cordoned
-    core.patch_node(sim.node_names[1], {"spec": {"unschedulable": False}})
-    # the node-lifecycle controller lifts its node.kubernetes.io/unschedulable taint a moment
-    # after the uncordon (seen: a read in between still found the node unschedulable)
+    assert not by_name[node].schedulable  # cordoned
+    # the node-lifecycle controller answers a cordon with its node.kubernetes.io/unschedulable
+    # taint and lifts it a moment after the uncordon; an uncordon it has not yet seen the cordon
+    # of can be followed by the taint (seen: the node free but still refused). Let it act first.
+    deadline = time.monotonic() + 15
+    while not any(t.key == "node.kubernetes.io/unschedulable"
+                  for t in core.read_node(node).spec.taints or ()):
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    core.patch_node(node, {"spec": {"unschedulable": False}})
     deadline = time.monotonic() + 15
     while True:
         by_name = {n.name: n for n in daemon.cluster.nodes().nodes}
-        if by_name[sim.node_names[1]].free_gpus == GPUS or time.monotonic() > deadline:
+        if (by_name[node].schedulable and by_name[node].free_gpus == GPUS) \
+                or time.monotonic() > deadline:
             break
         time.sleep(0.2)
+    assert by_name[node].schedulable
     assert by_name[sim.node_names[1]].free_gpus == GPUS
     unit = submit(daemon.store, request("fits", gpus=8, cpu=64, memory="512Gi"))
     report = daemon.reconcile()
