@@ -147,11 +147,13 @@ def joint_pool_usage(
         grid[~np.isfinite(grid)] = np.nan
         total += _interpolate(grid * service.gpus_per_replica, np.asarray(levels), u[:, k])
     # the confidence-quantile of the scenarios at each step ("higher": an actual scenario),
-    # and the median: one partial sort each (numpy's with two ranks at once is far slower)
+    # and the median, from one sort: the pool's GPUs are full of ties, where numpy's partial
+    # sort (introselect) is several times slower than its vectorised full sort
     rank = min(scenarios - 1, int(np.ceil(confidence * (scenarios - 1))))
     middle = (scenarios - 1) // 2
-    joint = np.partition(total, rank, axis=1)[:, rank].astype(float)
-    median = np.partition(total, middle, axis=1)[:, middle].astype(float)
+    ordered = np.sort(total, axis=1)
+    joint = ordered[:, rank].astype(float)
+    median = ordered[:, middle].astype(float)
     joint = np.minimum(joint, summed[IN_USE].to_numpy())  # never worse than lockstep
     joint[summed[IN_USE].isna().to_numpy()] = np.nan
     frame = summed.copy()

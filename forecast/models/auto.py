@@ -736,17 +736,18 @@ def _calibrated_pinball(errors: np.ndarray, q: float) -> np.ndarray:
     """Per row of errors (actual - forecast): the pinball loss at ``q`` of the forecast
     shifted by the row's own ``q``-quantile error (what calibration makes of it)."""
     n = errors.shape[1]
-    rank = q * (n - 1)  # numpy's default ("linear") quantile, from one partial sort
+    rank = q * (n - 1)  # numpy's default ("linear") quantile
     k = min(int(np.floor(rank)), n - 1)
-    part = np.partition(errors, k, axis=1)
-    below = part[:, : k + 1]  # every error at most the k-th, the rest at least it
-    low = part[:, k]
-    high = part[:, k + 1 :].min(axis=1) if k + 1 < n else low
+    # a full sort, not a partial one: the errors of integer series are full of ties, where
+    # numpy's introselect is 3-4x slower than its (vectorised) sort
+    ordered = np.sort(errors, axis=1)
+    low = ordered[:, k]
+    high = ordered[:, k + 1] if k + 1 < n else low
     offsets = low + (high - low) * (rank - k)
     # the pinball loss of d = e - offset is q * d - min(d, 0), and the errors under the
-    # offset are exactly the first k + 1 of the partition
-    total = part.sum(axis=1, dtype=np.float64) - n * offsets
-    under = below.sum(axis=1, dtype=np.float64) - (k + 1) * offsets
+    # offset are exactly the first k + 1 in order
+    total = ordered.sum(axis=1, dtype=np.float64) - n * offsets
+    under = ordered[:, : k + 1].sum(axis=1, dtype=np.float64) - (k + 1) * offsets
     return (q * total - under) / n
 
 
