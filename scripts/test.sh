@@ -64,7 +64,9 @@ if [ "${torch_now%%+*}" != 2.13.0 ]; then
 fi
 
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
-# every test, the slow ones too (a plain `pytest` leaves those out), on two workers: the suite
-# waits on real servers about as long as it computes, so two cores run it in about half the
-# time; later arguments win (`-n 0`: one process, `-m 'not slow'`: the quick ones)
-exec .venv/bin/python -m pytest -n 2 -m "slow or not slow" "$@"
+# every test, the slow ones too (a plain `pytest` leaves those out), on three workers for two
+# cores: on two workers the cores sat idle a third of the time while tests waited on their real
+# servers (the README has the timings); work stealing, because a few tests take a minute or
+# two and would otherwise end the run alone. Later arguments win (`-n 0`: one process,
+# `-m 'not slow'`: the quick ones)
+exec .venv/bin/python -m pytest -n 3 --dist worksteal -m "slow or not slow" "$@"
