@@ -283,9 +283,11 @@ def _config_line(settings, path: Path | None) -> None:
                           "timezone UTC, no holidays", highlight=False, soft_wrap=True)
         return
     where = _state["config"] = str(Path(path).resolve())
-    if os.environ.get("IDLEGPU_CONFIG") == str(path):
+    source = _config_source()
+    if source == "environment" or (source is None
+                                   and os.environ.get("IDLEGPU_CONFIG") == str(path)):
         where += " (from $IDLEGPU_CONFIG)"
-    elif Path(path) == DEFAULT_CONFIG:
+    elif Path(path) == DEFAULT_CONFIG and source != "command line":
         where += f" (./{DEFAULT_CONFIG} of the current directory; --config picks another)"
     fields = tuple(f"{ENV_PREFIX}{name}".upper() for name in Settings.model_fields)
     env = sorted(k for k in os.environ if k.upper().startswith(fields))
@@ -294,6 +296,29 @@ def _config_line(settings, path: Path | None) -> None:
         f"config: {where}{'; overridden by ' + ', '.join(env) if env else ''}; pool "
         f"{pool.name}, timezone {pool.timezone}, {pool.calendar.describe()}",
         highlight=False, soft_wrap=True)
+
+
+def _config_source() -> str | None:
+    """Where the running command's ``--config`` came from: "command line", "environment",
+    "default", or None outside a command (or in one without the option)."""
+    import importlib
+
+    context = None
+    # Typer 0.18+ carries its own copy of click, older ones use click's: ask whichever runs
+    for module in ("typer._click.globals", "click.globals"):
+        try:
+            context = importlib.import_module(module).get_current_context(silent=True)
+        except (ImportError, AttributeError):
+            continue
+        if context is not None:
+            break
+    if context is None or not any(p.name == "config" for p in context.command.params):
+        return None
+    source = context.get_parameter_source("config")
+    name = getattr(source, "name", None)
+    if name is None:
+        return None
+    return {"COMMANDLINE": "command line", "ENVIRONMENT": "environment"}.get(name, "default")
 
 
 def _load_settings(config: Path):

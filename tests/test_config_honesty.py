@@ -103,6 +103,31 @@ def test_the_implicit_idlegpu_yaml_and_env_overrides_are_named(tmp_path, cli, mo
     assert "timezone America/New_York, holidays KR" in line
 
 
+@pytest.mark.parametrize("given", [["--config", "idlegpu.yaml"], ["-c", "idlegpu.yaml"],
+                                   ["--config=idlegpu.yaml"], "env"])
+def test_an_explicit_idlegpu_yaml_is_not_called_the_implicit_one(given, tmp_path, cli,
+                                                                  monkeypatch):
+    # the newcomer's friction: `--config idlegpu.yaml` was announced as "./idlegpu.yaml of the
+    # current directory; --config picks another", as if the option had been ignored
+    monkeypatch.chdir(tmp_path)
+    write_config(tmp_path, name="idlegpu.yaml")
+    history = write_history(tmp_path, "chat/replicas", days=3)
+    args = ["analyze", "--history", str(history), "--out", str(tmp_path / "a")]
+    if given == "env":
+        monkeypatch.setenv("IDLEGPU_CONFIG", "idlegpu.yaml")
+    else:
+        args += given
+    code, _, err = cli(args)
+    assert code == 0, err
+    line = " ".join(err.split())
+    assert "current directory" not in line
+    path = (tmp_path / "idlegpu.yaml").resolve()
+    if given == "env":
+        assert f"config: {path} (from $IDLEGPU_CONFIG); pool test-pool" in line
+    else:
+        assert f"config: {path}; pool test-pool" in line
+
+
 def test_commands_that_need_a_config_announce_it(tmp_path, cli):
     config = write_config(tmp_path)  # no holiday_country: none (the default)
     history = write_history(tmp_path, "chat/replicas", days=3)
