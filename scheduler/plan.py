@@ -270,8 +270,12 @@ class _Steps:
     def at(self, i: int) -> str:
         return self.when(self.times[i])
 
-    def when(self, moment: datetime) -> str:
-        return moment.astimezone(self.tz).strftime("%a %H:%M %Z")
+    def when(self, moment: datetime, *, dated: bool = False) -> str:
+        """A moment as the plan says it: weekday and time, which within its horizon is
+        unambiguous; ``dated`` adds the date (a moment in the past: "Fri 09:00" on a
+        Wednesday reads as the coming Friday)."""
+        return moment.astimezone(self.tz).strftime("%a %Y-%m-%d %H:%M %Z" if dated
+                                                   else "%a %H:%M %Z")
 
     def said(self, reasons: Mapping[int, str], i: int) -> str:
         """The policy's reason for a unit at step ``i`` ("" when it was too big to look at)."""
@@ -304,7 +308,7 @@ def wait_reason(job: WaitingJob, steps: _Steps, reasons: Mapping[int, str],
     if not steps.times:
         return "the plan's horizon is empty"
     if job.deadline is not None and job.deadline <= steps.times[0]:
-        return f"its deadline has passed ({steps.when(job.deadline)})"
+        return f"its deadline has passed ({steps.when(job.deadline, dated=True)})"
     need = job.min_gpus
     what = f"needs {need} GPUs" if need == job.gpus else f"needs at least {need} GPUs"
     span = f"{(len(steps.times) * steps.step).total_seconds() / 3600:g} h"

@@ -334,7 +334,7 @@ def test_the_wait_reason_speaks_for_the_whole_horizon():
                             "or planned ahead of it take the 16-GPU window of Wed 20:00 KST – "
                             "Thu 08:00 KST, leaving at most 4.0 h (from Thu 04:00 KST)")
     assert reasons["more"].startswith("needs 16 GPUs for 8.0 h + grace without a stop")
-    assert reasons["late"] == "its deadline has passed (Wed 17:59 KST)"
+    assert reasons["late"] == "its deadline has passed (Wed 2026-01-28 17:59 KST)"
     # a job already running holds the window all night
     held = RunningJob("r", "t", 16, 0, t0 - timedelta(hours=1), False, 30 * 3600, None, None,
                       "training")

@@ -38,7 +38,7 @@ def reasons(free: FreeProfile, queue, settings: PolicySettings = GRACE, **kw) ->
 
 def test_its_deadline_passed_before_the_night():
     said = reasons(profile((2, 0), (12, 16)), [unit("late", 8, 1, deadline=T0)])
-    assert said["late"] == "its deadline has passed (Wed 18:00 KST)"
+    assert said["late"] == "its deadline has passed (Wed 2026-01-28 18:00 KST)"
 
 
 def test_its_deadline_passes_before_the_first_window_long_enough():
@@ -173,3 +173,10 @@ def test_no_reason_of_a_random_night_quotes_a_later_moments_now():
             assert "free now" not in reason or reason.endswith("-GPU window opens"), reason
             assert reason.count(";") <= 1, reason  # said once
     assert seen > 300
+
+
+def test_a_deadline_days_ago_names_its_date_not_a_weekday_that_reads_as_the_coming_one():
+    # the newcomer's friction: "its deadline has passed (Fri 09:00 KST)" on a Wednesday
+    friday = T0 - timedelta(days=5, hours=9)  # Fri 2026-01-23 09:00 in Seoul
+    said = reasons(profile((2, 0), (12, 16)), [unit("late", 8, 1, deadline=friday)])
+    assert said["late"] == "its deadline has passed (Fri 2026-01-23 09:00 KST)"
