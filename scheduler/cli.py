@@ -1169,7 +1169,8 @@ def plan(
                           highlight=False)
     harvest = sum(r.gpus * (r.end - r.start).total_seconds() / 3600 for r in result.runs)
     console.print(Text.assemble(
-        (f"{len(result.runs)} job(s) start, {harvest:,.0f} GPU-hours planned;", "bold green"),
+        (f"{len(result.runs)} job unit(s) start, {harvest:,.0f} GPU-hours planned;",
+         "bold green"),
         f" {len(result.waiting) + len(blocked)} wait. "
         f"Files: {plain(out / 'plan.csv')}, {plain(out / 'windows.csv')}, "
         f"{plain(out / 'free_gpus.png')}"))

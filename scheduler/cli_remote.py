@@ -172,7 +172,7 @@ def remote_plan(console: Console, err: Console, server: str, token_file: Path | 
     harvest = sum(u["gpus"] * (datetime.fromisoformat(u["end_at"])
                                - datetime.fromisoformat(u["start_at"])).total_seconds() / 3600
                   for u in starts if u["end_at"])
-    console.print(f"[bold green]{len(starts)} job(s) start, {harvest:,.0f} GPU-hours "
+    console.print(f"[bold green]{len(starts)} job unit(s) start, {harvest:,.0f} GPU-hours "
                   f"planned;[/] {len(waits)} wait.", highlight=False)
 
 

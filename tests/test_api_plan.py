@@ -299,7 +299,7 @@ def test_plan_with_server_prints_the_servers_plan(env, cli, monkeypatch):
     flat = re.sub(r"[\s│┃]", "", out)  # table cells fold on a narrow terminal
     assert "fits-tonight-" in out and env.units["never-fits"] in out
     assert "no64-GPUwindowopens" in flat
-    assert "2 job(s) start" in out and "1 wait" in out
+    assert "2 job unit(s) start" in out and "1 wait" in out
     monkeypatch.setenv("IDLEGPU_SERVER", env.url)
     code, out, _ = cli(["plan", "--horizon", "12h"])
     assert code == 0 and "Plan from Wed 2026-01-28 17:00" in out

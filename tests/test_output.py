@@ -70,3 +70,18 @@ def test_plan_json_is_the_plan_rows_and_nothing_else(tmp_path, cli):
     assert all(r["start"].endswith("+09:00") for r in started)
     assert all(r["start"] is None and r["reason"] for r in rows if r["outcome"] == "waits")
     assert (tmp_path / "plan.csv").is_file() and (tmp_path / "free_gpus.png").is_file()
+
+
+def test_the_plan_summary_counts_job_units_and_says_so(tmp_path, cli):
+    # the newcomer's friction: one request of 4 units was summed up as "4 job(s) start"
+    store = _submit(tmp_path, cli)
+    code, out, err = cli([
+        "plan", "--history", str(REPO / "data/sample/history.parquet"), "-c", str(CONFIG),
+        "--store", store, "--runs", str(REPO / "data/sample/runs.csv"), "--now",
+        "2026-01-28T18:00:00+09:00", "--out", str(tmp_path / "plan")])
+    assert code == 0, err
+    text = " ".join(out.split())
+    started = re.search(r"(\d+) job unit\(s\) start, [\d,]+ GPU-hours planned; (\d+) wait", text)
+    assert started, text[-600:]
+    assert int(started[1]) + int(started[2]) == 4 and int(started[1]) > 0  # the request's units
+    assert "job(s)" not in text
