@@ -71,3 +71,14 @@ def test_the_quick_start_plan_runs_verbatim(tmp_path):
     assert median in said and median.split(": ", 1)[1] in " ".join(README.split())
     for name in ("plan.csv", "windows.csv", "free_gpus.png"):
         assert (tmp_path / "out" / "plan" / name).is_file(), name
+
+
+def test_the_test_commands_debian_packages_are_the_ones_the_readme_lists():
+    # the newcomer's friction: the README named four packages, scripts/test.sh installed six
+    script = (REPO / "scripts/test.sh").read_text(encoding="utf-8")
+    installed = set(re.findall(r"need\+=\(([\w-]+)\)", script))
+    assert {"prometheus", "etcd-server", "postgresql", "chromium"} <= installed, installed
+    step = README[README.index("**2. Run the whole test suite**"):]
+    step = " ".join(step[:step.index("```")].split())
+    listed = set(re.findall(r"`([\w-]+)`", step.split("a `.venv`")[0]))
+    assert listed == installed, (listed, installed)
