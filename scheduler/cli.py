@@ -836,7 +836,9 @@ def simulate(
            "or use --placement pool", "--placement")
     frame = _check_services(read_history(history), settings)
     entries = load_trace(jobs, settings.admission)
-    sim_jobs = trace_jobs(entries, _planning_estimate(settings, runs))
+    estimator = _planning_estimate(settings, runs)
+    sim_jobs = trace_jobs(entries, estimator.seconds)
+    _say_runtime_model(estimator)
     first, last = frame["ds"].min(), frame["ds"].max()
     start = max(first + pd.Timedelta(days=warmup_days), min(j.submit_at for j in sim_jobs))
     start = pd.Timestamp(start).ceil("h")
@@ -1000,13 +1002,19 @@ def _frontier(frame, settings, sim_jobs, confidences, rows, out: Path, *, start,
 
 
 def _planning_estimate(settings, runs: Path | None = None):
-    """Seconds the admitter plans a unit with: the runtime estimator (past runs of the same
-    family at the configured quantile, a model on parameters, the user's estimate times the
-    safety factor, else a 4-hour guess)."""
-    from idlegpu.scheduler.plan import planning_estimate
-    from idlegpu.scheduler.runtime import load_runs
+    """The runtime estimator the admitter plans units with (past runs of the same family at
+    the configured quantile, a model on parameters, the user's estimate times the safety
+    factor, else a 4-hour guess): ``.seconds(unit)``; ``_say_runtime_model`` after use."""
+    from idlegpu.scheduler.runtime import RuntimeEstimator, load_runs
 
-    return planning_estimate(settings, load_runs(runs) if runs else None)
+    return RuntimeEstimator.from_config(load_runs(runs) if runs else None, settings.admission)
+
+
+def _say_runtime_model(estimator) -> None:
+    """Warn on stderr when the estimates went without their model for want of an extra."""
+    note = estimator.missing_model_note()
+    if note:
+        err_console.print(_warning(note))
 
 
 @app.command(short_help="Tonight's plan: windows, which jobs start when, and why others wait.")
@@ -1079,7 +1087,8 @@ def plan(
     profile = refreshed.profile
     for line in refreshed.warnings():
         err_console.print(_warning(line))
-    estimate = _planning_estimate(settings, runs)
+    estimator = _planning_estimate(settings, runs)
+    estimate = estimator.seconds
     start = profile.start
     if jobs is not None:
         from idlegpu.scheduler.simulate import trace_jobs
@@ -1108,6 +1117,7 @@ def plan(
         from idlegpu.forecast.redact import redact
 
         source = redact(_store_url(settings, store))  # a PostgreSQL URL carries its password
+    _say_runtime_model(estimator)
     planned = tonight(settings, refreshed, queue, running=running, team_usage=usage,
                       horizon=span, start=start)
     result, table, free = planned.plan, planned.windows, refreshed.free
@@ -1255,8 +1265,8 @@ def run(
                        instance=_instance(settings, job_store))
     signals = _signal_source(settings, frame)
     forecast = ForecastProvider(settings, frame)
-    estimate = _planning_estimate(settings, runs)
-    controller = Controller(job_store, cluster, signals, forecast, estimate,
+    estimator = _planning_estimate(settings, runs)
+    controller = Controller(job_store, cluster, signals, forecast, estimator.seconds,
                             policy_settings(settings.admission, settings.pool.headroom_gpus,
                                             settings.pool.total_gpus),
                             fair_share_days=settings.admission.fair_share_days,
@@ -1285,6 +1295,7 @@ def run(
             out.print(table)
             for error in report.errors:
                 err_console.print(_warning(str(error)))
+            _say_runtime_model(estimator)
             from idlegpu.scheduler.api.reads import paused_reason
 
             paused = paused_reason(job_store.admission(), settings.pool.tz)

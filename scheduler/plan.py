@@ -400,8 +400,7 @@ def planning_estimate(settings, runs=None) -> Callable[[Any], float]:
     safety factor, else a 4-hour guess); ``runs``: a table of past runs (``load_runs``)."""
     from idlegpu.scheduler.runtime import RuntimeEstimator
 
-    estimator = RuntimeEstimator.from_config(runs, settings.admission)
-    return lambda unit: estimator.estimate(unit).seconds
+    return RuntimeEstimator.from_config(runs, settings.admission).seconds
 
 
 def store_queue(job_store, settings, estimate: Callable[[Any], float], start: datetime):

@@ -167,6 +167,9 @@ class RuntimeEstimator:
         self._no_runs = _empty_runs()  # one for every family without runs (read only)
         self._tables: dict[str, tuple[pd.DataFrame, frozenset[str]]] = {}
         self._models: dict[tuple[str, tuple[str, ...]], _Fit] = {}
+        self.without_model: set[str] = set()
+        """Families whose runs were enough for the model but that were estimated from history
+        quantiles, scikit-learn (the ``models`` extra) not being installed."""
 
     @classmethod
     def from_config(
@@ -175,6 +178,25 @@ class RuntimeEstimator:
     ) -> RuntimeEstimator:
         return cls(history, admission.runtime_quantile, admission.runtime_safety_factor,
                    default_s, **kwargs)
+
+    def seconds(self, unit: UnitSpec) -> float:
+        """``estimate(unit).seconds``: what the planner and the simulator plan a unit with."""
+        return self.estimate(unit).seconds
+
+    def missing_model_note(self) -> str | None:
+        """One line saying that estimates so far went without their model because scikit-learn
+        is not installed, or None: the same runs give other estimates, and so other plans,
+        with the ``models`` extra than without it."""
+        if not self.without_model:
+            return None
+        families = sorted(self.without_model)
+        named = ", ".join(families[:2]) + (f" and {len(families) - 2} more"
+                                            if len(families) > 2 else "")
+        return (f"runtime estimates: {len(families)} job famil{'y' if len(families) == 1 else 'ies'}"
+                f" ({named}) have the {self.min_model_runs}+ past runs for the {self.model} "
+                "runtime model, which needs scikit-learn (the models extra: pip install "
+                "'idlegpu[models]'); estimated from their runs' q"
+                f"{self.quantile:g} instead, so plans differ from an install with it")
 
     def runs(self, family: str) -> pd.DataFrame:
         """The family's runs the estimator uses (most recent first)."""
@@ -284,6 +306,8 @@ class RuntimeEstimator:
         if len(data) < self.min_model_runs:
             return _Fit(None, len(data), (), math.nan)
         model = self._fit(data, runs.loc[data.index, "runtime_s"])
+        if model is None:
+            self.without_model.add(family)
         return _Fit(model, len(data), tuple(sorted(set(data["gpus"]))), data["gpus"].max())
 
     def _fit(self, data: pd.DataFrame, runtime: pd.Series) -> Any:

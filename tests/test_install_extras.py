@@ -3,6 +3,7 @@ job store or the web server; what needs them says which extra brings it."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import tomllib
@@ -10,7 +11,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 OPTIONAL = ("kubernetes", "sqlalchemy", "apscheduler", "prometheus_client", "fastapi",
-            "uvicorn", "jinja2", "starlette")
+            "uvicorn", "jinja2", "starlette", "sklearn", "prophet", "statsmodels")
 # a child interpreter in which the optional packages cannot be imported, as in a base install
 BLOCK = f"""
 import sys
@@ -49,6 +50,22 @@ def test_the_quick_start_runs_without_the_optional_packages(tmp_path):
                 tmp_path)
     assert done.returncode == 0, done.stderr
     assert "Plan from Wed 2026-01-28 18:00" in done.stdout
+    # the newcomer's friction: without scikit-learn the runtime estimates (and so the plan)
+    # differ from an install with it, and the plan now says so instead of changing silently
+    said = " ".join(done.stderr.split())
+    assert "runtime model, which needs scikit-learn (the models extra: pip install " \
+           "'idlegpu[models]')" in said, said[-1500:]
+    assert re.search(r"runtime estimates: \d+ job famil(y|ies) \(\S+#", said), said[-1500:]
+
+
+def test_with_the_models_extra_the_plan_says_nothing_of_a_missing_runtime_model(tmp_path, cli):
+    code, _, err = cli(["plan", "--config", str(REPO / "idlegpu.yaml"), "--history",
+                        str(REPO / "data/sample/history.parquet"), "--jobs",
+                        str(REPO / "data/sample/jobs.yaml"), "--runs",
+                        str(REPO / "data/sample/runs.csv"), "--now", "2026-01-28T18:00:00+09:00",
+                        "--out", str(tmp_path / "plan")])
+    assert code == 0, err
+    assert "scikit-learn" not in err
 
 
 def test_the_job_store_without_its_extra_names_the_extra(tmp_path):
