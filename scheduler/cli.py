@@ -15,7 +15,13 @@ from rich.markup import escape
 from rich.text import Text
 
 from idlegpu.forecast.errors import IdlegpuError
-from idlegpu.scheduler.output import FORMATS, Column, plain
+from idlegpu.scheduler.output import (
+    FORMATS,
+    PLAN_START_COLUMNS,
+    PLAN_WAIT_COLUMNS,
+    Column,
+    plain,
+)
 
 app = typer.Typer(
     name="idlegpu",
@@ -71,12 +77,6 @@ QUEUE_COLUMNS = (
     Column("tries", "tries", right=True, wide_only=True),
     Column("done", "done", right=True, wide_only=True),
     Column("estimate", "estimate", right=True), Column("submitted", "submitted"))
-PLAN_START_COLUMNS = (
-    Column("job", "job", identifier=True), Column("team", "team"), Column("kind", "kind"),
-    Column("gpus", "GPUs", right=True), Column("from", "from"), Column("until", "until"),
-    Column("then", "then"))
-PLAN_WAIT_COLUMNS = (Column("job", "job", identifier=True), Column("gpus", "GPUs", right=True),
-                     Column("why", "why"))
 QUEUE_DATA = (
     Column("unit", "unit"), Column("request", "request"), Column("team", "team"),
     Column("step", "step"), Column("gpus", "GPUs"), Column("state", "state"),

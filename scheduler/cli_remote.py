@@ -15,7 +15,6 @@ from pathlib import Path
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from idlegpu.scheduler.adapters.api_client import (
     ApiClient,
@@ -150,25 +149,19 @@ def remote_plan(console: Console, err: Console, server: str, token_file: Path | 
         best = max(windows, key=lambda w: w["gpus"] * w["hours"])
         console.print(f"largest idle window: {best['gpus']} GPUs from {at(best['start'])} to "
                       f"{at(best['end'])} ({best['hours']:.1f} h)", highlight=False)
+    from idlegpu.scheduler.output import PLAN_START_COLUMNS, PLAN_WAIT_COLUMNS, emit
+
     units = answer.get("units", [])
     starts = [u for u in units if u["start_at"]]
-    view = Table(title="Jobs that start", title_justify="left")
-    for column in ("job", "team", "kind", "GPUs", "from", "until", "then"):
-        view.add_column(column, justify="right" if column == "GPUs" else "left",
-                        overflow="fold")
-    for u in starts:
-        view.add_row(escape(u["id"]), escape(u["team"]), escape(u["kind"]), str(u["gpus"]),
-                     at(u["start_at"]), at(u["end_at"]), escape(u.get("outcome") or ""))
-    console.print(view)
+    # the local plan's tables (idlegpu.scheduler.output), not a look of their own
+    emit(console, [{"job": u["id"], "team": u["team"], "kind": u["kind"], "gpus": u["gpus"],
+                    "from": at(u["start_at"]), "until": at(u["end_at"]),
+                    "then": u.get("outcome") or ""} for u in starts],
+         PLAN_START_COLUMNS, "table", title="Jobs that start")
     waits = [u for u in units if not u["start_at"]]
     if waits:
-        table = Table(title="Jobs that wait, and why", title_justify="left")
-        table.add_column("job", overflow="fold")
-        table.add_column("GPUs", justify="right")
-        table.add_column("why", overflow="fold")
-        for u in waits:
-            table.add_row(escape(u["id"]), str(u["gpus"]), escape(u["reason"] or ""))
-        console.print(table)
+        emit(console, [{"job": u["id"], "gpus": u["gpus"], "why": u["reason"] or ""}
+                       for u in waits], PLAN_WAIT_COLUMNS, "table", title="Jobs that wait, and why")
     harvest = sum(u["gpus"] * (datetime.fromisoformat(u["end_at"])
                                - datetime.fromisoformat(u["start_at"])).total_seconds() / 3600
                   for u in starts if u["end_at"])

@@ -23,6 +23,7 @@ from datetime import datetime
 from typing import Any
 
 from rich import box
+from rich.cells import cell_len
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -46,6 +47,21 @@ class Column:
     right: bool = False
     wide_only: bool = False
     """Shown by ``wide``, ``csv`` and ``json`` only."""
+
+
+# the plan's two tables, the same locally and from a server (``plan --server``)
+PLAN_START_COLUMNS = (
+    Column("job", "job", identifier=True), Column("team", "team"), Column("kind", "kind"),
+    Column("gpus", "GPUs", right=True), Column("from", "from"), Column("until", "until"),
+    Column("then", "then"))
+PLAN_WAIT_COLUMNS = (Column("job", "job", identifier=True), Column("gpus", "GPUs", right=True),
+                     Column("why", "why"))
+# a word longer than this may still be folded (a URL, a path), rather than widen its column
+WORD_WIDTH = 24
+
+
+def _longest_word(text: str) -> int:
+    return max((len(word) for word in text.split()), default=0)
 
 
 def check_format(output: str) -> str:
@@ -78,27 +94,61 @@ def emit(console: Console, rows: Sequence[Mapping[str, Any]], columns: Sequence[
         console.file.flush()
         return
     shown = [c for c in columns if output == "wide" or not c.wide_only]
-    table = Table(title=Text(plain(title)) if title else None, title_justify="left",
-                  box=box.SIMPLE_HEAD, pad_edge=False)
-    fixed = 0  # what the identifiers and the narrowest other columns need, borders included
-    for c in shown:
-        longest = max((len(_screen(r.get(c.key), tz)) for r in rows), default=0)
-        fixed += 2 + (max(longest, len(c.header)) if c.identifier else 4)
-        if c.identifier:
-            table.add_column(c.header, no_wrap=True, min_width=max(longest, len(c.header)))
-        else:  # wrapped between words (or folded), never cut
+    cells = [[plain(_screen(r.get(c.key), tz)) for c in shown] for r in rows]
+    longest = [max([cell_len(c.header), *(cell_len(row[i]) for row in cells)])
+               for i, c in enumerate(shown)]
+    # the narrowest a column may be: an id whole, any other column's longest word whole (up
+    # to WORD_WIDTH), so that "foundation" never reads "found / ation"
+    least = [longest[i] if c.identifier else
+             max([cell_len(c.header), *(min(_longest_word(row[i]), WORD_WIDTH) for row in cells)])
+             for i, c in enumerate(shown)]
+
+    def table_of(widths: Sequence[int | None]) -> Table:
+        table = Table(title=Text(plain(title)) if title else None, title_justify="left",
+                      box=box.SIMPLE_HEAD, pad_edge=False)
+        for c, width in zip(shown, widths, strict=True):
             table.add_column(c.header, justify="right" if c.right else "left",
-                             no_wrap=output == "wide", overflow="fold")
-    for r in rows:
-        table.add_row(*(Text(plain(_screen(r.get(c.key), tz))) for c in shown))
-    if output == "wide" or fixed > console.width:  # (else the terminal would cut an id)
-        # as wide as the content: a console of that width on the same stream
-        width = Console(width=100_000, file=io.StringIO()).measure(table).maximum
-        Console(width=max(width, console.width), file=console.file, markup=False,
-                emoji=False, highlight=False, force_terminal=console.is_terminal,
+                             no_wrap=c.identifier or output == "wide", overflow="fold",
+                             width=width)
+        for row in cells:
+            table.add_row(*(Text(cell) for cell in row))
+        return table
+
+    natural = table_of([None] * len(shown))
+    needs = Console(width=100_000, file=io.StringIO()).measure(natural).maximum
+    if output == "wide" or needs <= console.width:
+        table, width = natural, needs
+    else:
+        # rich would narrow the widest columns inside their words: the widths are set here,
+        # each column its least plus a share of the room left, by how much more it would take
+        edges = needs - sum(longest)  # padding and borders
+        widths = _shares(least, longest, console.width - edges)
+        table, width = table_of(widths), sum(widths) + edges
+    if width > console.width:  # (else the terminal would cut an id)
+        Console(width=width, file=console.file, markup=False, emoji=False, highlight=False,
+                force_terminal=console.is_terminal,
                 no_color=not console.is_terminal).print(table)
     else:
         console.print(table)
+
+
+def _shares(least: Sequence[int], most: Sequence[int], room: int) -> list[int]:
+    """Column widths from ``least`` towards ``most`` within ``room`` (never under ``least``):
+    the room beyond ``least`` shared in proportion to what each column lacks."""
+    widths = list(least)
+    spare = room - sum(least)
+    lack = [m - w for m, w in zip(most, widths, strict=True)]
+    if spare <= 0 or not sum(lack):
+        return widths
+    total = sum(lack)
+    for i, gap in enumerate(lack):
+        widths[i] += min(gap, spare * gap // total)
+    spare = room - sum(widths)
+    for i in range(len(widths)):  # what the rounding left, first come
+        give = min(spare, most[i] - widths[i])
+        widths[i] += give
+        spare -= give
+    return widths
 
 
 def _machine(rows: Sequence[Mapping[str, Any]], columns: Sequence[Column], output: str,
@@ -117,4 +167,5 @@ def _machine(rows: Sequence[Mapping[str, Any]], columns: Sequence[Column], outpu
     return buffer.getvalue()
 
 
-__all__ = ["FORMATS", "Column", "check_format", "emit", "plain"]
+__all__ = ["FORMATS", "PLAN_START_COLUMNS", "PLAN_WAIT_COLUMNS", "Column", "check_format",
+           "emit", "plain"]

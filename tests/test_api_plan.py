@@ -300,6 +300,10 @@ def test_plan_with_server_prints_the_servers_plan(env, cli, monkeypatch):
     assert "fits-tonight-" in out and env.units["never-fits"] in out
     assert "no64-GPUwindowopens" in flat
     assert "2 job unit(s) start" in out and "1 wait" in out
+    # the local plan's tables (the newcomer's friction: a plain one here, a boxed one there)
+    assert not set("┏┃│┡━╇") & set(out), out
+    assert re.search(r"^ job\s+team\s+kind\s+GPUs\s+from\s+until\s+then\s*$", out, re.M), out
+    assert re.search(r"^ ─+\s*$", out, re.M), out  # the header's rule, as `plan` draws it
     monkeypatch.setenv("IDLEGPU_SERVER", env.url)
     code, out, _ = cli(["plan", "--horizon", "12h"])
     assert code == 0 and "Plan from Wed 2026-01-28 17:00" in out

@@ -85,3 +85,28 @@ def test_the_plan_summary_counts_job_units_and_says_so(tmp_path, cli):
     assert started, text[-600:]
     assert int(started[1]) + int(started[2]) == 4 and int(started[1]) > 0  # the request's units
     assert "job(s)" not in text
+
+
+def test_plan_tables_on_80_columns_wrap_between_words_never_inside_one(tmp_path, cli,
+                                                                      monkeypatch):
+    # the newcomer's friction: "datag / en", "found / ation" at 80 columns or piped
+    monkeypatch.setenv("COLUMNS", "80")
+    code, out, err = cli([
+        "plan", "--history", str(REPO / "data/sample/history.parquet"), "--config",
+        str(CONFIG), "--jobs", str(REPO / "data/sample/jobs.yaml"), "--runs",
+        str(REPO / "data/sample/runs.csv"), "--now", "2026-01-28T18:00:00+09:00", "--out",
+        str(tmp_path)])
+    assert code == 0, err
+    with (tmp_path / "plan.csv").open(encoding="utf-8") as f:
+        planned = list(csv.DictReader(f))
+    started = [r for r in planned if r["outcome"] != "waits"]
+    assert started and any(r["team"] == "foundation" for r in started)
+    lines = out.splitlines()
+    for r in started:  # the unit's row holds its id, team and kind whole
+        (line,) = [ln for ln in lines if ln.split()[:1] == [r["job_id"]]]
+        assert line.split()[1:3] == [r["team"], r["kind"]], line
+    for r in planned:  # and every word of a reason is whole on some line
+        if r["outcome"] == "waits" and not r["reason"].startswith("waits for its previous"):
+            words = set(" ".join(lines).split())
+            assert set(r["reason"].split()) <= words, r["reason"]
+    assert max(map(len, lines)) < 120  # as narrow as whole ids and words allow, not unbounded
