@@ -1756,7 +1756,7 @@ def report(
         from idlegpu.scheduler.reports import Month, notices_from_store
 
         with JobStore(_store_url(settings, store)) as job_store:
-            table = runs_from_store(job_store, datetime.now(timezone.utc))
+            table = runs_from_store(job_store, _now(None))
             notices = notices_from_store(job_store, Month.parse(month), tz)
     else:
         table, notices = read_runs(runs), None

@@ -107,7 +107,8 @@ def add_console(app: FastAPI, settings, store, authenticator: Authenticator, rea
     """The console's routes on ``app`` (and ``app.state.console_caller``, through which the
     ``/v1`` routes accept the console's session cookie)."""
     secret = getattr(settings.api, "session_secret", None)
-    sessions = Sessions(secret, store=store)  # a logout ends the session on every replica
+    # a logout ends the session on every replica; sessions age on the server's clock
+    sessions = Sessions(secret, store=store, now=lambda: now().timestamp())
     app.state.console_sessions = sessions
     tz = settings.pool.tz
     env = Environment(loader=PackageLoader("idlegpu.scheduler.console", "templates"),

@@ -30,6 +30,7 @@ import os
 import secrets
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -67,10 +68,11 @@ class Sessions:
     """Issues and checks signed session cookies (see the module)."""
 
     def __init__(self, secret: Any = None, *, hours: float = SESSION_HOURS,
-                 store: Any = None) -> None:
+                 store: Any = None, now: Callable[[], float] = time.time) -> None:
         """``secret``: str, bytes or a pydantic ``SecretStr`` (``api.session_secret``);
         ``store``: the job store that remembers logouts for every replica (None: this
-        process only)."""
+        process only); ``now``: the server's clock in epoch seconds (the one that judges
+        token expiry, so a replayed server ages sessions as it ages tokens)."""
         if hasattr(secret, "get_secret_value"):
             secret = secret.get_secret_value() or None
         if secret is None:
@@ -82,6 +84,7 @@ class Sessions:
         self._ended: dict[str, float] = {}
         self._lock = threading.Lock()
         self.store = store
+        self._now = now
 
     def _sign(self, body: str) -> str:
         return _b64(hmac.new(self.key, body.encode("ascii"), hashlib.sha256).digest())
@@ -91,7 +94,7 @@ class Sessions:
               ) -> tuple[Session, str]:
         session = Session(id=secrets.token_urlsafe(16), user=user, auth=auth, team=team,
                           role=role, csrf=secrets.token_urlsafe(32),
-                          expires=time.time() + self.hours * 3600,
+                          expires=self._now() + self.hours * 3600,
                           token_sha256=token_sha256, groups=tuple(groups))
         payload = {"i": session.id, "u": user, "a": auth, "t": team, "r": role,
                    "c": session.csrf, "e": round(session.expires), "h": token_sha256,
@@ -114,7 +117,7 @@ class Sessions:
                               groups=tuple(data.get("g") or ()))
         except (ValueError, KeyError, TypeError):
             return None
-        if time.time() >= session.expires:
+        if self._now() >= session.expires:
             return None
         with self._lock:
             if session.id in self._ended:
@@ -124,7 +127,7 @@ class Sessions:
         return session
 
     def end(self, session: Session) -> None:
-        now = time.time()
+        now = self._now()
         with self._lock:
             self._ended = {k: v for k, v in self._ended.items() if v > now}
             self._ended[session.id] = session.expires
@@ -136,7 +139,7 @@ class Sessions:
         """A login form's CSRF nonce: random, stamped and signed with the session secret, so
         only this server (or a replica sharing its secret) can make one: a cookie and a form
         field that a client chose together are refused."""
-        body = f"{secrets.token_urlsafe(18)}.{int(time.time() if now is None else now)}"
+        body = f"{secrets.token_urlsafe(18)}.{int(self._now() if now is None else now)}"
         return f"{body}.{self._sign(LOGIN_NONCE + body)}"
 
     def login_nonce_ok(self, nonce: str | None, max_age_s: float = 3600,
@@ -150,7 +153,7 @@ class Sessions:
         stamp = body.rpartition(".")[2]
         if not stamp.isdigit():
             return False
-        age = (time.time() if now is None else now) - int(stamp)
+        age = (self._now() if now is None else now) - int(stamp)
         return 0 <= age <= max_age_s
 
     @staticmethod
