@@ -31,7 +31,7 @@ from idlegpu.scheduler.coverage import (
     promise_of,
     score,
 )
-from idlegpu.scheduler.replay import forecast_free, forecast_pool_free, profile_of
+from idlegpu.scheduler.replay import forecast_free, forecast_pool_free, pool_free, profile_of
 from idlegpu.scheduler.types import FreeProfile
 
 
@@ -96,6 +96,20 @@ class Refresher:
         return Refresh(now, free, profile_of(free, confidence, now, likely), promise, coverage,
                        forecast, likely)
 
+    def profile_for(self, refresh: Refresh, history: pd.DataFrame, pool: Settings
+                    ) -> FreeProfile:
+        """``refresh``'s profile for another pool of the same services, admission and
+        forecasts, only its size or headroom changed (``same_forecasts``): the replica
+        forecast is reused, the pool's free GPUs recomputed, with the same widened services."""
+        if not same_forecasts(self.settings, pool):
+            raise ValueError("a pool variant may change the pool's size and headroom only (its "
+                             "services, admission and time zone forecast and score alike)")
+        replicas = metric_rows(history, REPLICAS)
+        past = replicas[replicas[DS] < pd.Timestamp(refresh.made_at)]
+        free, likely = pool_free(refresh.forecast, past, pool, horizon=self.horizon,
+                                 quantiles=planned_quantiles(refresh.coverage))
+        return profile_of(free, pool.admission.confidence, refresh.made_at, likely)
+
     def backfill(self, replicas: pd.DataFrame, now: datetime, **options) -> None:
         """Make the forecasts of the nightly refreshes over the last ``window`` (each from
         the history before it, ``options`` to the model) and keep their promises."""
@@ -127,4 +141,14 @@ class Refresher:
         self.promises = [p for p in self.promises if pd.Timestamp(p.made_at) >= oldest]
 
 
-__all__ = ["Refresh", "Refresher"]
+def same_forecasts(settings: Settings, other: Settings) -> bool:
+    """Whether ``other`` forecasts, scores and widens exactly as ``settings`` does: the same
+    services, admission and forecast settings and time zone and calendar (the pool's size
+    and headroom may differ)."""
+    keep = ("total_gpus", "headroom_gpus", "nodes")
+    mine, theirs = (s.pool.model_dump(exclude=set(keep)) for s in (settings, other))
+    rest = [name for name in type(settings).model_fields if name != "pool"]
+    return mine == theirs and all(getattr(settings, n) == getattr(other, n) for n in rest)
+
+
+__all__ = ["Refresh", "Refresher", "same_forecasts"]

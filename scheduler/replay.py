@@ -140,20 +140,38 @@ def forecast_pool_free(history: pd.DataFrame, settings: Settings, now: datetime,
 
     replicas = metric_rows(history, REPLICAS)
     past = replicas[replicas[DS] < pd.Timestamp(now)]
-    confidence = settings.admission.confidence
-    span = pd.Timedelta(horizon)
-    lag = pd.Timedelta(0)
-    if not past.empty:
-        ends = past.groupby(UNIQUE_ID, observed=True)[DS].max()
-        newest = ends.max()
-        lag = min(newest - ends.min(),
-                  pd.Timedelta(seconds=settings.admission.max_forecast_age_seconds))
-    levels = forecast_levels(settings, confidence, list((quantiles or {}).values()))
-    forecast = model_for(model, settings, **options).fit(past).predict(span + lag, levels)
-    pool = pool_forecast_usage(forecast, settings, confidence, past, quantiles)
+    lag, _ = _forecast_lag(past, settings)
+    levels = forecast_levels(settings, settings.admission.confidence,
+                             list((quantiles or {}).values()))
+    forecast = model_for(model, settings, **options).fit(past).predict(
+        pd.Timedelta(horizon) + lag, levels)
+    free, likely = pool_free(forecast, past, settings, horizon=horizon, quantiles=quantiles)
+    return free, likely, forecast
+
+
+def pool_free(forecast: pd.DataFrame, past: pd.DataFrame, settings: Settings, *,
+              horizon: timedelta = timedelta(hours=48),
+              quantiles: Mapping[str, float] | None = None) -> tuple[pd.Series, pd.Series]:
+    """The pool's promised and median free GPUs per step (``forecast_pool_free``) from a
+    replica forecast already made on the replicas ``past``: the same forecast serves pools
+    that differ only in their size and headroom (a what-if), without a refit."""
+    pool = pool_forecast_usage(forecast, settings, settings.admission.confidence, past,
+                               quantiles)
+    lag, newest = _forecast_lag(past, settings)
     if lag > pd.Timedelta(0):
-        pool = pool[pool.index <= newest + span]  # the horizon of the freshest series
-    return pool[FREE], pool[FREE_MEDIAN], forecast
+        pool = pool[pool.index <= newest + pd.Timedelta(horizon)]  # the freshest series'
+    return pool[FREE], pool[FREE_MEDIAN]
+
+
+def _forecast_lag(past: pd.DataFrame, settings: Settings) -> tuple[pd.Timedelta, object]:
+    """How much further than the horizon to forecast (a service whose replicas stopped being
+    recorded before the others', up to ``max_forecast_age``), and the newest sample."""
+    if past.empty:
+        return pd.Timedelta(0), None
+    ends = past.groupby(UNIQUE_ID, observed=True)[DS].max()
+    newest = ends.max()
+    return min(newest - ends.min(),
+               pd.Timedelta(seconds=settings.admission.max_forecast_age_seconds)), newest
 
 
 def profile_of(free: pd.Series, confidence: float, made_at: datetime,

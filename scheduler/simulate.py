@@ -82,7 +82,7 @@ from idlegpu.forecast.models import CACHED_MODELS
 from idlegpu.forecast.nodes import STRATEGIES, ServicePlacement
 from idlegpu.forecast.schema import DS, KV_CACHE_USAGE, REPLICAS, UNIQUE_ID, Y, metric_rows
 from idlegpu.scheduler.policy import decide, policy_settings
-from idlegpu.scheduler.refresh import Refresher
+from idlegpu.scheduler.refresh import Refresher, same_forecasts
 from idlegpu.scheduler.replay import WAITING_PER_REPLICA, serving_pressure
 from idlegpu.scheduler.types import (
     NIGHT_HOURS,
@@ -950,6 +950,29 @@ def forecast_profiles_for(
     start), each fitted only on the history before it, by the daemon's refresh
     (``idlegpu.scheduler.refresh``: a service whose forecasts in use covered less than promised over
     the last week is planned with a wider quantile)."""
+    return pool_profiles_for(history, settings, (), index, refresh_hour, horizon, model=model,
+                             on_refresh=on_refresh, cache=cache)[0]
+
+
+def pool_profiles_for(
+    history: pd.DataFrame,
+    settings: Settings,
+    pools: Sequence[Settings],
+    index: pd.DatetimeIndex,
+    refresh_hour: int,
+    horizon: timedelta,
+    *,
+    model: str = "auto",
+    on_refresh: Callable[[int, int], None] | None = None,
+    cache: dict | None = None,
+) -> list[dict[datetime, FreeProfile]]:
+    """``forecast_profiles_for`` of ``settings``, then of each of ``pools`` (the same pool
+    but for its size and headroom, ``refresh.same_forecasts``) from the same refits: a what-if
+    on the pool's size costs the pool arithmetic of each evening, not a refit."""
+    for n, pool in enumerate(pools):
+        if not same_forecasts(settings, pool):
+            raise ValueError(f"pools[{n}] changes more than the pool's size and headroom; "
+                             "forecast it with forecast_profiles_for")
     # the nightly refits only read replicas: filter the history once, not at every refit
     replicas = metric_rows(history, REPLICAS)
     local = index.tz_convert(settings.pool.timezone)
@@ -959,9 +982,12 @@ def forecast_profiles_for(
     options = {"cache": cache} if model in CACHED_MODELS else {}
     refresher = Refresher(settings, horizon=horizon, model=model, refresh_hour=refresh_hour,
                           **options)
-    profiles = {}
+    profiles: list[dict[datetime, FreeProfile]] = [{} for _ in range(1 + len(pools))]
     for n, at in enumerate(refresh):
-        profiles[at.to_pydatetime()] = refresher.refresh(replicas, at.to_pydatetime()).profile
+        made = refresher.refresh(replicas, at.to_pydatetime())
+        profiles[0][at.to_pydatetime()] = made.profile
+        for mine, pool in zip(profiles[1:], pools, strict=True):
+            mine[at.to_pydatetime()] = refresher.profile_for(made, replicas, pool)
         if on_refresh:
             on_refresh(n + 1, len(refresh))
     return profiles
@@ -1174,5 +1200,6 @@ def trace_jobs(entries, estimate: Callable[[object], float]) -> list[SimJob]:
 
 
 __all__ = ["CAUSE_NAMES", "PLACEMENTS", "POLICIES", "SWEEP_CONFIDENCES", "SimJob", "SimResult",
-           "delay_events", "forecast_profiles_for", "lost_work", "simulate", "simulate_policies", "sweep",
+           "delay_events", "forecast_profiles_for", "lost_work", "pool_profiles_for", "simulate",
+           "simulate_policies", "sweep",
            "trace_jobs"]
