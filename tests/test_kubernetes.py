@@ -129,6 +129,20 @@ def test_label_values_are_valid_and_distinct() -> None:
     assert len(set(labels)) == len(labels)
 
 
+def test_manifest_times_are_utc_whatever_zone_the_clock_is_in(cluster: KubernetesCluster
+                                                              ) -> None:
+    # the newcomer's friction: a replay's --now in +09:00 wrote created-at "+09:00" beside
+    # stop-by "Z"; every time we write is RFC 3339 UTC, as the API server's own fields are
+    from zoneinfo import ZoneInfo
+
+    seoul = ZoneInfo("Asia/Seoul")
+    m = cluster.manifest("req7-0-1", 1, make_spec(), "nlp", STOP_BY.astimezone(seoul),
+                         NOW.astimezone(seoul))
+    annotations = m["metadata"]["annotations"]
+    assert annotations["idlegpu.io/created-at"] == "2026-03-02T09:00:00Z"
+    assert annotations["idlegpu.io/stop-by"] == "2026-03-02T14:00:00Z"
+
+
 def test_manifest_golden(cluster: KubernetesCluster) -> None:
     m = manifest(cluster)
     assert m["apiVersion"] == "batch/v1" and m["kind"] == "Job"

@@ -207,7 +207,9 @@ def _quantity_cpu(cpu: float) -> str:
 
 
 def _iso(when: datetime) -> str:
-    return when.isoformat().replace("+00:00", "Z")
+    """A time in an object we write, as Kubernetes writes its own (``creationTimestamp``):
+    RFC 3339 in UTC, ``Z``, whatever zone the daemon's clock (a replay's ``--now``) is in."""
+    return when.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
 def _server_time(date_header: str | None) -> datetime:
