@@ -153,7 +153,10 @@ def token_create(
                        action="token.create", target=name, address=where,
                        detail={"team": team, "role": role,
                                "expires_at": expires_at.isoformat() if expires_at else None}))
-    until = f"until {expires_at.isoformat(timespec='seconds')}" if expires_at else "with no expiry"
+    from idlegpu.forecast.tables import iso_time
+
+    zone = settings.pool.timezone if settings is not None else "UTC"
+    until = f"until {iso_time(expires_at, zone)}" if expires_at else "with no expiry"
     err_console.print(f"token {name} for team {team} ({role}), valid {until}; it is shown "
                       "once, here, and stored only hashed:", highlight=False, markup=False)
     print(token)
@@ -162,8 +165,6 @@ def token_create(
 @token_app.command("list")
 def token_list(config: OptionalConfig = None, store: StoreOption = None) -> None:
     """The tokens: name, team, role, created, expires, revoked (never the tokens)."""
-    from rich.table import Table
-
     from idlegpu.scheduler.adapters.store import JobStore
 
     settings = _optional_config(config)
@@ -172,16 +173,22 @@ def token_list(config: OptionalConfig = None, store: StoreOption = None) -> None
     if not rows:
         console.print("no tokens; `idlegpu token create --team T --name N` makes one")
         return
+    from idlegpu.forecast.tables import iso_time
+    from idlegpu.scheduler.output import Column, emit
+
     when = _now(None)
-    table = Table(title=f"job API tokens ({len(rows)})", title_justify="left")
-    for column in ("name", "team", "role", "created", "expires", "state"):
-        table.add_column(column)
-    for r in rows:
-        state = ("revoked" if r.revoked_at else "expired" if not r.valid_at(when) else "valid")
-        table.add_row(r.name, r.team, r.role, r.created_at.isoformat(timespec="seconds"),
-                      r.expires_at.isoformat(timespec="seconds") if r.expires_at else "never",
-                      state)
-    console.print(table, markup=False, highlight=False)
+    zone = settings.pool.timezone if settings is not None else "UTC"  # the CLI's one rule
+    listed = [{"name": r.name, "team": r.team, "role": r.role,
+               "created": iso_time(r.created_at, zone),
+               "expires": iso_time(r.expires_at, zone) if r.expires_at else "never",
+               "state": ("revoked" if r.revoked_at else "expired" if not r.valid_at(when)
+                         else "valid")} for r in rows]
+    # the list commands' tables (idlegpu.scheduler.output): names and times never cut
+    emit(console, listed, [Column("name", "name", identifier=True), Column("team", "team"),
+                           Column("role", "role"), Column("created", "created", identifier=True),
+                           Column("expires", "expires", identifier=True),
+                           Column("state", "state")], "table",
+         title=f"job API tokens ({len(rows)})")
 
 
 @token_app.command("revoke")

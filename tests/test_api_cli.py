@@ -39,7 +39,8 @@ def test_serve_token_and_run_on_one_machine(tmp_path):
             headers={"Authorization": f"Bearer {token}", "Content-Type": "application/yaml"},
             timeout=30)
         assert response.status_code == 201, response.text
-        assert response.json()["submitted_at"].startswith("2026-01-28T08:00")  # --now's clock
+        submitted = response.json()["submitted_at"]  # --now's clock, in the pool's zone as
+        assert submitted.startswith("2026-01-28T17:00") and submitted.endswith("+09:00")  # plans
         (unit,) = response.json()["unit_ids"]
     finally:
         server.send_signal(signal.SIGTERM)

@@ -110,3 +110,17 @@ def test_plan_tables_on_80_columns_wrap_between_words_never_inside_one(tmp_path,
             words = set(" ".join(lines).split())
             assert set(r["reason"].split()) <= words, r["reason"]
     assert max(map(len, lines)) < 120  # as narrow as whole ids and words allow, not unbounded
+
+
+def test_token_times_carry_the_pool_zones_offset_and_are_never_cut(tmp_path, cli):
+    # the newcomer's friction: token expiry in +00:00 beside plans in +09:00, and cut by "…"
+    store = f"sqlite:///{tmp_path / 't.db'}"
+    code, _, err = cli(["token", "create", "--team", "foundation", "--name", "me", "-c",
+                        str(CONFIG), "--store", store, "--now", "2026-01-28T17:00:00+09:00"])
+    assert code == 0, err
+    assert "valid until 2026-04-28T17:00:00+09:00" in " ".join(err.split())
+    code, out, err = cli(["token", "list", "-c", str(CONFIG), "--store", store])
+    assert code == 0, err
+    (row,) = [ln.split() for ln in out.splitlines() if ln.split()[:1] == ["me"]]
+    assert row[3:5] == ["2026-01-28T17:00:00+09:00", "2026-04-28T17:00:00+09:00"], row
+    assert "…" not in out

@@ -76,21 +76,23 @@ def spec_error_field(message: str, source: str = SOURCE) -> str | None:
     return found.group(1) if found else None
 
 
-def _iso(value: datetime | None) -> str | None:
-    return None if value is None else value.isoformat()
+def _iso(value: datetime | None, tz) -> str | None:
+    """A time in an answer: ISO 8601 with the offset of the pool's zone ``tz``, as the plan
+    routes and the CSV files give theirs (one rule for every time a user reads)."""
+    return None if value is None else value.astimezone(tz).isoformat()
 
 
-def unit_json(row: UnitRow) -> dict[str, Any]:
+def unit_json(row: UnitRow, tz) -> dict[str, Any]:
     return {
         "id": row.id, "request_id": row.request_id, "request_name": row.request_name,
         "team": row.team, "kind": row.kind, "step": row.step, "step_index": row.step_index,
         "member": row.member, "gpus": row.gpus, "priority": row.priority,
         "checkpointable": row.checkpointable, "state": row.state.value,
         "attempts": row.attempts, "preemptions": row.preemptions,
-        "work_done_s": row.work_done_s, "submitted_at": _iso(row.submitted_at),
-        "updated_at": _iso(row.updated_at), "admitted_at": _iso(row.admitted_at),
-        "started_at": _iso(row.started_at), "stop_by": _iso(row.stop_by),
-        "cancel_requested_at": _iso(row.cancel_requested_at), "reason": row.reason,
+        "work_done_s": row.work_done_s, "submitted_at": _iso(row.submitted_at, tz),
+        "updated_at": _iso(row.updated_at, tz), "admitted_at": _iso(row.admitted_at, tz),
+        "started_at": _iso(row.started_at, tz), "stop_by": _iso(row.stop_by, tz),
+        "cancel_requested_at": _iso(row.cancel_requested_at, tz), "reason": row.reason,
         "depends_on": list(row.depends_on), "image": row.spec.image,
     }
 
@@ -130,6 +132,7 @@ def create_app(settings: Settings, store: JobStore, *,
     which unit a research pod runs (default, with TokenReview on: the API server's pods)."""
     api = settings.api
     now = as_clock(clock)
+    tz = settings.pool.tz  # every time in an answer carries the pool zone's offset
     if api.token_review.enabled and reviewer is None:
         from idlegpu.scheduler.api.tokenreview import TokenReviewer
 
@@ -386,9 +389,9 @@ def create_app(settings: Settings, store: JobStore, *,
         row = store.request(request_id)
         units = store.request_units(request_id)
         return {"id": row.id, "name": row.name, "team": row.team, "kind": row.kind,
-                "submitted_at": _iso(row.submitted_at),
+                "submitted_at": _iso(row.submitted_at, tz),
                 "submitted_by": store.submitted_by(request_id),
-                "units": [unit_json(u) for u in units], "unit_ids": [u.id for u in units]}
+                "units": [unit_json(u, tz) for u in units], "unit_ids": [u.id for u in units]}
 
     @app.get(f"/{API_VERSION}/requests/{{request_id}}", summary="One request and its units")
     def get_request(request_id: RequestId, who: Caller) -> dict[str, Any]:
@@ -419,7 +422,7 @@ def create_app(settings: Settings, store: JobStore, *,
         rows = store.find_units(
             states=wanted, team=who.team if scope == "team" else None,
             principal=who.principal if scope == "mine" else None, limit=limit)
-        return {"scope": scope, "count": len(rows), "units": [unit_json(r) for r in rows]}
+        return {"scope": scope, "count": len(rows), "units": [unit_json(r, tz) for r in rows]}
 
     @app.get(f"/{API_VERSION}/units/{{unit_id}}",
              summary="One unit with its attempts, preemptions and checkpoints")
@@ -427,19 +430,19 @@ def create_app(settings: Settings, store: JobStore, *,
         row = store.unit(unit_id)
         events = store.events(unit_id=unit_id)
         attempts = [{
-            "number": a.number, "admitted_at": _iso(a.admitted_at),
-            "started_at": _iso(a.started_at), "ended_at": _iso(a.ended_at),
+            "number": a.number, "admitted_at": _iso(a.admitted_at, tz),
+            "started_at": _iso(a.started_at, tz), "ended_at": _iso(a.ended_at, tz),
             "outcome": a.outcome.value if a.outcome else None, "gpus": a.gpus,
             "gpu_seconds": a.gpu_seconds, "lost_gpu_seconds": a.lost_gpu_seconds,
-            "window": a.window_label, "stop_by": _iso(a.stop_by),
+            "window": a.window_label, "stop_by": _iso(a.stop_by, tz),
         } for a in store.attempts(unit_id)]
 
         def of(kind: EventKind) -> list[dict[str, Any]]:
-            return [{"at": _iso(e.at), "gpus": e.gpus, "gpu_seconds": e.gpu_seconds,
+            return [{"at": _iso(e.at, tz), "gpus": e.gpus, "gpu_seconds": e.gpu_seconds,
                      **e.detail} for e in events if e.kind is kind]
 
         plan = None if row.state.is_terminal() else reads.unit_plan(row.id)
-        return {**unit_json(row), "spec": spec_to_json(row.spec), "attempt_history": attempts,
+        return {**unit_json(row, tz), "spec": spec_to_json(row.spec), "attempt_history": attempts,
                 "preemption_history": of(EventKind.PREEMPTED),
                 "checkpoints": of(EventKind.CHECKPOINTED), "notices": of(EventKind.NOTICE),
                 "workload_reports": store.workload_reports(unit_id), "plan": plan}
@@ -504,7 +507,7 @@ def create_app(settings: Settings, store: JobStore, *,
         entries = store.audit_log(since, limit=limit, team=team, action=action, actor=actor,
                                   offset=offset)
         return {"entries": [{
-            "id": e.id, "at": _iso(e.at), "actor": e.actor, "auth": e.auth, "role": e.role,
+            "id": e.id, "at": _iso(e.at, tz), "actor": e.actor, "auth": e.auth, "role": e.role,
             "team": e.team, "action": e.action, "target": e.target, "address": e.address,
             "detail": dict(e.detail)} for e in entries]}
 
