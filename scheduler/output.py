@@ -61,7 +61,7 @@ WORD_WIDTH = 24
 
 
 def _longest_word(text: str) -> int:
-    return max((len(word) for word in text.split()), default=0)
+    return max((cell_len(word) for word in text.split()), default=0)
 
 
 def check_format(output: str) -> str:

@@ -11,7 +11,7 @@ week would have made, from the history before each, so it judges from its first 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -96,19 +96,24 @@ class Refresher:
         return Refresh(now, free, profile_of(free, confidence, now, likely), promise, coverage,
                        forecast, likely)
 
-    def profile_for(self, refresh: Refresh, history: pd.DataFrame, pool: Settings
-                    ) -> FreeProfile:
-        """``refresh``'s profile for another pool of the same services, admission and
-        forecasts, only its size or headroom changed (``same_forecasts``): the replica
-        forecast is reused, the pool's free GPUs recomputed, with the same widened services."""
-        if not same_forecasts(self.settings, pool):
+    def profiles_for(self, refresh: Refresh, history: pd.DataFrame,
+                     pools: Sequence[Settings]) -> list[FreeProfile]:
+        """``refresh``'s profile for each of ``pools``, the same pool but for its size or
+        headroom (``same_forecasts``): the replica forecast is reused, the pool's free GPUs
+        recomputed, with the same widened services."""
+        if not all(same_forecasts(self.settings, pool) for pool in pools):
             raise ValueError("a pool variant may change the pool's size and headroom only (its "
                              "services, admission and time zone forecast and score alike)")
         replicas = metric_rows(history, REPLICAS)
         past = replicas[replicas[DS] < pd.Timestamp(refresh.made_at)]
-        free, likely = pool_free(refresh.forecast, past, pool, horizon=self.horizon,
-                                 quantiles=planned_quantiles(refresh.coverage))
-        return profile_of(free, pool.admission.confidence, refresh.made_at, likely)
+        quantiles = planned_quantiles(refresh.coverage)
+        profiles = []
+        for pool in pools:
+            free, likely = pool_free(refresh.forecast, past, pool, horizon=self.horizon,
+                                     quantiles=quantiles)
+            profiles.append(profile_of(free, pool.admission.confidence, refresh.made_at,
+                                       likely))
+        return profiles
 
     def backfill(self, replicas: pd.DataFrame, now: datetime, **options) -> None:
         """Make the forecasts of the nightly refreshes over the last ``window`` (each from

@@ -192,9 +192,10 @@ class RuntimeEstimator:
         families = sorted(self.without_model)
         named = ", ".join(families[:2]) + (f" and {len(families) - 2} more"
                                             if len(families) > 2 else "")
-        return (f"runtime estimates: {len(families)} job famil{'y' if len(families) == 1 else 'ies'}"
-                f" ({named}) have the {self.min_model_runs}+ past runs for the {self.model} "
-                "runtime model, which needs scikit-learn (the models extra: pip install "
+        kind = "family" if len(families) == 1 else "families"
+        return (f"runtime estimates: {len(families)} job {kind} ({named}) have the "
+                f"{self.min_model_runs}+ past runs for the {self.model} runtime model, "
+                "which needs scikit-learn (the models extra: pip install "
                 "'idlegpu[models]'); estimated from their runs' q"
                 f"{self.quantile:g} instead, so plans differ from an install with it")
 

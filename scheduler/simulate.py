@@ -935,23 +935,16 @@ def _latest(profiles: dict[datetime, FreeProfile] | None, now: datetime) -> Free
     return profiles[max(made)] if made else None
 
 
-def forecast_profiles_for(
-    history: pd.DataFrame,
-    settings: Settings,
-    index: pd.DatetimeIndex,
-    refresh_hour: int,
-    horizon: timedelta,
-    *,
-    model: str = "auto",
-    on_refresh: Callable[[int, int], None] | None = None,
-    cache: dict | None = None,
-) -> dict[datetime, FreeProfile]:
+def forecast_profiles_for(history: pd.DataFrame, settings: Settings, index: pd.DatetimeIndex,
+                          refresh_hour: int, horizon: timedelta, **options
+                          ) -> dict[datetime, FreeProfile]:
     """The free-GPU profiles the ``forecast`` policy sees: one per evening (and one at the
     start), each fitted only on the history before it, by the daemon's refresh
     (``idlegpu.scheduler.refresh``: a service whose forecasts in use covered less than promised over
-    the last week is planned with a wider quantile)."""
-    return pool_profiles_for(history, settings, (), index, refresh_hour, horizon, model=model,
-                             on_refresh=on_refresh, cache=cache)[0]
+    the last week is planned with a wider quantile). ``options``: ``model``, ``on_refresh``
+    and ``cache``, as ``pool_profiles_for`` takes them."""
+    return pool_profiles_for(history, settings, (), index, refresh_hour, horizon,
+                             **options)[0]
 
 
 def pool_profiles_for(
@@ -985,9 +978,9 @@ def pool_profiles_for(
     profiles: list[dict[datetime, FreeProfile]] = [{} for _ in range(1 + len(pools))]
     for n, at in enumerate(refresh):
         made = refresher.refresh(replicas, at.to_pydatetime())
-        profiles[0][at.to_pydatetime()] = made.profile
-        for mine, pool in zip(profiles[1:], pools, strict=True):
-            mine[at.to_pydatetime()] = refresher.profile_for(made, replicas, pool)
+        theirs = refresher.profiles_for(made, replicas, pools) if pools else []
+        for mine, profile in zip(profiles, [made.profile, *theirs], strict=True):
+            mine[at.to_pydatetime()] = profile
         if on_refresh:
             on_refresh(n + 1, len(refresh))
     return profiles
