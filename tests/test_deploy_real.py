@@ -63,11 +63,28 @@ def _get(kube: Any, *args: str) -> dict[str, Any] | None:
     return json.loads(proc.stdout) if proc.returncode == 0 else None
 
 
+def _wait_unless_terminating(kube: Any, namespace: str, timeout_s: float = 120) -> None:
+    """Return once ``namespace`` is not being deleted: the real namespace controller refuses
+    new content in a terminating namespace until it is gone."""
+    deadline = time.monotonic() + timeout_s
+    while (found := _get(kube, "namespace", namespace)) is not None \
+            and found.get("status", {}).get("phase") == "Terminating":
+        if time.monotonic() > deadline:
+            pytest.fail(f"namespace {namespace} still terminating after {timeout_s:g} s")
+        time.sleep(0.5)
+
+
 @pytest.fixture(scope="module")
 def deployed(kube_control_plane: Any) -> Iterator[Deployed]:
     kube = kube_control_plane
     rendered = kube.kubectl("kustomize", str(DEPLOY)).stdout
     docs = [d for d in yaml.safe_load_all(rendered) if d]
+    # the control plane is shared by the session, and with work stealing a worker can set
+    # this fixture up again after tearing it down (its namespaces deleted without waiting):
+    # wait for them to be gone, as nothing can be created in a terminating namespace
+    for doc in docs:
+        if doc["kind"] == "Namespace":
+            _wait_unless_terminating(kube, doc["metadata"]["name"])
     cluster_scoped = [d for d in docs if "namespace" not in d["metadata"]]
     created = [d for d in cluster_scoped
                if _get(kube, d["kind"].lower(), d["metadata"]["name"]) is None]
