@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta, tzinfo
 from functools import lru_cache
+from typing import Any
 from zoneinfo import ZoneInfo
 
 
@@ -99,7 +100,7 @@ def local_hour(day: date, hour: int, tz: str) -> datetime:
     return datetime(day.year, day.month, day.day, hour, tzinfo=ZoneInfo(tz)).astimezone(UTC)
 
 
-def wall_clock(index, tz: str):
+def wall_clock(index: Any, tz: str | tzinfo) -> Any:
     """An aware ``DatetimeIndex`` as naive local wall-clock times in ``tz``: whole days are 24
     hours apart, and a time of day is the same slot on every day."""
     return index.tz_convert(tz).tz_localize(None)

@@ -141,7 +141,9 @@ class NodeShape(_Strict):
     def memory_bytes(self) -> int | None:
         if self.memory is None:
             return None
-        number, suffix = re.fullmatch(r"(\d+(?:\.\d+)?)(\D*)", self.memory).groups()
+        quantity = re.fullmatch(r"(\d+(?:\.\d+)?)(\D*)", self.memory)
+        assert quantity is not None  # _memory_quantity let only such quantities in
+        number, suffix = quantity.groups()
         return int(float(number) * _QUANTITY_FACTORS[suffix])
 
 
@@ -845,7 +847,7 @@ def _check_yaml_depth(text: str, where: str) -> None:
         if isinstance(event, yaml.MappingStartEvent | yaml.SequenceStartEvent):
             level += 1
             if level > MAX_CONFIG_DEPTH:
-                line = event.start_mark.line + 1
+                line = event.start_mark.line + 1 if event.start_mark else "?"
                 raise ConfigError(f"{where}: nested deeper than {MAX_CONFIG_DEPTH} levels at "
                                   f"line {line}; look for a runaway [ or {{")
         elif isinstance(event, yaml.MappingEndEvent | yaml.SequenceEndEvent):

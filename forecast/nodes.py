@@ -343,7 +343,8 @@ def node_idle(usage: pd.DataFrame, settings: Settings, strategy: str | None = No
     known = ~np.isnan(cap)
     cap = np.nan_to_num(cap)
     free = np.asarray(node_gpus)[None, :] - held
-    pool_view, on_nodes = {}, {}
+    pool_view: dict[int | str, np.ndarray] = {}
+    on_nodes: dict[int | str, np.ndarray] = {}
     for size in (g for g in sizes if g <= max(node_gpus)):
         pool_view[size] = np.floor(cap / size) * size
         on_nodes[size] = usable_gpus(free, node_gpus, size, cap=cap)

@@ -66,9 +66,10 @@ def what_if(
             f"what-if: unknown service(s) {', '.join(unknown)}; the config defines "
             f"{', '.join(names)}"
         )
+    floors = min_replicas or {}
     for service in data["services"]:
-        if service["name"] in (min_replicas or {}):
-            service["min_replicas"] = int(min_replicas[service["name"]])
+        if service["name"] in floors:
+            service["min_replicas"] = int(floors[service["name"]])
     return load_config(data=data)
 
 

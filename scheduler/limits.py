@@ -112,6 +112,8 @@ def _scan(text: str, limits: RequestLimits) -> None:
                 sizes[anchor] = size
                 open_anchors.discard(anchor)
         elif isinstance(event, yaml.AliasEvent):
+            # an alias (``*name``) always names an anchor: both parsers give it as a string
+            assert event.anchor is not None
             if event.anchor in open_anchors:
                 raise LimitError("", f"an alias refers to the collection it is in{_line(event)}; "
                                      "a request cannot contain itself: write the value out")

@@ -114,14 +114,14 @@ def plan_ahead(
         stopping = 0  # GPUs of the jobs told to stop now: the policy counts them held till then
         for d in decisions:
             if d.action is Action.ADMIT:
-                job = waiting.take(d.job_id)
-                end = d.stop_by or t + timedelta(seconds=job.runtime_s)
+                unit = waiting.take(d.job_id)
+                end = d.stop_by or t + timedelta(seconds=unit.runtime_s)
                 outcome = "checkpoints and stops" if d.stop_by else "finishes"
-                run = RunningJob(job.id, job.team, job.gpus, job.priority, t, job.checkpointable,
-                                 job.runtime_s, None, d.stop_by, job.kind)
-                active[job.id] = (run, PlannedRun(job.id, job.team, job.kind, job.gpus, t, end,
-                                                  outcome, d.reason))
-                said.pop(job.id, None)
+                run = RunningJob(unit.id, unit.team, unit.gpus, unit.priority, t,
+                                 unit.checkpointable, unit.runtime_s, None, d.stop_by, unit.kind)
+                active[unit.id] = (run, PlannedRun(unit.id, unit.team, unit.kind, unit.gpus, t,
+                                                   end, outcome, d.reason))
+                said.pop(unit.id, None)
             elif d.action is Action.PREEMPT and d.job_id in active:
                 job, row = active.pop(d.job_id)
                 runs.append(replace(row, end=t, outcome="checkpoints and stops"))
@@ -216,8 +216,8 @@ class _Queue:
         as free at once, no reservation)."""
         by_id = {d.job_id: d for d in decisions if d.action in (Action.ADMIT, Action.DEFER)}
         attempts, spent, taken = 0, False, 0.0
-        for job in self.first(seen):
-            d = by_id[job.id]
+        for unit in self.first(seen):
+            d = by_id[unit.id]
             if d.action is Action.ADMIT:
                 taken += d.gpus
             elif not spent:
@@ -310,6 +310,7 @@ def wait_reason(job: WaitingJob, steps: _Steps, reasons: Mapping[int, str],
     if job.deadline is not None and job.deadline <= steps.times[0]:
         return f"its deadline has passed ({steps.when(job.deadline, dated=True)})"
     need = job.min_gpus
+    assert need is not None  # WaitingJob.__post_init__ always sets it
     what = f"needs {need} GPUs" if need == job.gpus else f"needs at least {need} GPUs"
     span = f"{(len(steps.times) * steps.step).total_seconds() / 3600:g} h"
     left = np.nan_to_num(steps.left, nan=-1.0)
@@ -320,9 +321,9 @@ def wait_reason(job: WaitingJob, steps: _Steps, reasons: Mapping[int, str],
         return (f"{what}; {now} free now and at most {max(0, int(pool[most]))} in the next "
                 f"{span} (at {steps.at(most)}): no {need}-GPU window opens")
     if not (left >= need).any():
-        opens = int(np.argmax(pool >= need))
+        opens_at = int(np.argmax(pool >= need))
         most = int(np.argmax(left))
-        return (f"{what}; the pool has {need} free from {steps.at(opens)}, but the jobs "
+        return (f"{what}; the pool has {need} free from {steps.at(opens_at)}, but the jobs "
                 f"running or planned ahead of it hold them: at most {max(0, int(left[most]))} "
                 f"left in the next {span}")
     whole = not job.checkpointable or (
@@ -338,9 +339,9 @@ def wait_reason(job: WaitingJob, steps: _Steps, reasons: Mapping[int, str],
         longest_s = (longest[1] - longest[0]) * step_s
         pool_long = [r for r in _runs(pool >= need) if (r[1] - r[0]) * step_s >= need_s]
         if pool_long:
-            first = pool_long[0]
+            taken = pool_long[0]
             return (f"{what} {for_what}; the jobs running or planned ahead of it take the "
-                    f"{need}-GPU window of {steps.at(first[0])} – {_end(steps, first[1])}, "
+                    f"{need}-GPU window of {steps.at(taken[0])} – {_end(steps, taken[1])}, "
                     f"leaving at most {_hours(longest_s)} (from {steps.at(longest[0])})")
         return (f"{what} {for_what}; the longest {need}-GPU window in the next {span} is "
                 f"{_hours(longest_s)} (from {steps.at(longest[0])})")

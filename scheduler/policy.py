@@ -67,6 +67,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
@@ -81,6 +82,9 @@ from idlegpu.scheduler.types import (
     ServingSignals,
     WaitingJob,
 )
+
+if TYPE_CHECKING:
+    from idlegpu.forecast.config import AdmissionConfig
 
 MAX_RESERVATION_ATTEMPTS = 8
 
@@ -369,25 +373,29 @@ def decide(
     reserved = False
     attempts = 0  # reservation attempts; bounded so a long queue stays cheap
     too_big: dict[tuple[int, int], str] = {}  # one reason text per (size, GPUs free now)
-    for job in ordered:
+    for unit in ordered:
         try_reserve = not reserved and attempts < MAX_RESERVATION_ATTEMPTS
-        if not try_reserve and job.min_gpus > avail.now():
+        assert unit.min_gpus is not None  # WaitingJob.__post_init__ always sets it
+        if not try_reserve and unit.min_gpus > avail.now():
             # the common case deep in a long queue: bigger than what is left now (as
             # _place's first check says, without its call)
-            key = (job.gpus, max(0, int(avail.now())))
+            key = (unit.gpus, max(0, int(avail.now())))
             if key not in too_big:
                 too_big[key] = f"needs {key[0]} GPUs; {key[1]} free now"
-            decisions.append(Decision(Action.DEFER, job.id, job.gpus, too_big[key]))
+            decisions.append(Decision(Action.DEFER, unit.id, unit.gpus, too_big[key]))
             continue
-        decision = _place(job, now, profile, avail, settings, reserve=try_reserve, nodes=room)
+        decision = _place(unit, now, profile, avail, settings, reserve=try_reserve, nodes=room)
         by_nodes = decision.action is Action.DEFER and decision.node == ""
         if by_nodes:  # refused by the nodes: whole nodes are reserved for it where they free up
+            # only _place with a node view (room) refuses by the nodes
+            assert room is not None
             decision = replace(decision, node=None)
             if try_reserve:
                 attempts += 1
-                held = _reserve_nodes(job, profile, avail, room, settings, decision.reason)
-                if held is not None:
-                    decision, reserved = held, True
+                nodes_held = _reserve_nodes(unit, profile, avail, room, settings,
+                                            decision.reason)
+                if nodes_held is not None:
+                    decision, reserved = nodes_held, True
         elif decision.action is Action.DEFER and try_reserve:
             attempts += 1
             # the pool's GPUs are held for it from then, not nodes: holding the nodes free by
@@ -430,8 +438,10 @@ def _stops_after_checkpoint(
     if not fresh:
         return out, keeps
     grace = timedelta(seconds=settings.grace_s)
+    # (every unit of fresh has a next checkpoint: next_checkpoint(now) is never None below)
     for job in fresh:
-        if job.stop_by is not None and now < job.stop_by < job.next_checkpoint(now):
+        if job.stop_by is not None and now < job.stop_by < cast(datetime,
+                                                                job.next_checkpoint(now)):
             # an elastic unit keeps what stays free after its window, as at the window's end
             keep = _keep_after_window(job, now, free, used, ends, i0, n_steps, grace_steps,
                                       settings, step)
@@ -444,7 +454,7 @@ def _stops_after_checkpoint(
     if not fresh:
         return out, keeps
     # how far a stop now can beat the next checkpoint: up to the latest of them, plus grace
-    latest = max(j.next_checkpoint(now) for j in fresh)
+    latest = max(cast(datetime, j.next_checkpoint(now)) for j in fresh)
     stop = min(n_steps, profile.index_at(latest) + grace_steps + 1)
     first = i0 + grace_steps + 1
     if stop <= first:
@@ -460,13 +470,15 @@ def _stops_after_checkpoint(
         return out, keeps
     at = first + int(later[0])  # the step the service needs the GPUs from
     leave_by = profile.time_at(at) - grace
-    qualify = [j for j in fresh if j.next_checkpoint(now) > leave_by and ends[j.id] > at]
+    qualify = [j for j in fresh
+               if cast(datetime, j.next_checkpoint(now)) > leave_by and ends[j.id] > at]
     if likely is not None:
         short_likely = held - likely[i0:stop]
         short_likely[np.isnan(short_likely)] = 0.0
 
         def likely_before_checkpoint(job: RunningJob) -> bool:
-            until = min(stop, profile.index_at(job.next_checkpoint(now)) + grace_steps + 1)
+            until = min(stop, profile.index_at(cast(datetime, job.next_checkpoint(now)))
+                        + grace_steps + 1)
             return bool((short_likely[first - i0 : max(first, until) - i0] > 0).any())
 
         qualify = [j for j in qualify if likely_before_checkpoint(j)]
@@ -581,6 +593,7 @@ def _cover(
         new[better] = with_it[better]
         took[i, better] = -1
         if shrink and job.elastic:
+            assert job.min_gpus is not None  # RunningJob.__post_init__ always sets it
             for freed in range(1, min(job.gpus - job.min_gpus, need) + 1):
                 cost = (_shrink_cost(job, job.gpus - freed, now, restart_cost_s, planned)
                         + penalty(job, freed) + per_victim)
@@ -657,6 +670,7 @@ def _keep_after_window(job: RunningJob, now: datetime, free: np.ndarray, used: n
     worthwhile segment after its grace period (a hole: none)."""
     if not job.elastic:
         return 0
+    assert job.min_gpus is not None  # RunningJob.__post_init__ always sets it
     start = min(n_steps, i0 + grace_steps)
     runtime_s = max(0.0, job.remaining_s) * job.gpus / job.min_gpus
     segment_s = min(runtime_s, _min_segment_s(job, settings))
@@ -760,7 +774,9 @@ class _NodeRoom:
         # answers by request shape until something is taken: a long queue asks the same few
         # shapes again and again (scanning 125 nodes for each of 10,000 units was most of
         # decide()'s time)
-        self._answers: dict[tuple, object] = {}
+        # (the first item of a key says what its answer is: "gang" list[int] | None, "one"
+        # int | None, "why" str)
+        self._answers: dict[tuple[object, ...], object] = {}
 
     def _closed(self, until: int | None) -> frozenset[int]:
         """The reserved nodes a unit holding its GPUs until step ``until`` may not take."""
@@ -778,7 +794,7 @@ class _NodeRoom:
         key = ("gang", count, gpus, cpu, memory, bool(closed))
         if key not in self._answers:
             self._answers[key] = self._fit_gang(count, gpus, cpu, memory, closed)
-        return self._answers[key]
+        return cast("list[int] | None", self._answers[key])
 
     def _fit_gang(self, count: int, gpus: int, cpu: float | None,
                   memory: int | None, closed: frozenset[int]) -> list[int] | None:
@@ -800,7 +816,7 @@ class _NodeRoom:
         shape = ("one", gpus, cpu, memory, bool(closed))
         if shape not in self._answers:
             self._answers[shape] = self._fit(gpus, cpu, memory, closed)
-        return self._answers[shape]
+        return cast("int | None", self._answers[shape])
 
     def _fit(self, gpus: int, cpu: float | None, memory: int | None,
              closed: frozenset[int]) -> int | None:
@@ -897,10 +913,11 @@ class _NodeRoom:
         if shape not in self._answers:
             self._answers[shape] = (self.why_gang(job) if job.nodes > 1
                                     else self._why_one(job))
-        return self._answers[shape]
+        return cast(str, self._answers[shape])
 
     def _why_one(self, job: WaitingJob) -> str:
         gpus = job.min_gpus
+        assert gpus is not None  # WaitingJob.__post_init__ always sets it
         nodes = len(self.names)
         where = f"{nodes} node{'s' if nodes != 1 else ''}" + (
             f", {self.cordoned} more not ready or cordoned" if self.cordoned else "")
@@ -947,6 +964,7 @@ def _place(
     it, reserving if asked (never when it is the nodes that refuse it)."""
     step = profile.step_s
     i0 = capacity.i0
+    assert job.min_gpus is not None  # WaitingJob.__post_init__ always sets it
     if not reserve and job.min_gpus > capacity.now():
         return _too_big(job, capacity.now())
     if job.deadline is not None and now >= job.deadline:
@@ -985,9 +1003,11 @@ def _place(
         if admitted is not None:
             if node is None:
                 return admitted[0]
+            assert nodes is not None  # a node was fitted on them
             nodes.take(node, gpus, job.cpu, job.memory, until=admitted[1])
             return replace(admitted[0], node=nodes.names[node], nodes=(nodes.names[node],))
     if no_node:
+        assert nodes is not None  # only set where the nodes were asked
         # "node" marks a refusal by the nodes: the caller reserves nothing for it
         return Decision(Action.DEFER, job.id, job.gpus, nodes.why(job), node="")
     if not reserve and job.gpus > capacity.now():
@@ -1137,7 +1157,8 @@ def _earliest_fit(avail: np.ndarray, start: int, gpus: int, steps: int) -> int |
     return int(full[0]) + start if full.size else None
 
 
-def policy_settings(admission, headroom_gpus: int = 0, pool_gpus: int = 0) -> PolicySettings:
+def policy_settings(admission: AdmissionConfig, headroom_gpus: int = 0,
+                    pool_gpus: int = 0) -> PolicySettings:
     """PolicySettings from the ``admission`` section of idlegpu.yaml (an AdmissionConfig), the
     pool's headroom and its size (``pool.total_gpus``)."""
     return PolicySettings(

@@ -71,6 +71,7 @@ import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -181,7 +182,7 @@ class _Job:
     deadline when it never answers), then leaves (``_end_notice``)."""
     notice_answers: bool = False
     notice_close: tuple[str, bool] | None = None  # the stop's (cause, overran), closed later
-    queued_view: tuple[tuple[float, int], WaitingJob] | None = None
+    queued_view: tuple[tuple[float, int, int], WaitingJob] | None = None
     """The last ``as_waiting`` of it, with the (saved work, preemptions) it was made for: the
     replay asks every step, and it changes only when those do."""
 
@@ -611,8 +612,8 @@ def simulate(
     lost = float(frame["lost_gpu_hours"].sum()) if len(frame) else 0.0
     lost_checkpointing = (float(frame.loc[frame["checkpointable"].astype(bool),
                                           "lost_gpu_hours"].sum()) if len(frame) else 0.0)
-    started = [j for j in state.values() if j.first_start is not None]
-    waits = [(j.first_start - j.spec.submit_at).total_seconds() / 3600 for j in started]
+    waits = [(j.first_start - j.spec.submit_at).total_seconds() / 3600
+             for j in state.values() if j.first_start is not None]
     # the work done and kept, whatever the GPU-hours held for it: finished, saved at a
     # checkpoint, or running at the end (a grace period spent checkpointing is no work)
     work = sum((j.saved_s + (j.progress_s if j.running and j.releasing_until is None else 0.0))
@@ -664,8 +665,9 @@ class _Nodes:
         self.base = base.nodes
         self.index = {node.name: i for i, node in enumerate(self.base)}
         self.capacity = np.array([node.gpus for node in self.base], dtype=np.int64)
-        self.placement = ServicePlacement(self.capacity, [s.gpus_per_replica
-                                                          for s in settings.services],
+        # (an int64 array is what ServicePlacement makes of its node_gpus: it keeps this one)
+        self.placement = ServicePlacement(cast("Sequence[int]", self.capacity),
+                                          [s.gpus_per_replica for s in settings.services],
                                           strategy, deletion_cost=deletion_cost)
         self.largest = int(self.capacity.max())
         self._last: tuple[int, ...] | None = None
@@ -706,8 +708,10 @@ class _Nodes:
         self._last = target
         held, releasing = self.held(live)
         # victims as the kube-scheduler would take them: lowest priority, newest first
+        # (a running job has started: started_at is set)
         order = sorted((j for j in live if j.running and j.releasing_until is None),
-                       key=lambda j: (j.spec.priority, -(j.started_at.timestamp()), j.spec.id))
+                       key=lambda j: (j.spec.priority,
+                                      -(cast(datetime, j.started_at).timestamp()), j.spec.id))
         on_node: list[list[_Job]] = [[] for _ in self.capacity]
         for job in order:
             for node in job.where:
@@ -802,6 +806,8 @@ def _end_notice(job: _Job, runs: _Run, *, cut: bool = False) -> None:
     job.progress_s = 0.0
     cause, overran = job.notice_close or ("", False)
     job.notice_until = job.notice_close = None
+    # a notice under way always has its release set with it (``_stop``, a cut)
+    assert job.releasing_until is not None
     runs.close(job, job.releasing_until, "stopped", lost, cause=cause, overran=overran,
                notice=outcome, notice_saved_s=saved)
 
@@ -867,6 +873,7 @@ def _running(job: _Job, step_s: int, overruns: Overruns, *, oracle: bool = False
     done = job.saved_s + job.progress_s
     left = spec.work_s - done if oracle else overruns.remaining_s(spec.estimate_s, done)
     left /= _rate(job)  # on fewer GPUs the work left takes longer
+    assert job.started_at is not None  # only running jobs are asked (set when admitted)
     return RunningJob(
         id=spec.id, team=spec.team, gpus=job.gpus, priority=spec.priority,
         started_at=job.started_at, checkpointable=spec.checkpointable or at_will,
@@ -972,7 +979,7 @@ def pool_profiles_for(
     refresh = sorted({index[0], *index[(local.hour == refresh_hour) & (local.minute == 0)]})
     # the refits see growing prefixes of one history: reuse their work
     cache = {} if cache is None else cache
-    options = {"cache": cache} if model in CACHED_MODELS else {}
+    options: dict[str, Any] = {"cache": cache} if model in CACHED_MODELS else {}
     refresher = Refresher(settings, horizon=horizon, model=model, refresh_hour=refresh_hour,
                           **options)
     profiles: list[dict[datetime, FreeProfile]] = [{} for _ in range(1 + len(pools))]
@@ -1017,7 +1024,7 @@ def simulate_policies(
     if workers == 1:
         out = {}
         for name in policies:
-            hooks = {}
+            hooks: dict[str, Any] = {}
             if on_progress is not None:
                 hooks = {"on_step": lambda k, n, name=name: on_progress(name, "steps", k + 1, n),
                          "on_refresh": lambda k, n, name=name: on_progress(

@@ -7,11 +7,16 @@ durations are seconds.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from idlegpu.forecast.config import NodeShape
 
 NIGHT_HOURS = (20, 8)
 """The fixed night of the original operator, local ``[start, end)`` hours: the ``night``
@@ -74,7 +79,7 @@ class Action(StrEnum):
     """An elastic running job checkpoints and restarts on fewer GPUs (``Decision.gpus``)."""
 
 
-def _elastic_min(job) -> None:
+def _elastic_min(job: WaitingJob | RunningJob) -> None:
     """``min_gpus`` defaults to ``gpus`` (not elastic); never above it."""
     least = job.gpus if job.min_gpus is None else min(int(job.min_gpus), job.gpus)
     object.__setattr__(job, "min_gpus", max(1, least) if job.gpus > 0 else job.gpus)
@@ -119,6 +124,8 @@ class WaitingJob:
 
     @property
     def elastic(self) -> bool:
+        # __post_init__ (_elastic_min) always sets min_gpus
+        assert self.min_gpus is not None
         return self.min_gpus < self.gpus
 
     @property
@@ -148,7 +155,7 @@ class Overruns:
     min_samples: int = OVERRUN_MIN_SAMPLES
 
     @classmethod
-    def of(cls, ratios, quantile: float = 0.9,
+    def of(cls, ratios: Iterable[float], quantile: float = 0.9,
            min_samples: int = OVERRUN_MIN_SAMPLES) -> Overruns:
         """From any iterable of ratios (non-finite and non-positive ones dropped)."""
         kept = sorted(float(r) for r in ratios if np.isfinite(r) and r > 0)
@@ -224,7 +231,7 @@ class RunningJob:
     this much earlier and, like those of a unit that saves on stop, lose nothing. It is still
     stopped early, just after a checkpoint, where the need comes before its next one (a
     blind unit's rule): that costs it nothing, and on the real pools the margin it gives
-    the service was measured to keep the service's delay down (README, "Checkpoint
+    the service was measured to keep the service's delay down (docs/benchmarks.md, "Checkpoint
     notices")."""
 
     def __post_init__(self) -> None:
@@ -237,6 +244,8 @@ class RunningJob:
 
     @property
     def elastic(self) -> bool:
+        # __post_init__ (_elastic_min) always sets min_gpus
+        assert self.min_gpus is not None
         return self.min_gpus < self.gpus and self.checkpointable
 
     def last_checkpoint(self, now: datetime) -> datetime:
@@ -364,8 +373,8 @@ class PolicySettings:
     shortfall, only if the profile's median (``FreeProfile.likely``) also falls short before
     its next checkpoint (an early stop saves work only when the shortfall comes, and costs
     the run it would have had when it does not). False (the default; and a profile without a
-    median): whenever the promise falls short. Measured on the real pools (README, Admission
-    policy): more harvest on ServeGen in 4 of 6 variants, but more service delay in 3 and
+    median): whenever the promise falls short. Measured on the real pools
+    (docs/admission.md): more harvest on ServeGen in 4 of 6 variants, but more service delay in 3 and
     more lost work on the real pool, so it is off."""
     node_reservation_s: float = 14400.0
     """With a node view, whole nodes are reserved for the first unit the nodes refuse only
@@ -602,10 +611,11 @@ class NodeView:
         return max((node.free_gpus for node in self.nodes), default=0)
 
     @classmethod
-    def of_shapes(cls, shapes, observed_at: datetime | None = None) -> NodeView:
+    def of_shapes(cls, shapes: Iterable[NodeShape],
+                  observed_at: datetime | None = None) -> NodeView:
         """Empty nodes of the shapes of ``pool.nodes`` (``NodeShape``: gpus, cpu, memory,
         labels, count), named ``node-<i>`` (for the simulator and planning)."""
-        nodes = []
+        nodes: list[NodeState] = []
         for shape in shapes:
             for _ in range(shape.count):
                 nodes.append(NodeState(
@@ -614,7 +624,7 @@ class NodeView:
                     labels=tuple(sorted(shape.labels.items()))))
         return cls(tuple(nodes), observed_at=observed_at)
 
-    def claiming(self, claims) -> NodeView:
+    def claiming(self, claims: Mapping[str, tuple[int, float, int]]) -> NodeView:
         """This view with ``claims`` (``{node: (gpus, cpu, memory)}``: what admissions counted
         on whose pods are not bound yet) added to what those nodes have requested."""
         if not claims:

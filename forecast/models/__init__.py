@@ -9,6 +9,7 @@ gradient boosting).
 from __future__ import annotations
 
 from importlib import import_module
+from typing import Any
 
 import pandas as pd
 
@@ -48,7 +49,7 @@ def make_model(
     timezone: str = "UTC",
     holiday_country: HolidayCalendar | str | None = None,
     bounds: dict[str, tuple[float, float]] | None = None,
-    **options,
+    **options: Any,
 ) -> Forecaster:
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODEL_NAMES)}")
@@ -80,7 +81,7 @@ def replica_bounds(settings: Settings) -> dict[str, tuple[float, float]]:
     }
 
 
-def model_for(name: str, settings: Settings | None, **options) -> Forecaster:
+def model_for(name: str, settings: Settings | None, **options: Any) -> Forecaster:
     """A model set up with the pool's time zone, holiday calendar (public holidays of
     ``holiday_country``/``holiday_subdivision`` plus ``custom_holidays``) and replica bounds."""
     if settings is None:

@@ -50,8 +50,10 @@ what the series has and what ``auto`` needs.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -71,6 +73,7 @@ from idlegpu.forecast.models.curve import (
     _bucket_key,
     _coarse_key,
     _Errors,
+    _Fitted,
     _grouped_quantiles,
     _small_unique,
     _trailing_nanmean,
@@ -132,18 +135,20 @@ class _State:
     steps_per_day: int
     names: list[str]
     phis: dict[str, float]
-    curve: object | None  # the curve model's fitted state
+    curve: _Fitted | None  # the curve model's fitted state
     slots: np.ndarray  # each step's slot of the day and day type
     kinds: np.ndarray
     span: pd.Timedelta
     choices: list[_Choice | None] = field(default_factory=lambda: [None] * len(BLOCK_NAMES))
     errors: _Errors = field(default_factory=lambda: _Errors(np.zeros(0, np.int64), np.zeros(0)))
     rounding: str = "down"  # integer series: how a quantile becomes a replica count
-    lines: dict = field(default_factory=dict)  # the grid's medians, by (kind, k)
+    # the grid's medians, by (kind, k): the first row they were read from, and the line
+    lines: dict[tuple[str, int], tuple[int, np.ndarray]] = field(default_factory=dict)
     first_row: int = 0  # the first day the candidates are read at (earlier days only feed them)
 
 
-ROUNDINGS = {"down": np.floor, "nearest": np.round, "up": np.ceil}
+ROUNDINGS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "down": np.floor, "nearest": np.round, "up": np.ceil}
 
 
 class AutoForecaster(SeriesForecaster):
@@ -164,11 +169,11 @@ class AutoForecaster(SeriesForecaster):
         select_quantile: float = 0.9,
         aci_gamma: float | None = 0.02,
         aci_days: int = 7,
-        cache: dict | None = None,
+        cache: dict[Any, Any] | None = None,
         candidates: tuple[str, ...] | None = None,
         combined: tuple[int, ...] = (1,) + COMBINED,
         scaled_calibration: bool = True,
-        **curve_options,
+        **curve_options: Any,
     ) -> None:
         """``cache``: a dict shared by fits on growing prefixes of one history (the
         simulator's nightly refits): every replay is made once and reused.
@@ -198,7 +203,8 @@ class AutoForecaster(SeriesForecaster):
 
     # ---------------------------------------------------------------- the grid
     def _grid(self, index: pd.DatetimeIndex, step: pd.Timedelta,
-              first_day: pd.Timestamp | None = None):
+              first_day: pd.Timestamp | None = None
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, pd.Timestamp]:
         """Grid positions, slots of the day and day types of ``index`` (and the grid's first
         local day, the first of ``index``'s unless given)."""
         wall, slots, kinds = self.curve_model._calendar(index, step, False)
@@ -294,6 +300,7 @@ class AutoForecaster(SeriesForecaster):
             elif name == "harmonic":
                 value = by_k("harmonic", k_day)
             elif name == "curve":
+                assert curve_points is not None  # a candidate only where the curve was fitted
                 value = curve_points
             else:
                 continue
@@ -565,15 +572,15 @@ class AutoForecaster(SeriesForecaster):
             at = blocks == block
             if choice is None:
                 # a lead block the backtest could not reach: the nearest block's choice
-                known = [b for b, c in enumerate(s.choices) if c is not None]
+                known = [(b, c) for b, c in enumerate(s.choices) if c is not None]
                 if not known:
                     point[at] = forecasts[0][at]
                     continue
-                choice = s.choices[min(known, key=lambda b: abs(b - block))]
+                choice = min(known, key=lambda bc: abs(bc[0] - block))[1]
             point[at] = forecasts[list(choice.parts)].mean(axis=0)[at]
             served[at] = choice.label
             skill[at] = _skill(choice)
-        if curve_points is not None and not s.curve.one_curve:
+        if s.curve is not None and curve_points is not None and not s.curve.one_curve:
             # a holiday on a weekday is a calendar fact a few weeks of backtest cannot teach:
             # only the curve's day types know it looks like a Sunday
             weekday = index.tz_convert(self.timezone).day_of_week.to_numpy()
@@ -592,7 +599,7 @@ class AutoForecaster(SeriesForecaster):
             out = ROUNDINGS[s.rounding](out + (1e-6 if s.rounding == "down" else 0.0))
         return series, index, out
 
-    def predict(self, horizon, quantiles) -> pd.DataFrame:
+    def predict(self, horizon: pd.Timedelta | str, quantiles: Sequence[float]) -> pd.DataFrame:
         """The tidy forecast with two more columns: ``served_by``, the candidate (or mean of
         candidates) that made each step's forecast, and ``skill``, that choice's backtest
         skill against the better seasonal naive in the step's lead block (1 - the ratio of
@@ -678,7 +685,7 @@ class _ScaledErrors(_Errors):
         z = (errors - self._loc[keys]) / self._scale[keys]
         self._z = _Errors(_parent_key(keys), z, targets)
 
-    def quantiles(self, qs, keys: np.ndarray) -> np.ndarray:
+    def quantiles(self, qs: Sequence[float], keys: np.ndarray) -> np.ndarray:
         if len(self.all) == 0:
             return np.zeros((len(keys), len(qs)))
         # per distinct bucket, then spread: a fit asks for every backtest error's bucket
@@ -723,13 +730,13 @@ def _rounding(actual: np.ndarray, quantile: np.ndarray, q: float) -> str:
     below: it keeps the coverage the quantile has), to the nearest or up, whichever the
     backtest's calibrated ``q``-quantiles lose least pinball with. Down is as good as the others
     when the quantile covers exactly ``q``; under-covered it loses the most."""
-    def loss(pred):
+    def loss(pred: np.ndarray) -> float:
         d = actual - pred
         return float(np.mean(np.maximum(q * d, (q - 1) * d)))
 
     losses = {name: loss(how(quantile + (1e-6 if name == "down" else 0.0)))
               for name, how in ROUNDINGS.items()}
-    return min(losses, key=losses.get)
+    return min(losses, key=lambda name: losses[name])
 
 
 def _calibrated_pinball(errors: np.ndarray, q: float) -> np.ndarray:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, Self, runtime_checkable
 
 import numpy as np
 import pandas as pd
@@ -185,15 +185,15 @@ class SeriesForecaster:
     def _setup(self) -> None:
         """Import heavy libraries lazily; called once per fit."""
 
-    def _fit_one(self, series: Series):
+    def _fit_one(self, series: Series) -> Any:
         raise NotImplementedError
 
     def _predict_one(
-        self, state, horizon: pd.Timedelta, qs: tuple[float, ...]
+        self, state: Any, horizon: pd.Timedelta, qs: tuple[float, ...]
     ) -> tuple[Series, pd.DatetimeIndex, np.ndarray]:
         raise NotImplementedError
 
-    def fit(self, history: pd.DataFrame):
+    def fit(self, history: pd.DataFrame) -> Self:
         series = prepare_series(history, self.bounds)
         self._setup()
         self.fitted_ = [self._fit_one(s) for s in series]

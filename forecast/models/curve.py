@@ -42,12 +42,14 @@ than one day of history is refused.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from idlegpu.forecast.calendar import WORKING_DAY, day_types, wall_clock
+from idlegpu.forecast.calendar import WORKING_DAY, HolidayCalendar, day_types, wall_clock
 from idlegpu.forecast.models.base import (
     DAY,
     WEEK,
@@ -70,7 +72,7 @@ def _bucket_key(lead: np.ndarray, hour: np.ndarray, off: np.ndarray) -> np.ndarr
     return (lead.astype(np.int64) * 24 + hour) * 2 + off.astype(np.int64)
 
 
-def _coarse_key(key, level: int):
+def _coarse_key(key: Any, level: int) -> Any:
     """A bucket key (int or array) at grouping ``level``: 0 (lead, hour, off day) as is,
     1 (lead, off day), 2 (lead)."""
     if level == 0:
@@ -89,7 +91,8 @@ class _Errors:
         self._keys = keys
         # position of each error's target step in the series (for the adaptive level)
         self.targets = np.zeros(len(errors), dtype=np.int64) if targets is None else targets
-        self._sorted: dict[int, tuple] = {}
+        # by grouping level: each bucket's keys, first positions, sizes, the sorted errors
+        self._sorted: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
         self._by_value: np.ndarray | None = None  # the errors' stable order by value
 
     def offsets(
@@ -98,13 +101,13 @@ class _Errors:
         """Empirical error quantiles for each future step, from its finest well-filled bucket."""
         return self.quantiles(qs, _bucket_key(lead, hour, off))
 
-    def quantiles(self, qs, keys: np.ndarray) -> np.ndarray:
+    def quantiles(self, qs: Sequence[float], keys: np.ndarray) -> np.ndarray:
         """The error quantiles ``qs`` of the finest well-filled bucket of each key."""
         if len(self.all) == 0:
             return np.zeros((len(keys), len(qs)))
         fine, inverse = _small_unique(np.asarray(keys))
-        qs = np.asarray(qs, dtype=float)
-        table = np.empty((len(fine), len(qs)))
+        levels = np.asarray(qs, dtype=float)
+        table = np.empty((len(fine), len(levels)))
         todo = np.ones(len(fine), dtype=bool)
         for level in (0, 1, 2, -1):
             if not todo.any():
@@ -116,11 +119,12 @@ class _Errors:
             if level >= 0:
                 found &= counts[at] >= MIN_BUCKET
             rows = np.flatnonzero(todo)[found]
-            table[rows] = _grouped_quantiles(values, starts[at[found]], counts[at[found]], qs)
+            table[rows] = _grouped_quantiles(values, starts[at[found]], counts[at[found]],
+                                              levels)
             todo[rows] = False
         return table[inverse.reshape(-1)]
 
-    def _grouped(self, level: int):
+    def _grouped(self, level: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """The errors sorted by bucket of grouping ``level`` (-1: one bucket) and by value:
         each bucket's keys, first positions, sizes, and the sorted errors; once per fit."""
         if level not in self._sorted:
@@ -177,7 +181,7 @@ class _Fitted:
     day_kind: np.ndarray  # day type per day
     phi: float
     errors: _Errors
-    key: tuple = ()  # identifies the series and its calendar, for the cache
+    key: tuple[Any, ...] = ()  # identifies the series and its calendar, for the cache
     one_curve: bool = False  # under a week of history: one curve for every day
     floor: float = 0.0  # the level the series rests at (min replicas): rescaling stops there
 
@@ -190,7 +194,7 @@ class CurveForecaster(SeriesForecaster):
         self,
         *,
         timezone: str = "UTC",
-        holiday_country: str | None = None,
+        holiday_country: HolidayCalendar | str | None = None,
         bounds: dict[str, tuple[float, float]] | None = None,
         half_life_days: float = 14.0,
         calibration_days: int = 21,
@@ -199,7 +203,7 @@ class CurveForecaster(SeriesForecaster):
         level_hours: float = 12.0,
         aci_gamma: float | None = 0.05,
         aci_days: int = 3,
-        cache: dict | None = None,
+        cache: dict[Any, Any] | None = None,
         calibrate: bool = True,
     ) -> None:
         """``cache``: a dict shared by fits on growing prefixes of one history (the simulator's
@@ -217,7 +221,7 @@ class CurveForecaster(SeriesForecaster):
         self.aci_days = aci_days
         self.cache = cache
         self.calibrate = calibrate
-        self._calendar_memo: dict = {}
+        self._calendar_memo: dict[Any, tuple[pd.DatetimeIndex, np.ndarray, np.ndarray]] = {}
 
     # ---------------------------------------------------------------- fit
     def _fit_one(self, series: Series) -> _Fitted:
@@ -311,7 +315,8 @@ class CurveForecaster(SeriesForecaster):
             kinds = np.full_like(kinds, WORKING_DAY)
         return wall, slots, kinds
 
-    def _compute_calendar(self, index: pd.DatetimeIndex, step: pd.Timedelta):
+    def _compute_calendar(self, index: pd.DatetimeIndex, step: pd.Timedelta
+                          ) -> tuple[pd.DatetimeIndex, np.ndarray, np.ndarray]:
         wall = wall_clock(index, self.timezone)
         slots = ((wall - wall.normalize()) // step).to_numpy().astype(int)
         return wall, slots, day_types(index, self.timezone, self.calendar)
@@ -356,7 +361,8 @@ class CurveForecaster(SeriesForecaster):
             return 0.9
         return float(np.clip(np.corrcoef(a[ok], b[ok])[0, 1], 0.0, 0.995))
 
-    def _point(self, f: _Fitted, profile: np.ndarray, cutoff: int, kinds, slots, leads):
+    def _point(self, f: _Fitted, profile: np.ndarray, cutoff: int, kinds: np.ndarray,
+               slots: np.ndarray, leads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Point forecasts at future steps given data up to position ``cutoff``: the curve,
         rescaled by the last day's ratio (``_ratios``), plus the decaying level correction."""
         values = f.series.values.to_numpy()
@@ -565,7 +571,7 @@ def adapted_levels(errors: _Errors, qs: tuple[float, ...], *, end: int, steps_pe
     return levels
 
 
-def _ahead(ratio: float, leads: np.ndarray, steps_per_day: int):
+def _ahead(ratio: float, leads: np.ndarray, steps_per_day: int) -> float | np.ndarray:
     """The ratio to rescale each lead with: a rise holds over the horizon; a drop holds for a
     day and fades back to the curve over the next (a lull of a few days, the year's end, is
     not followed for a week; under-forecasting is the side that costs the service)."""
@@ -575,7 +581,8 @@ def _ahead(ratio: float, leads: np.ndarray, steps_per_day: int):
     return 1.0 + (ratio - 1.0) * weight
 
 
-def _rescale(curve: np.ndarray, ratio, floor: float, upper: float) -> np.ndarray:
+def _rescale(curve: np.ndarray, ratio: float | np.ndarray, floor: float, upper: float
+             ) -> np.ndarray:
     """``curve`` times ``ratio`` (a number, or one per step) where it is above the ``floor``
     (at the floor, demand is below it by an unknown amount: kept), between the floor and
     ``upper``."""

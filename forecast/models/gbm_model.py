@@ -35,7 +35,7 @@ constant over the training window is forecast as that constant, without training
 
 from __future__ import annotations
 
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,7 +67,7 @@ class _Fitted:
     models: dict[float, Any] = field(default_factory=dict)
 
 
-def _import_hgb():
+def _import_hgb() -> Any:
     try:
         from sklearn.ensemble import HistGradientBoostingRegressor
     except ImportError as exc:
@@ -157,7 +157,7 @@ class GBMForecaster(SeriesForecaster):
             columns.append(lag)
         return np.column_stack(columns)
 
-    def _model(self, f: _Fitted, q: float):
+    def _model(self, f: _Fitted, q: float) -> Any:
         if q not in f.models:
             hgb = _import_hgb()
             model = hgb(
@@ -175,7 +175,7 @@ class GBMForecaster(SeriesForecaster):
             f.models[q] = model
         return f.models[q]
 
-    def _thread_limit(self):
+    def _thread_limit(self) -> AbstractContextManager[object]:
         if self.threads is None:
             return nullcontext()
         from threadpoolctl import threadpool_limits  # a scikit-learn dependency
@@ -183,7 +183,8 @@ class GBMForecaster(SeriesForecaster):
         return threadpool_limits(limits=self.threads)
 
     # ---------------------------------------------------------------- predict
-    def _predict_one(self, f: _Fitted, horizon: pd.Timedelta, qs: tuple[float, ...]):
+    def _predict_one(self, f: _Fitted, horizon: pd.Timedelta, qs: tuple[float, ...]
+                     ) -> tuple[Series, pd.DatetimeIndex, np.ndarray]:
         index = f.series.future_index(horizon)
         if f.constant is not None:
             return f.series, index, np.full((len(index), len(qs)), f.constant)

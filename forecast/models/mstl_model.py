@@ -34,6 +34,7 @@ Quantiles are sorted, clipped to the series' bounds and stay continuous (no roun
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -65,7 +66,7 @@ class _Fitted:
     origin: pd.Timestamp  # the wall-clock time of the last step decomposed (naive, local)
 
 
-def _import_mstl():
+def _import_mstl() -> Any:
     try:
         from statsmodels.tsa.seasonal import MSTL
     except ImportError as exc:
@@ -77,7 +78,7 @@ def _import_mstl():
     return MSTL
 
 
-def _seasonal_index(origin: np.ndarray, leads: np.ndarray, period: int) -> np.ndarray:
+def _seasonal_index(origin: np.ndarray | int, leads: np.ndarray, period: int) -> np.ndarray:
     """Position of the same phase in the last full period before ``origin`` (inclusive)."""
     return origin + leads - period * np.ceil(leads / period).astype(int)
 
@@ -144,7 +145,9 @@ class MSTLForecaster(SeriesForecaster):
         wall = wall[~wall.index.duplicated(keep="first")]
         return wall.reindex(pd.date_range(wall.index[0], wall.index.max(), freq=step))
 
-    def _error_table(self, y, observed, trend, seasonal, resid, phi, periods, series):
+    def _error_table(self, y: np.ndarray, observed: np.ndarray, trend: np.ndarray,
+                     seasonal: np.ndarray, resid: np.ndarray, phi: float,
+                     periods: tuple[int, ...], series: Series) -> dict[int, np.ndarray]:
         """h-step errors of the forecast rule replayed from an origin every hour."""
         n = len(y)
         per_hour = max(1, round(pd.Timedelta(hours=1) / series.step))
@@ -179,7 +182,8 @@ class MSTLForecaster(SeriesForecaster):
         return table
 
     # ---------------------------------------------------------------- predict
-    def _predict_one(self, f: _Fitted, horizon: pd.Timedelta, qs: tuple[float, ...]):
+    def _predict_one(self, f: _Fitted, horizon: pd.Timedelta, qs: tuple[float, ...]
+                     ) -> tuple[Series, pd.DatetimeIndex, np.ndarray]:
         index = f.series.future_index(horizon)
         # steps ahead on the wall clock: the repeated hour's two passes share a lead, the
         # skipped hour has none

@@ -56,7 +56,7 @@ class _Fitted:
     model: Any  # prophet.Prophet
 
 
-def _import_prophet():
+def _import_prophet() -> Any:
     """``prophet.Prophet``, imported lazily and quietly (no cmdstanpy/plotly chatter)."""
     # prophet.plot logs an ERROR at import when plotly is missing; plots are not used here.
     logging.getLogger("prophet.plot").setLevel(logging.CRITICAL)

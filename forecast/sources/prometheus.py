@@ -401,11 +401,12 @@ def _progress_bar(total: int) -> tuple[Any, Any]:
 def _fetch_one(clients: _Clients, req: _Request) -> tuple[np.ndarray, np.ndarray]:
     """Run one range query; ``(epoch seconds, values)`` of its single series (empty if none)."""
     chunk = req.chunk
+    params: dict[str, str | int] = {"query": req.query.query, "start": chunk.start,
+                                    "end": chunk.end, "step": chunk.step}
     try:
         resp = clients.get().get(
             clients.query_range_url,
-            params={"query": req.query.query, "start": chunk.start, "end": chunk.end,
-                    "step": chunk.step},
+            params=params,
             timeout=clients.settings.prometheus.timeout_seconds,
             # per request: a session's verify loses to $REQUESTS_CA_BUNDLE (requests #3829)
             verify=clients.settings.prometheus.verify_tls,
