@@ -7,7 +7,7 @@ import re
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional, TypedDict
 
 import typer
 from rich.console import Console
@@ -22,6 +22,11 @@ from idlegpu.scheduler.output import (
     Column,
     plain,
 )
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from idlegpu.forecast.models.base import Forecaster
 
 app = typer.Typer(
     name="idlegpu",
@@ -48,7 +53,14 @@ def _warning(text: str) -> Text:
 
     return Text.assemble(("warning:", "yellow"), " ", plain(redact(text)))
 
-_state = {"debug": False}
+class _CommandState(TypedDict, total=False):
+    debug: bool
+    timezone: str | None  # the pool's, once a command has read its config
+    said: set[tuple[str, str]]  # (option, value) of the times read without an offset
+    config: str  # the config read, for messages
+
+
+_state: _CommandState = {"debug": False}
 
 ConfigOption = Annotated[
     Path,
@@ -282,6 +294,7 @@ def _config_line(settings, path: Path | None) -> None:
         err_console.print(f"config: none (no --config, no ./{DEFAULT_CONFIG} here): defaults, "
                           "timezone UTC, no holidays", highlight=False, soft_wrap=True)
         return
+    assert path is not None  # a config read comes with its path
     where = _state["config"] = str(Path(path).resolve())
     source = _config_source()
     if source == "environment" or (source is None
@@ -662,6 +675,8 @@ def backtest_cmd(
     ),
 ) -> None:
     """Rolling-origin backtest: refit at each daily cutoff on the past only, score the future."""
+    from functools import partial
+
     import pandas as pd
     from rich.progress import Progress
     from rich.table import Table
@@ -695,7 +710,8 @@ def backtest_cmd(
     frame = _check_services(frame, settings, required=False)
     tz = settings.pool.timezone if settings else "UTC"
     cutoffs = daily_cutoffs(frame, timezone=tz, hour=cutoff_hour, days=days, horizon=span)
-    factories = {name: (lambda name=name: model_for(name, settings)) for name in names}
+    factories: dict[str, Callable[[], Forecaster]] = {
+        name: partial(model_for, name, settings) for name in names}
     with Progress(console=err_console, transient=True) as progress:
         task = progress.add_task("backtesting", total=len(names) * len(cutoffs))
 

@@ -51,6 +51,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from typing import Literal, cast
 
 import numpy as np
 
@@ -61,6 +62,7 @@ from idlegpu.scheduler.ports import (
     ClusterJob,
     JobPhase,
     JobRejectedError,
+    NodeSource,
     SignalSource,
     StopKind,
 )
@@ -262,12 +264,13 @@ class Controller:
         overruns = self._overrun_model()
         waiting = (self.store.waiting(now, self._estimate_row, overruns)
                    if seen and not admission.paused else [])
-        nodes = None
+        nodes: NodeView | None = None
         if waiting and self._nodes_readable:
-            nodes = self._read_nodes(now, report)
-            if nodes is False:  # unreadable this pass: admit nothing rather than blind
-                waiting, nodes = [], None
-            elif nodes is not None:
+            read = self._read_nodes(now, report)
+            if read is False:  # unreadable this pass: admit nothing rather than blind
+                waiting = []
+            elif read is not None:
+                nodes = read
                 waiting = [self._with_requests(job) for job in waiting]
         usage = self.store.team_gpu_hours(now, self.fair_share_days * 86400)
         return self._decide_and_apply(now, report, waiting, usage, nodes)
@@ -291,12 +294,14 @@ class Controller:
             return job
         return replace(job, cpu=cpu, memory=memory, nodes=pods)
 
-    def _read_nodes(self, now: datetime, report: PassReport) -> NodeView | None | bool:
+    def _read_nodes(self, now: datetime, report: PassReport
+                    ) -> NodeView | None | Literal[False]:
         """The node view with the claims of admissions not bound yet; None: the account may
         not read nodes (given up, warned once); False: not readable this pass."""
         started = time.perf_counter()
         try:
-            view = self.cluster.nodes(now)
+            # only called while _nodes_readable: the cluster has a callable ``nodes``
+            view = cast(NodeSource, self.cluster).nodes(now)
         except PermanentError as exc:  # 403: an older RBAC without the ClusterRole
             self._nodes_readable = False
             log.warning("cannot read the node view (%s): admission counts the pool as one bin; "
@@ -310,7 +315,7 @@ class Controller:
             return None
         current = {self.cluster.job_name(row.id, row.attempts)
                    for row in self.store.holding()} if self._claims else set()
-        for unit, (name, nodes, *rest) in list(self._claims.items()):
+        for unit, (name, nodes, gpus, cpu, memory) in list(self._claims.items()):
             if name not in current:
                 del self._claims[unit]
                 continue
@@ -321,7 +326,7 @@ class Controller:
             if not left or (len(nodes) == 1 and name in view.bound_jobs):
                 del self._claims[unit]
             elif left != nodes:
-                self._claims[unit] = (name, left, *rest)
+                self._claims[unit] = (name, left, gpus, cpu, memory)
         claims: dict[str, tuple[int, float, int]] = {}
         for _name, nodes, gpus, cpu, memory in self._claims.values():
             for node in nodes:
@@ -519,6 +524,7 @@ class Controller:
             self._restart_smaller(row, job, now, report)
             return
         if overdue:
+            assert self.stop_timeout_s is not None  # overdue: only past a stop timeout
             why = (f"its pods did not end within {self.stop_timeout_s / 60:.0f} min of the stop "
                    f"(node lost?); released: {why}")
         if row.state is JobState.ADMITTED:

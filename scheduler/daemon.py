@@ -39,7 +39,8 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from wsgiref.simple_server import WSGIRequestHandler, make_server
+from typing import TYPE_CHECKING
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import CounterMetricFamily
@@ -50,7 +51,10 @@ from idlegpu.forecast.redact import RedactingFilter
 from idlegpu.scheduler.clock import Clock, as_clock, real_seconds, refresh_due, report_due
 from idlegpu.scheduler.controller import Controller, PassReport
 from idlegpu.scheduler.reports import held_and_lost
-from idlegpu.scheduler.types import Action
+from idlegpu.scheduler.types import Action, FreeProfile
+
+if TYPE_CHECKING:
+    from idlegpu.scheduler.refresh import Refresh
 
 log = logging.getLogger("idlegpu.daemon")
 
@@ -157,7 +161,7 @@ class Daemon:
         *,
         reconcile_seconds: int = 60,
         backstop_seconds: int = 15,
-        refresh_forecast: Callable[[datetime], None] | None = None,
+        refresh_forecast: Callable[[datetime], object] | None = None,
         refresh_hour: int = 17,
         monthly_report: Callable[[datetime], None] | None = None,
         report_hour: int = 6,
@@ -190,7 +194,7 @@ class Daemon:
         # the start: like a cron, a daemon started later that month does not write it)
         self.report_since: datetime | None = None
         self._refresh_lock = threading.Lock()
-        self._server = None
+        self._server: WSGIServer | None = None
         self.leader = leader
         self._leading = leader is None  # acting as the leader (took over, has a forecast)
         self.leading_since: datetime | None = None
@@ -303,8 +307,10 @@ class Daemon:
             return self._refresh(self.clock.now())
 
     def _refresh(self, now: datetime) -> bool:
+        refresh_forecast = self.refresh_forecast
+        assert refresh_forecast is not None  # its callers return first without one
         try:
-            result = self.refresh_forecast(now)
+            result = refresh_forecast(now)
         except IdlegpuError as exc:
             self.metrics.errors.inc()
             self.metrics.refresh_failures.inc()
@@ -612,9 +618,9 @@ class ForecastProvider:
 
         self.settings = settings
         self.frame = frame
-        self.profile = None
+        self.profile: FreeProfile | None = None
         self.refresher = Refresher(settings)
-        self.last = None  # the last Refresh
+        self.last: Refresh | None = None
 
     def refresh(self, now: datetime):
         """Refresh the profile; returns the ``Refresh`` (with the coverage scores)."""

@@ -12,7 +12,7 @@ from enum import StrEnum
 from typing import Protocol
 
 from idlegpu.forecast.errors import PermanentError
-from idlegpu.scheduler.types import ServingSignals, UnitSpec
+from idlegpu.scheduler.types import NodeView, ServingSignals, UnitSpec
 
 
 class JobRejectedError(PermanentError):
@@ -104,6 +104,14 @@ class Cluster(Protocol):
     def observe(self) -> list[ClusterJob]:
         """Every Job this instance of the daemon owns, with its phase (never another
         instance's, even in the same namespace)."""
+
+
+class NodeSource(Protocol):
+    """The optional part of a cluster: the nodes' free resources (a cluster without it is
+    counted as one bin)."""
+
+    def nodes(self, now: datetime | None = None) -> NodeView | None:
+        """The node view; None: the cluster has none to offer."""
 
 
 class SignalSource(Protocol):

@@ -658,8 +658,8 @@ def _replay_check(
     first, newest = replicas[DS].min(), replicas[DS].max()
     day = pd.Timedelta(hours=24)
     cache: dict = {}
-    refresher = Refresher(settings, model=model,
-                          **({"cache": cache} if model in CACHED_MODELS else {}))
+    options: dict[str, Any] = {"cache": cache} if model in CACHED_MODELS else {}
+    refresher = Refresher(settings, model=model, **options)
     hour = refresher.refresh_hour
     # by the wall clock, as the daemon refreshes: local midnight + 17 h is 16:00 or 18:00 on a
     # day that changes to or from daylight saving time
@@ -1032,6 +1032,7 @@ def _job_size_section(report: Report):
     from idlegpu.forecast.nodes import MULTI_NODE
 
     sizes = report.job_sizes
+    assert sizes is not None  # _sections calls it only with job sizes
     yield ("h2", f"Idle capacity by job size, {report.month.label}")
     if sizes.by_size is not None:
         rows = []
@@ -1050,6 +1051,7 @@ def _forecast_sections(report: Report, charts: dict[str, Path]):
     daily coverage and what the widened evenings meant for the GPUs lent."""
     label = report.month.label
     a = report.accuracy
+    assert a is not None  # _sections calls it only with an accuracy
     c = a["confidence"]
     hour = int(a.get("refresh_hour", 18))
     strict = a.get("strict_coverage", math.nan)
@@ -1116,7 +1118,9 @@ def _days(dates: str) -> str:
 
 def _widened_words(report: Report) -> str:
     """Which services were widened, how many evenings, and what it meant for lent GPUs."""
-    check = report.forecast
+    check, accuracy = report.forecast, report.accuracy
+    # only called from _forecast_sections, past its checks of both
+    assert check is not None and accuracy is not None
     c, wide, label = check.confidence, check.widened_quantile, report.month.label
     widened = check.widened
     if widened.empty:
@@ -1130,7 +1134,7 @@ def _widened_words(report: Report) -> str:
                      "held back)")
     text = (f"Widened in {label}: {'; '.join(parts)}. Those nights the plan used the "
             f"service's q{wide:g} forecast instead of q{c:g}: ")
-    promised = report.accuracy.get("promised_gpu_hours", math.nan)
+    promised = accuracy.get("promised_gpu_hours", math.nan)
     share = (f" ({format_share(check.held_back_gpu_hours / promised)} of the "
              f"{format_hours(promised)} GPU-hours the q{c:g} forecasts promised free over the "
              "month)" if math.isfinite(promised) and promised > 0 else "")
@@ -1240,10 +1244,12 @@ def write_coverage_csv(report: Report, out: Path) -> list[Path]:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     label = report.month.label
+    check = report.forecast
+    assert check is not None  # write_report calls it only with a forecast check
     services = out / f"report-{label}_coverage.csv"
-    write_csv(report.forecast.services, services, decimals=6)
+    write_csv(check.services, services, decimals=6)
     daily = out / f"report-{label}_coverage_daily.csv"
-    write_csv(report.forecast.daily, daily, tz=report.tz, decimals=6)
+    write_csv(check.daily, daily, tz=report.tz, decimals=6)
     return [services, daily]
 
 

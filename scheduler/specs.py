@@ -1076,7 +1076,7 @@ def _step(index: int, name: str, value: Mapping[str, Any], parameters: dict[str,
 
 def _resolve(req: JobRequest) -> list[_Step]:
     if not req.steps:
-        where = {f: f for f in (*_STEP_FIELDS, "parameters", "sweep")}
+        where: dict[str, str] = {f: f for f in (*_STEP_FIELDS, "parameters", "sweep")}
         where["resume_args"] = "checkpoint.resume_args"
         return [_step(
             0, MAIN_STEP, {f: getattr(req, f) for f in _STEP_FIELDS}, dict(req.parameters),
@@ -1086,7 +1086,7 @@ def _resolve(req: JobRequest) -> list[_Step]:
     for i, step in enumerate(req.steps):
         here = f"steps.{i}"
         value: dict[str, Any] = {}
-        where: dict[str, str] = {}
+        where = {}
         for f in _STEP_FIELDS:
             own = getattr(step, f)
             value[f] = own if own is not None else getattr(req, f)
@@ -1889,7 +1889,7 @@ class TraceEntry(_Strict):
 
     def actual_runtime_s(self, step: str, member: int = 0) -> float:
         """Seconds of work the unit ``(step, member)`` really needs."""
-        value = self.actual_runtime
+        value: float | dict[str, float | list[float]] | list[float] = self.actual_runtime
         if isinstance(value, dict):
             value = value[step]
         if isinstance(value, list):

@@ -71,9 +71,9 @@ def find_credential(token_file: Path | None = None, *,
             raise PermanentError(f"the token file {path} is empty; put the token from "
                                  "`idlegpu token create` in it")
         return Credential(token, f"token file {path}")
-    token = (kubeconfig or kubeconfig_bearer_token)()
-    if token:
-        return Credential(token, "the current kubeconfig context")
+    bearer = (kubeconfig or kubeconfig_bearer_token)()
+    if bearer:
+        return Credential(bearer, "the current kubeconfig context")
     raise PermanentError(
         f"no credentials for the job API: set {TOKEN_ENV}, pass --token-file (or set "
         f"{TOKEN_FILE_ENV}), or use a kubeconfig context with a bearer token")

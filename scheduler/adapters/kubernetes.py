@@ -304,7 +304,7 @@ def _rendezvous_env(name: str, namespace: str, spec: UnitSpec) -> list[dict[str,
     pod 0's address through the headless Service, the port, the node count, this pod's rank
     (its completion index) and the world size (one process per GPU)."""
     master = f"{name}-0.{name}.{namespace}.svc"
-    rank = {"valueFrom": {"fieldRef": {
+    rank: dict[str, Any] = {"valueFrom": {"fieldRef": {
         "fieldPath": f"metadata.annotations['{INDEX_ANNOTATION}']"}}}
     plain = {
         "MASTER_ADDR": master, "MASTER_PORT": str(RENDEZVOUS_PORT), "NNODES": str(spec.nodes),
@@ -759,12 +759,12 @@ class KubernetesCluster:
                      self.namespace, name, stamp)
             return 1
         try:
-            self._call("patch", lambda **kw: self.batch.patch_namespaced_job(
+            self._call("patch", lambda **kw: self._batch_api.patch_namespaced_job(
                 name, self.namespace, {"metadata": {"annotations": annotations}},
                 _content_type=_MERGE_PATCH, **kw))
         except _NotFound:
             return 0
-        body = self._call("list", lambda **kw: self.core.list_namespaced_pod(
+        body = self._call("list", lambda **kw: self._core_api.list_namespaced_pod(
             self.namespace, label_selector=f"{JOB_NAME_LABEL}={name}", **kw),
             resource="pods")
         noticed = 0
@@ -779,7 +779,7 @@ class KubernetesCluster:
             pod_name = meta.get("name")
             try:
                 self._call("patch", lambda body=patch, pod=pod_name, **kw:
-                           self.core.patch_namespaced_pod(
+                           self._core_api.patch_namespaced_pod(
                                pod, self.namespace, body, _content_type=_MERGE_PATCH, **kw),
                            resource="pods")
                 noticed += 1
@@ -853,8 +853,10 @@ class KubernetesCluster:
             return name
         uid = None
         try:
-            body = self._call("create", lambda **kw: self.batch.create_namespaced_job(
-                self.namespace, manifest, _content_type="application/json", **kw))
+            body = self._call("create", lambda **kw: self._batch_api.create_namespaced_job(
+                self.namespace,
+                manifest,  # type: ignore[arg-type]  # validate_call takes the plain dict too
+                _content_type="application/json", **kw))
             uid = (body.get("metadata") or {}).get("uid")
             log.info("created Job %s/%s for unit %s attempt %d", self.namespace, name, unit_id,
                      attempt)
@@ -877,8 +879,10 @@ class KubernetesCluster:
         self.last_manifests.append(service)
         del self.last_manifests[:-1000]
         try:
-            self._call("create", lambda **kw: self.core.create_namespaced_service(
-                self.namespace, service, _content_type="application/json", **kw),
+            self._call("create", lambda **kw: self._core_api.create_namespaced_service(
+                self.namespace,
+                service,  # type: ignore[arg-type]  # validate_call takes the plain dict too
+                _content_type="application/json", **kw),
                 resource="services")
             log.info("created headless Service %s/%s", self.namespace,
                      service["metadata"]["name"])
@@ -947,7 +951,7 @@ class KubernetesCluster:
             # without the mark, whatever the order of the kubelet's status write and delete
             self.mark_disrupted(name, message)
             try:
-                self._call("patch", lambda body=patch, **kw: self.batch.patch_namespaced_job(
+                self._call("patch", lambda body=patch, **kw: self._batch_api.patch_namespaced_job(
                     name, self.namespace, body, _content_type=_MERGE_PATCH, **kw))
                 # a pod the Job controller created between the list above and the suspend
                 self.mark_disrupted(name, message)
@@ -974,7 +978,7 @@ class KubernetesCluster:
         if self.core is None or not self._pods_markable:
             return 0
         try:
-            body = self._call("list", lambda **kw: self.core.list_namespaced_pod(
+            body = self._call("list", lambda **kw: self._core_api.list_namespaced_pod(
                 self.namespace, label_selector=f"{JOB_NAME_LABEL}={name}", **kw),
                 resource="pods")
         except ClusterPermissionError as exc:
@@ -1000,7 +1004,7 @@ class KubernetesCluster:
             pod_name = meta.get("name")
             try:
                 self._call("patch", lambda body=patch, pod=pod_name, **kw:
-                           self.core.patch_namespaced_pod_status(
+                           self._core_api.patch_namespaced_pod_status(
                                pod, self.namespace, body,
                                _content_type=_STRATEGIC_MERGE_PATCH, **kw),
                            resource="pods/status")
@@ -1024,7 +1028,7 @@ class KubernetesCluster:
             log.info("dry run: would delete Job %s/%s", self.namespace, name)
             return
         try:
-            self._call("delete", lambda **kw: self.batch.delete_namespaced_job(
+            self._call("delete", lambda **kw: self._batch_api.delete_namespaced_job(
                 name, self.namespace, propagation_policy="Background", **kw))
             log.info("deleted stopped Job %s/%s", self.namespace, name)
         except _NotFound:
@@ -1033,7 +1037,7 @@ class KubernetesCluster:
             # the garbage collector removes it with the Job too; a cluster without one must not
             # keep a Service for every rolled-back attempt
             try:
-                self._call("delete", lambda **kw: self.core.delete_namespaced_service(
+                self._call("delete", lambda **kw: self._core_api.delete_namespaced_service(
                     name, self.namespace, **kw), resource="services")
             except _NotFound:
                 pass
@@ -1045,7 +1049,7 @@ class KubernetesCluster:
         through each Job's creation (see ``_clock_offset``)."""
         if self.batch is None:
             return []
-        body = self._call("list", lambda **kw: self.batch.list_namespaced_job(
+        body = self._call("list", lambda **kw: self._batch_api.list_namespaced_job(
             self.namespace, label_selector=self.selector, **kw))
         pods = self._pods_by_job()
         jobs = []
@@ -1069,7 +1073,7 @@ class KubernetesCluster:
         if self.core is None or not self._pods_readable:
             return None
         try:
-            body = self._call("list", lambda **kw: self.core.list_namespaced_pod(
+            body = self._call("list", lambda **kw: self._core_api.list_namespaced_pod(
                 self.namespace, label_selector=self.selector, **kw), resource="pods")
         except ClusterPermissionError as exc:
             self._pods_readable = False
@@ -1106,14 +1110,14 @@ class KubernetesCluster:
 
     def _nodes(self, now: datetime | None) -> NodeView:
         selector = ",".join(f"{k}={v}" for k, v in sorted(self.node_selector.items()))
-        nodes = self._list_all(lambda **kw: self.core.list_node(
-            **({"label_selector": selector} if selector else {}), **kw), "nodes")
+        by_label: dict[str, Any] = {"label_selector": selector} if selector else {}
+        nodes = self._list_all(lambda **kw: self._core_api.list_node(**by_label, **kw), "nodes")
         wanted = {}
         for item in nodes:
             labels = (item.get("metadata") or {}).get("labels") or {}
             if all(labels.get(k) == v for k, v in self.node_selector.items()):
                 wanted[item["metadata"]["name"]] = item
-        pods = self._list_all(lambda **kw: self.core.list_pod_for_all_namespaces(
+        pods = self._list_all(lambda **kw: self._core_api.list_pod_for_all_namespaces(
             field_selector="spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed",
             **kw), "pods")
         used: dict[str, list[float]] = {name: [0.0, 0.0, 0.0] for name in wanted}
@@ -1159,7 +1163,7 @@ class KubernetesCluster:
         items: list[dict[str, Any]] = []
         token = None
         while True:
-            more = {"_continue": token} if token else {}
+            more: dict[str, Any] = {"_continue": token} if token else {}
             body = self._call("list", lambda more=more, **kw: fn(limit=500, **more, **kw),
                               resource)
             items.extend(body.get("items") or [])
@@ -1169,9 +1173,21 @@ class KubernetesCluster:
 
     # --- internals -----------------------------------------------------------------------
 
+    @property
+    def _batch_api(self) -> kubernetes.client.BatchV1Api:
+        # read only past a dry run's early return or a check for None: without a dry run the
+        # constructor demands an api_client
+        assert self.batch is not None
+        return self.batch
+
+    @property
+    def _core_api(self) -> kubernetes.client.CoreV1Api:
+        assert self.core is not None  # as _batch_api
+        return self.core
+
     def _get(self, name: str) -> dict[str, Any] | None:
         try:
-            return self._call("get", lambda **kw: self.batch.read_namespaced_job(
+            return self._call("get", lambda **kw: self._batch_api.read_namespaced_job(
                 name, self.namespace, **kw))
         except _NotFound:
             return None

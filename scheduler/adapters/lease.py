@@ -202,6 +202,7 @@ class LeaderElector:
         mine = record.holder == self.identity
         duration = record.duration_s if record.duration_s is not None else \
             self.lease_duration_s
+        assert self.observed_at is not None  # set with self.observed, just above at the latest
         if record.holder and not mine and now < self.observed_at + duration:
             return False  # held by another, and not yet expired on OUR clock
         if mine:
@@ -224,8 +225,9 @@ class LeaderElector:
                 "spec": record.spec()}
         try:
             created = _body(self.api.create_namespaced_lease(
-                self.namespace, body, _request_timeout=self._timeout(),
-                _preload_content=False))
+                self.namespace,
+                body,  # type: ignore[arg-type]  # validate_call takes the plain dict too
+                _request_timeout=self._timeout(), _preload_content=False))
         except ApiException as exc:
             if exc.status != 409:  # 409: another candidate created it first
                 log.warning("creating lease %s failed: %s %s", self.describe(), exc.status,
@@ -246,8 +248,9 @@ class LeaderElector:
                 "spec": record.spec()}
         try:
             written = _body(self.api.replace_namespaced_lease(
-                self.name, self.namespace, body, _request_timeout=self._timeout(),
-                _preload_content=False))
+                self.name, self.namespace,
+                body,  # type: ignore[arg-type]  # validate_call takes the plain dict too
+                _request_timeout=self._timeout(), _preload_content=False))
         except ApiException as exc:
             if exc.status == 409:
                 log.info("lease %s: another candidate wrote first (409)", self.describe())

@@ -561,7 +561,7 @@ def _v2_store_id(conn: Connection) -> None:
 
 def _v3_shrink_to(conn: Connection) -> None:
     conn.execute(sa.text("ALTER TABLE units ADD COLUMN shrink_to INTEGER"))
-    kind = UTCDateTime().impl.compile(dialect=conn.dialect)  # TIMESTAMP / DATETIME
+    kind = UTCDateTime().impl_instance.compile(dialect=conn.dialect)  # TIMESTAMP / DATETIME
     conn.execute(sa.text(f"ALTER TABLE units ADD COLUMN shrink_stop_by {kind}"))
 
 
@@ -1851,7 +1851,7 @@ class JobStore:
     def notice_counts(self, since: datetime | None = None) -> dict[str, int]:
         """Notices sent (since ``since``, by their sending time) by outcome, ``open`` for those
         under way."""
-        where = [WORKLOAD_REPORTS.c.notice_sent_at.is_not(None)]
+        where: list[sa.ColumnElement[bool]] = [WORKLOAD_REPORTS.c.notice_sent_at.is_not(None)]
         if since is not None:
             where.append(WORKLOAD_REPORTS.c.notice_sent_at >= _aware(since, "since"))
         with self._tx(write=False) as conn:
@@ -2292,10 +2292,10 @@ class JobStore:
         live = UNITS.c.state.notin_(_TERMINAL)
         units = conn.execute(sa.select(sa.func.count()).select_from(UNITS).join(
             sub, sub.c.request_id == UNITS.c.request_id).where(
-            sub.c.principal == principal, live)).scalar()
+            sub.c.principal == principal, live)).scalar_one()
         stored = conn.execute(sa.select(sa.func.coalesce(sa.func.sum(sub.c.stored_bytes), 0))
                               .where(sub.c.principal == principal, sa.exists().where(
-                                  UNITS.c.request_id == sub.c.request_id, live))).scalar()
+                                  UNITS.c.request_id == sub.c.request_id, live))).scalar_one()
         recent, oldest = conn.execute(sa.select(
             sa.func.count(), sa.func.min(REQUESTS.c.submitted_at)).where(
             REQUESTS.c.id.in_(mine), REQUESTS.c.submitted_at > now - timedelta(hours=1))).one()
@@ -2373,10 +2373,10 @@ class JobStore:
                         UNITS.c.state.notin_(_TERMINAL) | not_yet).distinct()).scalars())
                     for rid in requests:
                         if rid not in kept:
-                            name = conn.execute(sa.select(REQUESTS.c.name).where(
+                            req_name = conn.execute(sa.select(REQUESTS.c.name).where(
                                 REQUESTS.c.id == rid)).scalar()
                             conn.execute(sa.update(REQUESTS).where(REQUESTS.c.id == rid).values(
-                                raw={"name": name, "dropped_at": stamp}))
+                                raw={"name": req_name, "dropped_at": stamp}))
             dropped += len(rows)
             if len(rows) < batch:
                 break
@@ -2459,9 +2459,10 @@ class JobStore:
             before = self._admission_row(conn)
             changed = before.paused != pause
             if changed:
-                values = ({"paused": True, "since": now, "paused_by": audit.actor,
-                           "reason": reason} if pause else
-                          {"paused": False, "since": None, "paused_by": None, "reason": None})
+                values: dict[str, Any] = (
+                    {"paused": True, "since": now, "paused_by": audit.actor, "reason": reason}
+                    if pause else
+                    {"paused": False, "since": None, "paused_by": None, "reason": None})
                 values.update(changed_at=now, changed_by=audit.actor)
                 done = conn.execute(sa.update(ADMISSION_CONTROL)
                                     .where(ADMISSION_CONTROL.c.pool == _POOL).values(**values))

@@ -496,6 +496,7 @@ def parse_vllm_metrics(text: str, *, source: str = "page") -> dict[str, float]:
             f"vLLM metrics endpoint {source} has no {', '.join(lacking)}; is it a vLLM "
             "server's /metrics?"
         )
+    assert kv_name is not None  # else it is lacking, raised above
     kv = sums[kv_name]
     return {
         "waiting": sum(sums[WAITING_METRIC]),

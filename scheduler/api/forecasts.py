@@ -23,9 +23,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
+
+if TYPE_CHECKING:
+    from idlegpu.scheduler.refresh import Refresh
+    from idlegpu.scheduler.types import FreeProfile
 
 log = logging.getLogger("idlegpu.api")
 
@@ -42,8 +47,8 @@ class ServerForecast:
     """One cached refresh: the ``Refresh``, the profile the daemon plans on (night-only
     applied), the hour it is kept for and the newest history sample it was fitted on."""
 
-    refresh: object  # idlegpu.scheduler.refresh.Refresh
-    profile: object  # idlegpu.scheduler.types.FreeProfile
+    refresh: Refresh
+    profile: FreeProfile
     key: datetime
     history_until: datetime
 
@@ -124,7 +129,7 @@ class Forecasts:
                 raise ForecastUnavailable(
                     f"the pool's history could not be read from {self.describe()}: "
                     f"{_one_line(exc)}; no plan is made without it") from None
-            times = _sample_times(frame)
+            times: np.ndarray | None = _sample_times(frame)
         else:
             times = self._times
         newest = _newest_before(times, now)
@@ -148,7 +153,9 @@ class Forecasts:
         finally:
             if self.frame is None:
                 self.provider.frame = None  # not kept: the next refresh reads again
-        return ServerForecast(refresh, self.provider.profile, key, newest)
+        profile = self.provider.profile
+        assert profile is not None  # the refresh above made it
+        return ServerForecast(refresh, profile, key, newest)
 
 
 def _sample_times(frame: pd.DataFrame) -> np.ndarray:
@@ -159,7 +166,7 @@ def _sample_times(frame: pd.DataFrame) -> np.ndarray:
     return np.unique(stamps.to_numpy(dtype="datetime64[ns]"))
 
 
-def _newest_before(times: np.ndarray, now: datetime) -> datetime | None:
+def _newest_before(times: np.ndarray | None, now: datetime) -> datetime | None:
     if times is None or not len(times):
         return None
     at = pd.Timestamp(now).tz_convert("UTC").tz_localize(None).to_datetime64()

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 import pandas as pd
 from fastapi import Depends, FastAPI, Query
@@ -162,7 +162,7 @@ class Reads:
         for k, unit in enumerate(units):
             if unit.step_index > 0:
                 before = ends.get(unit.step_index - 1, [None])
-                last = None if None in before else max(before)
+                last = None if None in before else max(cast(list[str], before))
                 out[k]["plan"].update(state="blocked", reason=WAITS_FOR_STEP + (
                     f" (planned to end by {pd.Timestamp(last).tz_convert(self.tz).strftime('%a %H:%M %Z')})"
                     if last else ""))

@@ -101,7 +101,9 @@ class TokenReviewer:
             spec["audiences"] = self._audiences
         body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": spec}
         try:
-            review = self._api.create_token_review(body, _request_timeout=self._timeout)
+            review = self._api.create_token_review(
+                body,  # type: ignore[arg-type]  # validate_call takes the plain dict too
+                _request_timeout=self._timeout)
         except ApiException as exc:
             log.error("TokenReview refused: %s %s", exc.status, exc.reason)
             hint = " (the API's credentials need create on tokenreviews)" if exc.status == 403 \
@@ -203,6 +205,7 @@ class PodUnits:
             raise ApiError(503, "cannot reach the Kubernetes API server to read the caller's "
                                 "pod; retry later", headers={"Retry-After": "5"}) from None
         meta = found.metadata
+        assert meta is not None  # the API server sends every object with its metadata
         labels, annotations = meta.labels or {}, meta.annotations or {}
         if meta.uid != pod.uid or labels.get(MANAGED_BY) != MANAGER:
             return None

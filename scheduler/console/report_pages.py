@@ -125,8 +125,8 @@ def report_blocks(text: str) -> list[dict[str, Any]]:
                 end += 1
             blocks.append({"kind": "code", "text": "\n".join(lines[i + 1:end])})
             i = end + 1
-        elif HEADING.match(line):
-            level, words = HEADING.match(line).groups()
+        elif heading := HEADING.match(line):
+            level, words = heading.groups()
             caption = unescape(words)
             blocks.append({"kind": "heading", "level": len(level), "text": caption})
             i += 1
@@ -145,8 +145,8 @@ def report_blocks(text: str) -> list[dict[str, Any]]:
             under = bool(blocks) and blocks[-1]["kind"] == "heading"  # the heading says it
             blocks.append({"kind": "table", "caption": caption, "head": rows[0], "rows": body,
                            "caption_shown": not under})
-        elif IMAGE.match(line):
-            title, name = IMAGE.match(line).groups()
+        elif image := IMAGE.match(line):
+            title, name = image.groups()
             title = unescape(title)
             if blocks and blocks[-1]["kind"] == "heading" and blocks[-1]["text"] == title:
                 blocks.pop()
@@ -393,7 +393,8 @@ def accuracy_view(state: Accuracy, settings: Any, local: Callable[..., str]) -> 
         for s in services:
             row = rows.loc[s] if s in rows.index else None
             scored = row is not None and row["points"] > 0
-            cells.append({"text": share(row["coverage"]) if scored else "not scored",
+            cells.append({"text": share(row["coverage"]) if scored and row is not None
+                          else "not scored",
                           "widened": bool(row is not None and row["widened"])})
         table.append({"date": pd.Timestamp(d).strftime("%a %d %b"), "cells": cells})
     view["daily"] = {"services": services, "rows": table,

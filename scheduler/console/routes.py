@@ -7,7 +7,7 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -295,7 +295,7 @@ def add_console(app: FastAPI, settings, store, authenticator: Authenticator, rea
         status = {"code": 500}
         chunks: list[bytes] = []
 
-        async def send(message: dict[str, Any]) -> None:
+        async def send(message: MutableMapping[str, Any]) -> None:
             if message["type"] == "http.response.start":
                 status["code"] = message["status"]
             elif message["type"] == "http.response.body":
@@ -567,6 +567,7 @@ def add_console(app: FastAPI, settings, store, authenticator: Authenticator, rea
         request_row = store.request(row.request_id)
         attempts = store.attempts(unit_id)
         events = store.events(unit_id=unit_id)
+        job_name: Callable[[str, int], str] | None
         try:
             from idlegpu.scheduler.adapters.kubernetes import job_name
         except ImportError:  # pragma: no cover - the kubernetes client is a dependency

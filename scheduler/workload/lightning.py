@@ -33,17 +33,20 @@ makes one for a ``pytorch_lightning.Trainer``. Copied into an image beside
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 try:
     from idlegpu.scheduler.workload import checkpoint as _notices
 except ImportError:  # copied into an image beside it, as the helper's docs say
     import idlegpu_checkpoint as _notices  # type: ignore[no-redef]
 
-try:
+if TYPE_CHECKING:  # checked as lightning.pytorch's (the two packages' classes are distinct)
     from lightning.pytorch import Callback as _Callback
-except ImportError:
-    from pytorch_lightning import Callback as _Callback  # type: ignore[no-redef]
+else:
+    try:
+        from lightning.pytorch import Callback as _Callback
+    except ImportError:
+        from pytorch_lightning import Callback as _Callback
 
 __all__ = ["IdlegpuCheckpoint", "callback_class"]
 
