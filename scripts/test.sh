@@ -55,7 +55,10 @@ fi
 # `torch` or a range would bring PyPI's CUDA build, several GB. The workload-test extra (the
 # checkpoint-notice callbacks' Lightning and Transformers) must then leave it as it is
 .venv/bin/python -m pip install --quiet 'torch==2.13.0'
-.venv/bin/python -m pip install --quiet -e '.[test,workload-test]'
+# strict: the editable install as a tree of links to the folders, which type checkers and
+# editors follow (the default, an import hook, hides the package from them: tests/test_types.py)
+.venv/bin/python -m pip install --quiet -e '.[test,workload-test]' \
+    --config-settings editable_mode=strict
 torch_now="$(.venv/bin/python -c 'from importlib.metadata import version; print(version("torch"))')"
 if [ "${torch_now%%+*}" != 2.13.0 ]; then
     echo "pip replaced torch 2.13.0 with $torch_now; bound what pulled it in (workload-test in" \
@@ -66,7 +69,7 @@ fi
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 # every test, the slow ones too (a plain `pytest` leaves those out), on three workers for two
 # cores: on two workers the cores sat idle a third of the time while tests waited on their real
-# servers (the README has the timings); work stealing, because a few tests take a minute or
+# servers (docs/development.md has the timings); work stealing, because a few tests take a minute or
 # two and would otherwise end the run alone. Later arguments win (`-n 0`: one process,
 # `-m 'not slow'`: the quick ones)
 exec .venv/bin/python -m pytest -n 3 --dist worksteal -m "slow or not slow" "$@"

@@ -37,7 +37,9 @@ def add_docs(app: FastAPI, *, title: str, enabled: bool = True) -> None:
         return
     import fastapi_offline
 
-    app.mount(ASSETS + "/own", StaticFiles(directory=Path(__file__).parent / "static"),
+    # resolved: the development install links this file from a tree of symlinks, and
+    # StaticFiles serves only files whose real path lies inside its directory
+    app.mount(ASSETS + "/own", StaticFiles(directory=Path(__file__).resolve().parent / "static"),
               name="docs-own")
     app.mount(ASSETS, StaticFiles(directory=Path(fastapi_offline.__file__).parent / "static"),
               name="docs-assets")
