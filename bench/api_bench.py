@@ -40,6 +40,7 @@ sys.path.insert(0, str(REPO))
 import requests
 import yaml
 
+import record  # bench/record.py: --record writes the output into docs/bench/
 from idlegpu.forecast.config import load_config
 from idlegpu.scheduler.adapters.store import AuditEntry, JobStore
 from idlegpu.scheduler.api.auth import new_token, token_sha256
@@ -214,4 +215,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    record.run("api", main)

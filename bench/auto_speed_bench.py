@@ -33,6 +33,7 @@ sys.path.insert(0, str(REPO))
 import pandas as pd
 from threadpoolctl import threadpool_limits
 
+import record  # bench/record.py: --record writes the output into docs/bench/
 from idlegpu.forecast.config import load_config
 from idlegpu.forecast.models import make_model
 from idlegpu.forecast.sources import read_history
@@ -112,4 +113,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    record.run("auto_speed", main)

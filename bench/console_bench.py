@@ -7,7 +7,8 @@ A real ``idlegpu serve`` app (uvicorn on loopback, in this process) over a SQLit
 sample pool replayed at Wed 2026-01-28 17:00 in Seoul, the four queued units of the tests and
 ``--queued`` more 4-GPU units of team alignment (tests/console_browser.py); Debian's headless
 Chromium at 1280 px, logged in as a member of alignment. The forecast is made once before
-timing (the server refits once per clock hour; its cost is the plan route's, see the README).
+timing (the server refits once per clock hour; its cost is the plan route's,
+see docs/benchmarks.md).
 
 * **server**: the HTML route's time (``GET /`` and ``GET /queue?scope=all`` from ``requests``
   with the session cookie), and the pool's JSON (``GET /console/pool.json``: history, forecast,
@@ -38,6 +39,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
+
+import record  # bench/record.py: --record writes the output into docs/bench/
 
 
 def main() -> None:
@@ -125,4 +128,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    record.run("console", main)

@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
 
+import record  # bench/record.py: --record writes the output into docs/bench/
 from idlegpu.scheduler.policy import decide
 from idlegpu.scheduler.types import (
     FreeProfile,
@@ -152,4 +153,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    record.run("decide", main)

@@ -55,6 +55,7 @@ import numpy as np
 import pandas as pd
 from prometheus_api_client import PrometheusConnect
 
+import record  # bench/record.py: --record writes the output into docs/bench/
 from idlegpu.forecast.config import load_config
 from idlegpu.forecast.schema import validate_history
 from idlegpu.forecast.sources import prometheus as prom_module
@@ -517,4 +518,4 @@ def _matches_source(got: pd.DataFrame, source: pd.DataFrame) -> bool:
 
 
 if __name__ == "__main__":
-    main()
+    record.run("fetch", main)

@@ -30,6 +30,7 @@ sys.path.insert(0, str(REPO))
 import pandas as pd
 from threadpoolctl import threadpool_limits
 
+import record  # bench/record.py: --record writes the output into docs/bench/
 from idlegpu.forecast.backtest import backtest, daily_cutoffs, score, window_quality
 from idlegpu.forecast.config import load_config
 from idlegpu.forecast.models import MODEL_NAMES, model_for
@@ -106,4 +107,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    record.run("forecast", main)

@@ -30,6 +30,7 @@ sys.path.insert(0, str(REPO))
 
 import pandas as pd
 
+import record  # bench/record.py: --record writes the output into docs/bench/
 from idlegpu.forecast.config import load_config
 from idlegpu.forecast.planning import what_if
 from idlegpu.forecast.sources import read_history
@@ -113,4 +114,4 @@ def _gangs(metrics: dict[str, float]) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    record.run("node_placement", main)

@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 import numpy as np
 from test_controller import MemoryCluster
 
+import record  # bench/record.py: --record writes the output into docs/bench/
 from idlegpu.scheduler.adapters.store import AuditEntry, DaemonStatus, JobStore
 from idlegpu.scheduler.controller import Controller
 from idlegpu.scheduler.daemon import StoreTotals
@@ -127,4 +128,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    record.run("operators", main)

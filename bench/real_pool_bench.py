@@ -54,6 +54,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 import build_real_pool as pool  # scripts/
 import pandas as pd
 
+import record  # bench/record.py: --record writes the output into docs/bench/
 from idlegpu.forecast.config import load_config
 from idlegpu.scheduler.policy import policy_settings
 from idlegpu.scheduler.runtime import RuntimeEstimator, load_runs
@@ -216,4 +217,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    record.run("real_pool", main)

@@ -6,7 +6,7 @@
 
 Needs the ``models`` extra (Prophet) and the ``bench`` extra (statsforecast). statsforecast
 2.x requires pandas < 3, so install the ``bench`` extra into its own environment, not into one
-that must keep pandas 3 (see the README, "Benchmarks").
+that must keep pandas 3 (see docs/benchmarks.md).
 
 Per trace (data/real/README.md: sources, licences, conversion), on HOURLY aggregates of its two
 series (``request_rate``: the hour's mean; ``replicas``: the hour's maximum, the GPUs held at
@@ -63,6 +63,7 @@ import pandas as pd
 from pandas.tseries.frequencies import to_offset
 from threadpoolctl import threadpool_limits
 
+import record  # bench/record.py: --record writes the output into docs/bench/
 from idlegpu.forecast.backtest import backtest, daily_cutoffs, score
 from idlegpu.forecast.models import make_model
 from idlegpu.forecast.models.base import (
@@ -408,4 +409,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    record.run("real_traffic", main)

@@ -31,6 +31,7 @@ import kubernetes
 import numpy as np
 from fake_kube import FakeKube
 
+import record  # bench/record.py: --record writes the output into docs/bench/
 from idlegpu.scheduler.adapters.kubernetes import KubernetesCluster
 from idlegpu.scheduler.adapters.store import JobStore
 from idlegpu.scheduler.controller import Controller
@@ -187,4 +188,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    record.run("reconcile", main)

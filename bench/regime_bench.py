@@ -31,6 +31,7 @@ sys.path.insert(0, str(REPO))
 import numpy as np
 import pandas as pd
 
+import record  # bench/record.py: --record writes the output into docs/bench/
 from idlegpu.forecast.backtest import CUTOFF, backtest
 from idlegpu.forecast.models import make_model
 from idlegpu.forecast.schema import UNIQUE_ID, Y
@@ -137,4 +138,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    record.run("regime", main)

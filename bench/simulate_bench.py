@@ -27,6 +27,7 @@ sys.path.insert(0, str(REPO))
 
 import pandas as pd
 
+import record  # bench/record.py: --record writes the output into docs/bench/
 from idlegpu.forecast.config import load_config
 from idlegpu.forecast.sources import read_history
 from idlegpu.scheduler.runtime import RuntimeEstimator, load_runs
@@ -113,4 +114,4 @@ def main() -> None:
           f"({four / seconds['together']:.2f}x faster than one by one) | <= 10 s |")
 
 if __name__ == "__main__":
-    main()
+    record.run("simulate", main)

@@ -40,6 +40,7 @@ sys.path.insert(0, str(REPO / "tests"))
 from api_server import job  # noqa: E402
 from test_api_plan import settings_for  # noqa: E402
 
+import record  # bench/record.py: --record writes the output into docs/bench/
 from idlegpu.forecast.config import ApiQuota  # noqa: E402
 from idlegpu.scheduler.adapters.store import AuditEntry, JobStore  # noqa: E402
 from idlegpu.scheduler.api import create_app  # noqa: E402
@@ -192,4 +193,4 @@ def at_quota() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    record.run("submit_guard", main)

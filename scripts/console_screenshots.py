@@ -1,4 +1,4 @@
-"""Screenshots of the web console for the README: docs/console-pool.png,
+"""Screenshots of the web console for the README and the manual: docs/console-pool.png,
 docs/console-queue.png and docs/console-submit.png (an example request previewed: its units,
 their runtime estimates and tonight's estimated starts), from a real `idlegpu serve` app (uvicorn on loopback) with the sample
 pool replayed at Wed 2026-01-28 17:00 in Seoul and queued units of two teams, in Debian's

@@ -18,5 +18,5 @@ def test_both_api_replicas_sign_sessions_with_the_secret_of_one_secret():
     env = {e["name"]: e for e in container["env"]}
     ref = env["IDLEGPU_API__SESSION_SECRET"]["valueFrom"]["secretKeyRef"]
     assert ref == {"name": "idlegpu-api", "key": "session_secret"}
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    assert "create secret generic idlegpu-api" in readme
+    manual = "\n".join(p.read_text(encoding="utf-8") for p in (REPO / "docs").glob("*.md"))
+    assert "create secret generic idlegpu-api" in manual
