@@ -43,9 +43,9 @@ from test_api_plan import settings_for  # noqa: E402
 import record  # bench/record.py: --record writes the output into docs/bench/
 from idlegpu.forecast.config import ApiQuota  # noqa: E402
 from idlegpu.scheduler.adapters.store import AuditEntry, JobStore  # noqa: E402
-from idlegpu.scheduler.api import create_app  # noqa: E402
+from idlegpu.scheduler.server import create_server  # noqa: E402
 from idlegpu.scheduler.api.auth import new_token, token_sha256  # noqa: E402
-from idlegpu.scheduler.api.bodies import BoundedBodies  # noqa: E402
+from idlegpu.scheduler.web.bodies import BoundedBodies  # noqa: E402
 
 NOW = datetime(2026, 3, 2, 12, tzinfo=UTC)
 
@@ -101,8 +101,8 @@ def main() -> None:
         store.create_api_token("bench", "alignment", "member", token_sha256(secret), NOW, None,
                                AuditEntry(at=NOW, actor="bench", auth="cli", role="operator",
                                           team=None, action="token.create", target="bench"))
-        now_app = create_app(settings, store, clock=lambda: NOW)
-        before_app = create_app(settings, store, clock=lambda: NOW)
+        now_app = create_server(settings, store, clock=lambda: NOW)
+        before_app = create_server(settings, store, clock=lambda: NOW)
         before_app.user_middleware = [m for m in before_app.user_middleware
                                       if m.cls is not BoundedBodies]
         before_app.middleware_stack = None
@@ -169,7 +169,7 @@ def at_quota() -> None:
                                                 role="operator", team=None,
                                                 action="token.create", target="mallory"))
         empty = path.stat().st_size
-        app = create_app(settings, store, clock=lambda: NOW)
+        app = create_server(settings, store, clock=lambda: NOW)
         loop = asyncio.new_event_loop()
         accepted, answer = 0, b""
         for i in range(100):

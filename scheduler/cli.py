@@ -1312,7 +1312,7 @@ def run(
             for error in report.errors:
                 err_console.print(_warning(str(error)))
             _say_runtime_model(estimator)
-            from idlegpu.scheduler.api.reads import paused_reason
+            from idlegpu.scheduler.service.operations import paused_reason
 
             paused = paused_reason(job_store.admission(), settings.pool.tz)
             if paused:  # nothing was admitted for that, whatever the table says
@@ -1546,20 +1546,19 @@ def submit(
         return remote_submit(markup_console, markup_err_console, server, token_file, file,
                              idempotency_key)
     from idlegpu.scheduler.adapters.store import JobStore
-    from idlegpu.scheduler.specs import expand_units, load_request
+    from idlegpu.scheduler.service import submissions
+    from idlegpu.scheduler.service.identity import cli_identity
+    from idlegpu.scheduler.specs import load_request
 
     settings = _optional_config(config)
     request = load_request(file, settings.admission if settings is not None else None,
                            nodes=settings.pool.nodes if settings is not None else ())
-    units = expand_units(request)
     when = _now(now)
     with JobStore(_store_url(settings, store)) as job_store:
-        earlier = job_store.request_for_key(idempotency_key) if idempotency_key else None
-        request_id = job_store.submit(
-            request.name, request.team, request.kind, request.model_dump(mode="json"), units,
-            when, idempotency_key=idempotency_key,
-        )
-    if earlier is not None:
+        done = submissions.submit(job_store, settings, cli_identity(request.team), request, when,
+                                  idempotency_key=idempotency_key)
+    request_id, units = done.request_id, done.units
+    if not done.created:
         console.print(f"{request.name} was already submitted as {request_id} "
                       "(same --idempotency-key); nothing queued")
         return
@@ -1676,10 +1675,12 @@ def cancel(
         return remote_cancel(markup_console, markup_err_console, server, token_file, job_id,
                              reason)
     from idlegpu.scheduler.adapters.store import JobStore
+    from idlegpu.scheduler.service import submissions
+    from idlegpu.scheduler.service.identity import cli_identity
 
     settings = _optional_config(config)
     with JobStore(_store_url(settings, store)) as job_store:
-        result = job_store.cancel(job_id, _now(now), reason=reason)
+        result = submissions.cancel(job_store, cli_identity(), job_id, _now(now), reason)
     if result.cancelled:
         console.print(f"cancelled {len(result.cancelled)} queued unit(s): "
                       + plain(", ".join(result.cancelled)), highlight=False, soft_wrap=True)
@@ -1844,22 +1845,20 @@ def _admission(action: str, config: Path | None, store: str | None, server: str 
         return remote_admission(markup_console, markup_err_console, server, token_file,
                                 action, reason)
     from idlegpu.forecast.redact import redact
-    from idlegpu.scheduler.adapters.store import AuditEntry, JobStore
-    from idlegpu.scheduler.api.reads import paused_reason
-    from idlegpu.scheduler.cli_api import _cli_actor
+    from idlegpu.scheduler.adapters.store import JobStore
+    from idlegpu.scheduler.service import operations
+    from idlegpu.scheduler.service.identity import cli_identity
+    from idlegpu.scheduler.service.operations import paused_reason
 
     settings = _optional_config(config)
     tz = settings.pool.tz if settings is not None else timezone.utc
     url = _store_url(settings, store)
     when = _now(None)
-    actor, where = _cli_actor()
-    audit = AuditEntry(at=when, actor=actor, auth="cli", role="operator", team=None,
-                       action=f"admission.{action}", target="pool", address=where)
     with JobStore(url) as job_store:
         if action == "pause":
-            change = job_store.pause_admission(when, reason or "", audit)
+            change = operations.pause(job_store, cli_identity(), reason, when, tz)
         elif action == "resume":
-            change = job_store.resume_admission(when, audit)
+            change = operations.resume(job_store, cli_identity(), when)
         else:
             change = None
         state = change.state if change else job_store.admission()

@@ -62,7 +62,7 @@ def serve(
     import uvicorn
 
     from idlegpu.scheduler.adapters.store import JobStore
-    from idlegpu.scheduler.api import create_app
+    from idlegpu.scheduler.server import create_server
 
     path = config if config is not None else DEFAULT_CONFIG
     if not Path(path).is_file():
@@ -86,7 +86,7 @@ def serve(
             from idlegpu.scheduler.api.forecasts import Forecasts
 
             forecasts = Forecasts(settings, read_history(history))
-        application = create_app(settings, job_store, clock=clock, forecasts=forecasts)
+        application = create_server(settings, job_store, clock=clock, forecasts=forecasts)
         bind_host = host or settings.api.host
         bind_port = settings.api.port if port is None else port
         err_console.print(f"job API on http://{bind_host}:{bind_port}/v1 (docs at /docs), "

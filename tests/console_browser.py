@@ -22,7 +22,7 @@ from test_api_plan import HISTORY, NOW, request, settings_for, token
 
 from idlegpu.forecast.sources import read_history
 from idlegpu.scheduler.adapters.store import JobStore
-from idlegpu.scheduler.api import create_app
+from idlegpu.scheduler.server import create_server
 from idlegpu.scheduler.api.forecasts import Forecasts
 
 CHROMIUM = "/usr/bin/chromium"
@@ -75,7 +75,7 @@ def make_console(root: Path, extra_units: int = 0) -> tuple[Console, ApiServer]:
     store = JobStore(f"sqlite:///{root / 'console.db'}")
     clock = MovableClock(NOW)
     forecasts = Forecasts(settings, read_history(HISTORY))
-    server = ApiServer(create_app(settings, store, clock=clock, forecasts=forecasts)).start()
+    server = ApiServer(create_server(settings, store, clock=clock, forecasts=forecasts)).start()
     tokens = {"alice": token(store, "alice", "alignment", "member"),
               "vera": token(store, "vera", "vision", "member"),
               "victor": token(store, "victor", "vision", "viewer"),

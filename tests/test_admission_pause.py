@@ -27,7 +27,7 @@ from test_controller import states as unit_states
 
 import idlegpu.scheduler.adapters.store as store_mod
 from idlegpu.scheduler.adapters.store import AuditEntry, JobStore
-from idlegpu.scheduler.api import create_app
+from idlegpu.scheduler.server import create_server
 from idlegpu.scheduler.daemon import Daemon
 from idlegpu.scheduler.ports import JobPhase
 from idlegpu.scheduler.specs import expand_units, validate_request
@@ -346,7 +346,7 @@ def test_the_daemon_writes_its_status_and_the_api_reads_it(setup, caplog):
     assert status.forecast_made_at == T0 - timedelta(minutes=30)
     assert status.signals_age_s == 15.0  # the scripted signals were read at T0
     api_clock = MovableClock(T0 + timedelta(minutes=1))
-    api = ApiServer(create_app(api_settings(), store, clock=api_clock)).start()
+    api = ApiServer(create_server(api_settings(), store, clock=api_clock)).start()
     tokens = {user: token(store, user, "platform", role)
               for user, role in (("olga", "operator"), ("mia", "member"), ("vic", "viewer"))}
     try:

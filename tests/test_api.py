@@ -17,7 +17,7 @@ import yaml
 from api_server import T0, ApiServer, Client, MovableClock, api_settings, job
 
 from idlegpu.scheduler.adapters.store import SCHEMA_VERSION, AuditEntry, JobStore
-from idlegpu.scheduler.api import create_app
+from idlegpu.scheduler.server import create_server
 from idlegpu.scheduler.api.auth import new_token, token_sha256
 
 
@@ -56,7 +56,7 @@ def start_api(tmp_path: Path) -> Iterator[Callable[..., Api]]:
     def start(**api: Any) -> Api:
         store = JobStore(f"sqlite:///{tmp_path / f'api{len(started)}.db'}")
         clock = MovableClock()
-        server = ApiServer(create_app(api_settings(**api), store, clock=clock)).start()
+        server = ApiServer(create_server(api_settings(**api), store, clock=clock)).start()
         env = Api(server.url, store, clock)
         started.append((server, env))
         return env

@@ -13,7 +13,7 @@ from console_browser import browser, console_server  # noqa: F401 - fixtures
 from test_api_plan import settings_for
 
 from idlegpu.scheduler.adapters.store import JobStore
-from idlegpu.scheduler.api import create_app
+from idlegpu.scheduler.server import create_server
 from idlegpu.scheduler.api.docs import CSP
 
 
@@ -61,7 +61,7 @@ def test_docs_off_by_config(tmp_path) -> None:
     settings = settings.model_copy(update={"api": settings.api.model_copy(
         update={"docs": False})})
     store = JobStore(f"sqlite:///{tmp_path / 'jobs.db'}")
-    server = ApiServer(create_app(settings, store)).start()
+    server = ApiServer(create_server(settings, store)).start()
     try:
         assert requests.get(server.url + "/docs", timeout=10).status_code == 404
         assert requests.get(server.url + "/redoc", timeout=10).status_code == 404

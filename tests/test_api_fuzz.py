@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from test_limits import request_texts
 
 from idlegpu.scheduler.adapters.store import AuditEntry, JobStore
-from idlegpu.scheduler.api import create_app
+from idlegpu.scheduler.server import create_server
 from idlegpu.scheduler.api.auth import new_token, token_sha256
 
 
@@ -23,7 +23,7 @@ def api(tmp_path_factory):
     path: Path = tmp_path_factory.mktemp("fuzz") / "api.db"
     store = JobStore(f"sqlite:///{path}")
     clock = MovableClock()
-    server = ApiServer(create_app(api_settings(), store, clock=clock)).start()
+    server = ApiServer(create_server(api_settings(), store, clock=clock)).start()
     token = new_token()
     store.create_api_token("fuzz", "alignment", "member", token_sha256(token), clock.at, None,
                            AuditEntry(at=clock.at, actor="test", auth="cli", role="operator",

@@ -355,14 +355,14 @@ def test_requests_per_hour_and_a_users_override(tmp_path) -> None:
 
     from idlegpu.forecast.config import ApiQuota
     from idlegpu.scheduler.adapters.store import JobStore
-    from idlegpu.scheduler.api import create_app
+    from idlegpu.scheduler.server import create_server
 
     base = settings_for(tmp_path / "reports")
     settings = base.model_copy(update={"api": base.api.model_copy(update={
         "users": {"mallory": ApiQuota(requests_per_hour=3)}})})
     store = JobStore(f"sqlite:///{tmp_path / 'jobs.db'}")
     clock = MovableClock()
-    server = ApiServer(create_app(settings, store, clock=clock)).start()
+    server = ApiServer(create_server(settings, store, clock=clock)).start()
     try:
         mallory = {"Authorization": f"Bearer {token(store, 'mallory', 'alignment', 'member')}"}
         vera = {"Authorization": f"Bearer {token(store, 'vera', 'alignment', 'member')}"}
@@ -417,7 +417,7 @@ def test_the_operators_page_bounds_its_page_and_shows_no_banner_from_the_address
 def test_every_html_answer_gets_the_policy_and_json_gets_nosniff() -> None:
     import asyncio
 
-    from idlegpu.scheduler.api.headers import CSP, SecurityHeaders
+    from idlegpu.scheduler.web.headers import CSP, SecurityHeaders
 
     def app_answering(kind: bytes, extra: list[tuple[bytes, bytes]]):
         async def app(scope, receive, send):

@@ -12,7 +12,7 @@ import pytest
 from api_server import ApiServer, Client, MovableClock, api_settings, job
 
 from idlegpu.scheduler.adapters.store import JobStore
-from idlegpu.scheduler.api import create_app
+from idlegpu.scheduler.server import create_server
 
 
 def sa_token(kube, namespace: str, name: str, *, create: bool = True) -> str:
@@ -40,7 +40,7 @@ def kube_api(kube_control_plane, kube_namespace, tmp_path) -> Iterator[tuple[str
             {"group": f"system:serviceaccounts:{ns}", "team": "vision", "role": "viewer"},
         ])
     store = JobStore(f"sqlite:///{tmp_path / 'kube-api.db'}")
-    server = ApiServer(create_app(settings, store, clock=MovableClock())).start()
+    server = ApiServer(create_server(settings, store, clock=MovableClock())).start()
     try:
         yield server.url, ns
     finally:
@@ -122,7 +122,7 @@ def test_an_unreachable_api_server_is_503_not_401(tmp_path):
     reviewer = TokenReviewer(kubernetes.client.ApiClient(configuration), timeout_seconds=2)
     settings = api_settings(token_review={"enabled": True})
     store = JobStore(f"sqlite:///{tmp_path / 'down.db'}")
-    server = ApiServer(create_app(settings, store, reviewer=reviewer)).start()
+    server = ApiServer(create_server(settings, store, reviewer=reviewer)).start()
     try:
         response = Client(server.url, "some-kubernetes-token").get("/v1/whoami")
         assert response.status_code == 503 and response.headers["Retry-After"] == "5"

@@ -21,7 +21,7 @@ from api_server import IMAGE, ApiServer, Client, MovableClock
 from idlegpu.forecast.config import load_config
 from idlegpu.forecast.sources import read_history
 from idlegpu.scheduler.adapters.store import AuditEntry, JobStore
-from idlegpu.scheduler.api import create_app
+from idlegpu.scheduler.server import create_server
 from idlegpu.scheduler.api.auth import new_token, token_sha256
 from idlegpu.scheduler.api.forecasts import Forecasts
 
@@ -81,7 +81,7 @@ def env(tmp_path_factory) -> Iterator[Env]:
     store = JobStore(f"sqlite:///{root / 'plan.db'}")
     clock = MovableClock(NOW)
     forecasts = Forecasts(settings, read_history(HISTORY))
-    server = ApiServer(create_app(settings, store, clock=clock, forecasts=forecasts)).start()
+    server = ApiServer(create_server(settings, store, clock=clock, forecasts=forecasts)).start()
     alice_token = token(store, "alice", "alignment", "member")
     vera = Client(server.url, token(store, "vera", "vision", "member"))
     alice = Client(server.url, alice_token)
@@ -238,7 +238,7 @@ def test_a_history_past_its_end_is_a_503_never_a_stale_plan(tmp_path):
     clock = MovableClock(datetime.fromisoformat("2026-03-30T17:00:00+09:00"))
     frame = read_history(HISTORY)
     frame = frame[frame["ds"] < pd.Timestamp("2026-01-20", tz="UTC")]
-    server = ApiServer(create_app(settings, store, clock=clock,
+    server = ApiServer(create_server(settings, store, clock=clock,
                                   forecasts=Forecasts(settings, frame))).start()
     client = Client(server.url, token(store, "alice", "alignment", "member"))
     try:
@@ -271,7 +271,7 @@ def test_prometheus_down_is_a_503(tmp_path):
         raise SourceUnavailableError("Prometheus at http://localhost:9 refused the connection")
 
     forecasts = Forecasts(settings, fetch=down)
-    server = ApiServer(create_app(settings, store, clock=MovableClock(NOW),
+    server = ApiServer(create_server(settings, store, clock=MovableClock(NOW),
                                   forecasts=forecasts)).start()
     client = Client(server.url, token(store, "alice", "alignment", "member"))
     try:

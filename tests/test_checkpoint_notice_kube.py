@@ -23,7 +23,7 @@ from api_server import ApiServer, Client, api_settings
 from kube_harness import REPLAY_START, Harness, priority_classes, request, submit  # noqa: F401
 
 from idlegpu.scheduler.adapters.store import JobStore
-from idlegpu.scheduler.api import create_app
+from idlegpu.scheduler.server import create_server
 from idlegpu.scheduler.types import EventKind, JobState
 
 pytestmark = pytest.mark.slow  # about a minute: run by scripts/test.sh and CI
@@ -62,7 +62,7 @@ def test_a_planned_stop_with_notice_loses_nothing_and_a_silent_unit_stops_at_the
     def replayed() -> datetime:
         return REPLAY_START + timedelta(seconds=(time.monotonic() - origin) * SPEED)
 
-    api = ApiServer(create_app(settings, store, clock=replayed)).start()
+    api = ApiServer(create_server(settings, store, clock=replayed)).start()
     checkpoints = tmp_path / "checkpoints"
 
     def workload(pod):

@@ -21,7 +21,7 @@ from idlegpu.scheduler.adapters.api_client import (
     find_credential,
 )
 from idlegpu.scheduler.adapters.store import AuditEntry, JobStore
-from idlegpu.scheduler.api import create_app
+from idlegpu.scheduler.server import create_server
 from idlegpu.scheduler.api.auth import new_token, token_sha256
 from idlegpu.scheduler.cli import main
 
@@ -30,7 +30,7 @@ from idlegpu.scheduler.cli import main
 def server(tmp_path: Path):
     store = JobStore(f"sqlite:///{tmp_path / 'api.db'}")
     clock = MovableClock()
-    api = ApiServer(create_app(api_settings(teams={"*": {"max_priority": 3}}), store,
+    api = ApiServer(create_server(api_settings(teams={"*": {"max_priority": 3}}), store,
                                clock=clock)).start()
 
     def token(name: str, team: str, role: str = "member") -> str:

@@ -320,12 +320,12 @@ def test_behind_the_trusted_proxy_the_login_is_automatic(tmp_path):
     from api_server import ApiServer, MovableClock, api_settings
 
     from idlegpu.scheduler.adapters.store import JobStore
-    from idlegpu.scheduler.api import create_app
+    from idlegpu.scheduler.server import create_server
 
     store = JobStore(f"sqlite:///{tmp_path / 'proxy.db'}")
     settings = api_settings(trusted_proxies=["127.0.0.1/32"], identities=[
         {"group": "ml-alignment", "team": "alignment", "role": "member"}])
-    server = ApiServer(create_app(settings, store, clock=MovableClock())).start()
+    server = ApiServer(create_server(settings, store, clock=MovableClock())).start()
     try:
         proxy = {"X-Remote-User": "ada@corp", "X-Remote-Group": "ml-alignment"}
         answer = requests.get(server.url + "/submit", headers=proxy, allow_redirects=False,
@@ -359,14 +359,14 @@ def test_old_live_signals_are_shown_red(tmp_path, browser):
 
     from idlegpu.forecast.sources import read_history
     from idlegpu.scheduler.adapters.store import JobStore
-    from idlegpu.scheduler.api import create_app
+    from idlegpu.scheduler.server import create_server
     from idlegpu.scheduler.api.forecasts import Forecasts
 
     history = read_history(HISTORY)
     history = history[history["ds"] <= pd.Timestamp(NOW) - pd.Timedelta(minutes=20)]
     settings = settings_for(tmp_path)
     store = JobStore(f"sqlite:///{tmp_path / 'stale.db'}")
-    server = ApiServer(create_app(settings, store, clock=MovableClock(NOW),
+    server = ApiServer(create_server(settings, store, clock=MovableClock(NOW),
                                   forecasts=Forecasts(settings, history))).start()
     try:
         login(browser, server.url, token(store, "alice", "alignment", "member"))

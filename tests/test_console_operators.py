@@ -28,7 +28,7 @@ from selenium.webdriver.support.ui import Select, WebDriverWait
 from test_api_plan import NOW, settings_for, token
 
 from idlegpu.scheduler.adapters.store import SCHEMA_VERSION, DaemonStatus, JobStore
-from idlegpu.scheduler.api import create_app
+from idlegpu.scheduler.server import create_server
 from idlegpu.scheduler.console.session import COOKIE
 
 SHOTS = Path(os.environ.get("IDLEGPU_CONSOLE_SHOTS") or tempfile.mkdtemp(prefix="console-shots-"))
@@ -211,7 +211,7 @@ def test_a_session_works_on_every_replica_and_a_logout_ends_it_on_all(tmp_path, 
     assert settings.api.session_secret.get_secret_value().startswith("shared-secret")
     url = f"sqlite:///{tmp_path / 'shared.db'}"
     stores = [JobStore(url), JobStore(url)]  # one store, as two replicas open it
-    servers = [ApiServer(create_app(settings, s, clock=MovableClock(NOW))).start()
+    servers = [ApiServer(create_server(settings, s, clock=MovableClock(NOW))).start()
                for s in stores]
     try:
         secret = token(stores[0], "alice", "alignment", "member")

@@ -394,7 +394,7 @@ def test_the_job_api_authenticates_researchers_with_its_deployed_rbac(
     from api_server import ApiServer, MovableClock, api_settings
 
     from idlegpu.scheduler.adapters.store import JobStore
-    from idlegpu.scheduler.api import create_app
+    from idlegpu.scheduler.server import create_server
     from idlegpu.scheduler.api.tokenreview import TokenReviewer
 
     kube = kube_control_plane
@@ -414,7 +414,7 @@ def test_the_job_api_authenticates_researchers_with_its_deployed_rbac(
                             identities=[{"user": user, "team": "alignment"}])
     with kubernetes.client.ApiClient(configuration) as client, \
             JobStore(f"sqlite:///{tmp_path / 'api.db'}") as store:
-        server = ApiServer(create_app(settings, store, clock=MovableClock(),
+        server = ApiServer(create_server(settings, store, clock=MovableClock(),
                                       reviewer=TokenReviewer(client))).start()
         try:
             who = requests.get(f"{server.url}/v1/whoami", timeout=30,

@@ -138,7 +138,7 @@ def test_the_job_api_checks_and_splits_against_the_pools_node_shapes(tmp_path):
 
     from idlegpu.forecast.config import load_config
     from idlegpu.scheduler.adapters.store import AuditEntry, JobStore
-    from idlegpu.scheduler.api import create_app
+    from idlegpu.scheduler.server import create_server
     from idlegpu.scheduler.api.auth import new_token, token_sha256
 
     settings = load_config(data={
@@ -154,7 +154,7 @@ def test_the_job_api_checks_and_splits_against_the_pools_node_shapes(tmp_path):
     store.create_api_token("alice", "nlp", "member", token_sha256(token), clock.at, None,
                            AuditEntry(at=clock.at, actor="test", auth="cli", role="operator",
                                       team=None, action="token.create", target="alice"))
-    server = ApiServer(create_app(settings, store, clock=clock)).start()
+    server = ApiServer(create_server(settings, store, clock=clock)).start()
     client = Client(server.url, token, {})
     try:
         bad = client.post("/v1/requests", json={**BASE, "nodes": 2, "gpus_per_node": 16})

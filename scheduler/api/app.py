@@ -7,12 +7,11 @@ team and role come from ``idlegpu.scheduler.api.auth``; ``submitted_at`` is this
 """
 
 
-import hashlib
 import json
 import logging
 import re
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -24,56 +23,34 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from idlegpu.forecast.config import Settings
 from idlegpu.scheduler.adapters.store import (
-    MAX_PAUSE_REASON,
-    AuditEntry,
     InvalidRequestError,
     JobStore,
     QuotaExceededError,
     StoreError,
     StoreUnavailableError,
-    SubmitQuota,
     TransitionRefusedError,
     UnitRow,
     UnknownJobError,
     spec_to_json,
 )
-from idlegpu.scheduler.api.auth import MEMBER, OPERATOR, ApiError, Authenticator, Identity, Reviewer
-from idlegpu.scheduler.api.bodies import BoundedBodies
+from idlegpu.scheduler.api.auth import OPERATOR, ApiError, Authenticator, Identity, Reviewer
 from idlegpu.scheduler.api.checkpoints import PodDirectory, add_checkpoint_routes
-from idlegpu.scheduler.api.docs import add_docs
-from idlegpu.scheduler.api.forecasts import RETRY_AFTER_S, Forecasts, ForecastUnavailable
-from idlegpu.scheduler.api.headers import SecurityHeaders
-from idlegpu.scheduler.api.reads import Reads, add_read_routes, paused_reason
-from idlegpu.scheduler.api.schema import (
-    ERROR_RESPONSES,
-    REQUEST_BODY,
-    RequestId,
-    UnitId,
-    install_openapi,
-    reason_body,
-)
+from idlegpu.scheduler.api.forecasts import Forecasts
+from idlegpu.scheduler.api.reads import Reads, add_read_routes
+from idlegpu.scheduler.api.schema import REQUEST_BODY, RequestId, UnitId, reason_body
 from idlegpu.scheduler.clock import Clock, as_clock
 from idlegpu.scheduler.limits import SURROGATE_PROBLEM, has_surrogate
-from idlegpu.scheduler.specs import SpecError, load_request_text, validate_request
+from idlegpu.scheduler.service import operations, submissions
+from idlegpu.scheduler.service.errors import ForecastUnavailable, ServiceError, failure
+from idlegpu.scheduler.specs import SpecError
 from idlegpu.scheduler.types import EventKind, JobState
 
 log = logging.getLogger("idlegpu.api")
 
 API_VERSION = "v1"
-SOURCE = "request"
-YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml")
-JSON_TYPES = ("application/json",)
-_FIELD = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_]+)*): ")
 _KEY = re.compile(r"^[\x21-\x7e]{1,200}$")
 LIVE = tuple(s for s in JobState if not s.is_terminal())
 MAX_OFFSET = 10**9  # what a store's integers hold (SQLite's and PostgreSQL's OFFSET are int64)
-
-
-def spec_error_field(message: str, source: str = SOURCE) -> str | None:
-    """The field path a ``SpecError`` message names first (``steps.0.gpus``), if any."""
-    rest = message.removeprefix(f"{source}: ")
-    found = _FIELD.match(rest)
-    return found.group(1) if found else None
 
 
 def _iso(value: datetime | None, tz) -> str | None:
@@ -97,11 +74,6 @@ def unit_json(row: UnitRow, tz) -> dict[str, Any]:
     }
 
 
-def _body_sha256(data: Any) -> str:
-    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
-
-
 def _reason_of(data: Any) -> str | None:
     """The ``reason`` of a cancel or pause body (parsed JSON), checked."""
     reason = data.get("reason") if isinstance(data, dict) else None
@@ -118,13 +90,23 @@ def _error(status: int, message: str, field: str | None = None,
                         headers=headers)
 
 
-def create_app(settings: Settings, store: JobStore, *,
-               clock: Clock | Callable[[], datetime] | None = None,
-               reviewer: Reviewer | None = None,
-               forecasts: Forecasts | None = None,
-               pods: PodDirectory | None = None) -> FastAPI:
-    """The job API over ``store``, validating with ``settings`` (its ``admission`` rules and
-    ``api`` section). ``clock`` stamps ``submitted_at`` and judges token expiry (default: the
+@dataclass(frozen=True)
+class Api:
+    """What the job API's routes were built with, for what sits beside them (the console)."""
+
+    authenticator: Authenticator
+    reads: Reads
+    clock: Clock
+
+
+def add_api(app: FastAPI, settings: Settings, store: JobStore, *,
+            clock: Clock | Callable[[], datetime] | None = None,
+            reviewer: Reviewer | None = None,
+            forecasts: Forecasts | None = None,
+            pods: PodDirectory | None = None) -> Api:
+    """The job API's routes on ``app`` (``idlegpu.scheduler.server`` makes it), over
+    ``store``, validating with ``settings`` (its ``admission`` rules and ``api`` section),
+    with its error answers and the identity of its callers. ``clock`` stamps ``submitted_at`` and judges token expiry (default: the
     wall clock); ``reviewer`` answers Kubernetes TokenReviews (default, when
     ``api.token_review.enabled``: one built from ``api.token_review``); ``forecasts``: the
     forecast the plan, windows and forecast routes read (default: the daemon's, from
@@ -144,18 +126,6 @@ def create_app(settings: Settings, store: JobStore, *,
     authenticator = Authenticator(api, store, reviewer,
                                   workload_namespace=settings.cluster.namespace)
 
-    app = FastAPI(
-        title="idlegpu job API", version=API_VERSION,
-        description="Submit, list and cancel research jobs on the idle GPUs of the pool.",
-        docs_url=None, redoc_url=None,  # our own pages and assets (scheduler/api/docs.py)
-        responses=ERROR_RESPONSES,  # every error in the one shape (scheduler/api/schema.py)
-    )
-    install_openapi(app)
-    add_docs(app, title="idlegpu job API", enabled=api.docs)
-    # every body, on every route, read under its route's limit (scheduler/api/bodies.py)
-    app.add_middleware(BoundedBodies, max_body_bytes=api.max_body_bytes)
-    # nosniff everywhere, a CSP on every HTML answer (scheduler/api/headers.py)
-    app.add_middleware(SecurityHeaders)
     app.state.store = store
     app.state.settings = settings
     reads = Reads(settings, store, now.now, forecasts)
@@ -163,48 +133,18 @@ def create_app(settings: Settings, store: JobStore, *,
 
     # -- errors: one JSON shape, one line each --------------------------------------------
 
-    @app.exception_handler(ApiError)
-    async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
-        return _error(exc.status, exc.message, exc.field, exc.headers)
+    async def _refusal(_: Request, exc: Exception) -> JSONResponse:
+        said = failure(exc)
+        if said is None:  # not a refusal: an internal error
+            raise exc
+        body: dict[str, Any] = {"message": said.message, "field": said.field, **said.extra}
+        return JSONResponse({"error": body}, status_code=said.status,
+                            headers=said.headers or None)
 
-    @app.exception_handler(SpecError)
-    async def _spec_error(_: Request, exc: SpecError) -> JSONResponse:
-        return _error(422, str(exc), spec_error_field(str(exc)))
-
-    @app.exception_handler(UnknownJobError)
-    async def _unknown(_: Request, exc: UnknownJobError) -> JSONResponse:
-        return _error(404, str(exc))
-
-    @app.exception_handler(InvalidRequestError)
-    async def _invalid(_: Request, exc: InvalidRequestError) -> JSONResponse:
-        return _error(422, str(exc))
-
-    @app.exception_handler(QuotaExceededError)
-    async def _quota(_: Request, exc: QuotaExceededError) -> JSONResponse:
-        headers = ({"Retry-After": str(int(exc.retry_after_s + 0.999))}
-                   if exc.retry_after_s is not None else None)
-        return JSONResponse({"error": {
-            "message": str(exc), "field": None,
-            "quota": {"name": exc.quota, "limit": exc.limit, "used": exc.used,
-                      "asked": exc.asked, "retry_after_s": exc.retry_after_s}}},
-            status_code=429, headers=headers)
-
-    @app.exception_handler(TransitionRefusedError)
-    async def _refused(_: Request, exc: TransitionRefusedError) -> JSONResponse:
-        return _error(409, str(exc))
-
-    @app.exception_handler(StoreUnavailableError)
-    async def _unavailable(_: Request, exc: StoreUnavailableError) -> JSONResponse:
-        return _error(503, str(exc), headers={"Retry-After": "5"})
-
-    @app.exception_handler(ForecastUnavailable)
-    async def _no_forecast(_: Request, exc: ForecastUnavailable) -> JSONResponse:
-        return _error(503, str(exc), headers={"Retry-After": str(RETRY_AFTER_S)})
-
-    @app.exception_handler(StoreError)
-    async def _store_error(_: Request, exc: StoreError) -> JSONResponse:
-        log.error("job store error: %s", exc)
-        return _error(500, f"job store error: {exc}")
+    for refusal in (ServiceError, SpecError, UnknownJobError, InvalidRequestError,
+                    QuotaExceededError, TransitionRefusedError, StoreUnavailableError,
+                    ForecastUnavailable, StoreError):
+        app.add_exception_handler(refusal, _refusal)
 
     @app.exception_handler(RequestValidationError)
     async def _bad_parameters(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -238,16 +178,6 @@ def create_app(settings: Settings, store: JobStore, *,
 
     Caller = Annotated[Identity, Depends(caller)]
 
-    def audit(who: Identity, action: str, target: str, at: datetime,
-              **detail: Any) -> AuditEntry:
-        return AuditEntry(at=at, actor=who.user, auth=who.auth, role=who.role,
-                          team=who.team, action=action, target=target, address=who.address,
-                          detail=detail)
-
-    def require_change(who: Identity, what: str) -> None:
-        if not who.may_change():
-            raise ApiError(403, f"role {who.role} may not {what}: viewers read only")
-
     # -- routes -----------------------------------------------------------------------------
 
     @app.get("/healthz", summary="200 when the job store answers (no authentication)")
@@ -266,50 +196,8 @@ def create_app(settings: Settings, store: JobStore, *,
                 "address": who.address}
 
     async def read_body(request: Request) -> tuple[str, bytes]:
-        kind = request.headers.get("content-type", "application/json").split(";")[0]
-        kind = kind.strip().lower()
-        if kind not in (*JSON_TYPES, *YAML_TYPES):
-            raise ApiError(415, f"Content-Type {kind!r} is not accepted; send the request as "
-                                "application/json or application/yaml")
+        kind = submissions.content_kind(request.headers.get("content-type"))
         return kind, await request.body()  # bounded by BoundedBodies
-
-    def parse_request(kind: str, body: bytes) -> Any:
-        try:
-            text = body.decode("utf-8")
-        except UnicodeDecodeError:
-            raise ApiError(400, f"{SOURCE}: the body is not UTF-8 text") from None
-        if kind in YAML_TYPES:
-            return load_request_text(text, settings.admission, source=SOURCE,
-                                     nodes=settings.pool.nodes)
-        limit = settings.admission.limits.max_request_bytes
-        if len(body) > limit:  # the same bound as a request file's (YAML bodies check it too)
-            raise ApiError(413, f"{SOURCE}: the request is {len(body)} bytes, over the limit "
-                                f"of {limit} (admission.limits.max_request_bytes)")
-        try:
-            data = json.loads(text)
-        except (ValueError, RecursionError) as exc:  # JSONDecodeError, or an int too long
-            where = (f" at line {exc.lineno}, column {exc.colno}"
-                     if isinstance(exc, json.JSONDecodeError) else "")
-            problem = (exc.msg if isinstance(exc, json.JSONDecodeError) else
-                       "too deeply nested" if isinstance(exc, RecursionError) else
-                       "a number too long to read")
-            raise ApiError(400, f"{SOURCE}: invalid JSON{where}: {problem}") from None
-        return validate_request(data, settings.admission, source=SOURCE,
-                                nodes=settings.pool.nodes)
-
-    def check_priority(request: Any, units: Sequence[Any], team: str) -> None:
-        cap = api.team(team).max_priority
-        if cap is None:
-            return
-        for unit in units:
-            if unit.priority > cap:
-                step = request.steps[unit.step_index] if request.steps else None
-                field = (f"steps.{unit.step_index}.priority"
-                         if step is not None and step.priority is not None else "priority")
-                setting = f"api.teams.{team if team in api.teams else '*'}.max_priority"
-                raise ApiError(422, f"{SOURCE}: {field}: priority {unit.priority} is above "
-                                    f"team {team}'s cap of {cap} ({setting}); use {cap} or "
-                                    "less", field=field)
 
     @app.post(f"/{API_VERSION}/requests", status_code=201,
               summary="Submit a job request (JSON, or YAML with Content-Type: application/yaml)",
@@ -317,40 +205,17 @@ def create_app(settings: Settings, store: JobStore, *,
                   "description": "submitted before with this Idempotency-Key: that request"}})
     async def submit(request: Request, who: Caller,
                      idempotency_key: Annotated[str | None, Header()] = None) -> JSONResponse:
-        require_change(who, "submit requests")
+        submissions.require_change(who, "submit requests")
         if idempotency_key is not None and not _KEY.fullmatch(idempotency_key):
             raise ApiError(422, "Idempotency-Key: use 1 to 200 printable ASCII characters",
                            field="Idempotency-Key")
         kind, body = await read_body(request)
 
         def work() -> tuple[int, dict[str, Any]]:
-            from idlegpu.scheduler.specs import expand_units
-
-            job = parse_request(kind, body)
-            if job.team != who.team:
-                raise ApiError(403, f"{SOURCE}: team: you act for team {who.team!r}; a "
-                                    f"request for team {job.team!r} is refused (the team of a "
-                                    "request is the caller's)", field="team")
-            units = expand_units(job)
-            check_priority(job, units, who.team)
-            raw = job.model_dump(mode="json")
-            digest = _body_sha256(raw)
-            when = now.now()
-            quota, setting = api.quota(who.team, who.user)
-            outcome = store.submit_from_api(
-                principal=who.principal, idempotency_key=idempotency_key, body_sha256=digest,
-                request_name=job.name, team=who.team, kind=job.kind, raw=raw, units=units,
-                now=when, audit=audit(who, "submit", "", when, request=job.name,
-                                           units=len(units),
-                                           idempotency_key=idempotency_key),
-                address=who.address, quota=SubmitQuota(
-                    quota.live_units, quota.requests_per_hour, quota.stored_bytes, setting))
-            if not outcome.created and outcome.body_sha256 != digest:
-                raise ApiError(409, f"Idempotency-Key {idempotency_key!r} was used for "
-                                    f"request {outcome.request_id} with a different body; "
-                                    "use a new key for a new request",
-                               field="Idempotency-Key")
-            return (201 if outcome.created else 200), request_json(outcome.request_id)
+            job = submissions.parse_body(kind, body, settings)
+            done = submissions.submit(store, settings, who, job, now.now(),
+                                   idempotency_key=idempotency_key)
+            return (201 if done.created else 200), request_json(done.request_id)
 
         status, payload = await run_in_threadpool(work)
         return JSONResponse(payload, status_code=status)
@@ -361,27 +226,12 @@ def create_app(settings: Settings, store: JobStore, *,
                       "now, its estimated start or the reason it would wait; or the error "
                       "with its field (the same checks as submitting)")
     async def validate(request: Request, who: Caller) -> dict[str, Any]:
-        require_change(who, "submit requests")
+        submissions.require_change(who, "submit requests")
         kind, body = await read_body(request)
 
         def work() -> dict[str, Any]:
-            from idlegpu.scheduler.specs import expand_units
-
-            job = parse_request(kind, body)
-            if job.team != who.team:
-                raise ApiError(403, f"{SOURCE}: team: you act for team {who.team!r}; a "
-                                    f"request for team {job.team!r} is refused", field="team")
-            units = expand_units(job)
-            check_priority(job, units, who.team)
-            planned = reads.preview(units, who.team)  # a dry run: nothing is stored
-            return {"name": job.name, "team": job.team, "kind": job.kind,
-                    "plan_made_at": planned["made_at"],
-                    "forecast_age_s": planned["forecast_age_s"], "units": [{
-                        "step": u.step, "step_index": u.step_index, "member": u.member,
-                        "gpus": u.gpus, "image": u.image, "priority": u.priority,
-                        "runtime_estimate_s": u.runtime_estimate_s,
-                        "checkpointable": u.checkpointable, **p}
-                        for u, p in zip(units, planned["units"], strict=True)]}
+            job = submissions.parse_body(kind, body, settings)
+            return submissions.validate(settings, who, job, reads.preview)
 
         return await run_in_threadpool(work)
 
@@ -447,15 +297,8 @@ def create_app(settings: Settings, store: JobStore, *,
                 "checkpoints": of(EventKind.CHECKPOINTED), "notices": of(EventKind.NOTICE),
                 "workload_reports": store.workload_reports(unit_id), "plan": plan}
 
-    def cancel(who: Identity, target: str, team: str, reason: str | None) -> dict[str, Any]:
-        require_change(who, "cancel")
-        if not who.may_cancel(team):
-            raise ApiError(403, f"{target} belongs to team {team!r}; a {who.role} of team "
-                                f"{who.team!r} may cancel only its own team's work")
-        why = (reason or f"cancelled by {who.user}").strip()[:500]
-        when = now.now()
-        result = store.cancel_audited(target, when, audit(who, "cancel", target, when),
-                                      reason=why)
+    def cancel(who: Identity, target: str, kind: str, reason: str | None) -> dict[str, Any]:
+        result = submissions.cancel(store, who, target, now.now(), reason, kind=kind)
         return {"target": target, "cancelled": list(result.cancelled),
                 "to_stop": list(result.to_stop), "unchanged": list(result.unchanged)}
 
@@ -475,16 +318,14 @@ def create_app(settings: Settings, store: JobStore, *,
     async def cancel_request(request_id: RequestId, request: Request,
                              who: Caller) -> dict[str, Any]:
         reason = await cancel_reason(request)
-        team = (await run_in_threadpool(store.request, request_id)).team
-        return await run_in_threadpool(cancel, who, request_id, team, reason)
+        return await run_in_threadpool(cancel, who, request_id, "request", reason)
 
     @app.post(f"/{API_VERSION}/units/{{unit_id}}/cancel",
               summary="Cancel a unit and the units depending on it",
               openapi_extra=reason_body(False))
     async def cancel_unit(unit_id: UnitId, request: Request, who: Caller) -> dict[str, Any]:
         reason = await cancel_reason(request)
-        team = (await run_in_threadpool(store.unit, unit_id)).team
-        return await run_in_threadpool(cancel, who, unit_id, team, reason)
+        return await run_in_threadpool(cancel, who, unit_id, "unit", reason)
 
     add_checkpoint_routes(app, store, authenticator, pods, now.now, f"/{API_VERSION}")
 
@@ -513,110 +354,43 @@ def create_app(settings: Settings, store: JobStore, *,
 
     # -- the operators' controls: pausing admission, the daemon's status -------------------
 
-    def admission_json(state: Any) -> dict[str, Any]:
-        return {"paused": state.paused, "since": reads.iso(state.since), "by": state.by,
-                "reason": state.reason, "changed_at": reads.iso(state.changed_at),
-                "changed_by": state.changed_by,
-                "text": paused_reason(state, settings.pool.tz) or "admission is open"}
-
-    def require_operator(who: Identity, what: str) -> None:
-        if who.role != OPERATOR:
-            raise ApiError(403, f"role {who.role} may not {what}: operators only")
-
-    async def pause_reason(request: Request) -> str:
+    async def pause_reason(request: Request) -> str | None:
         body = await request.body()  # bounded by BoundedBodies
         try:
             data = json.loads(body) if body.strip() else {}
         except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
             raise ApiError(400, "the pause body must be JSON, e.g. {\"reason\": \"node "
                                 "upgrade\"}") from None
-        reason = " ".join((_reason_of(data) or "").split())  # one line: it is shown in logs and pages
-        if not reason:
-            raise ApiError(422, "reason: a pause needs a reason (who reads the queue sees it)"
-                                ", e.g. {\"reason\": \"node upgrade\"}", field="reason")
-        if len(reason) > MAX_PAUSE_REASON:
-            raise ApiError(422, f"reason: {len(reason)} characters, over the limit of "
-                                f"{MAX_PAUSE_REASON}; shorten it", field="reason")
-        return reason
+        return _reason_of(data)
+
+    def change_json(change: operations.AdmissionChange) -> dict[str, Any]:
+        return {**operations.admission_view(change.state, tz), "changed": change.changed,
+                "message": change.message}
 
     @app.get(f"/{API_VERSION}/admission", summary="Whether admission is paused for the pool")
     def get_admission(who: Caller) -> dict[str, Any]:
-        return admission_json(store.admission())
+        return operations.admission_view(store.admission(), tz)
 
     @app.post(f"/{API_VERSION}/admission/pause",
               summary="Pause admission for the pool (operators): the daemon admits nothing "
                       "until resumed; stops and the backstop go on",
               openapi_extra=reason_body(True))
     async def pause_admission(request: Request, who: Caller) -> dict[str, Any]:
-        require_operator(who, "pause admission")
+        operations.require_operator(who, "pause admission")
         reason = await pause_reason(request)
-        when = now.now()
-        change = await run_in_threadpool(
-            store.pause_admission, when, reason,
-            audit(who, "admission.pause", "pool", when))
-        state = change.state
-        message = ("admission paused" if change.changed else
-                   f"admission was already paused by {state.by} since "
-                   f"{reads.iso(state.since)}; nothing changed (resume first to pause again "
-                   "with another reason)")
-        return {**admission_json(state), "changed": change.changed, "message": message}
+        change = await run_in_threadpool(operations.pause, store, who, reason, now.now(), tz)
+        return change_json(change)
 
     @app.post(f"/{API_VERSION}/admission/resume",
               summary="Resume admission for the pool (operators)")
     def resume_admission(who: Caller) -> dict[str, Any]:
-        require_operator(who, "resume admission")
-        when = now.now()
-        change = store.resume_admission(when, audit(who, "admission.resume", "pool", when))
-        message = ("admission resumed" if change.changed else
-                   "admission was not paused; nothing changed")
-        return {**admission_json(change.state), "changed": change.changed,
-                "message": message}
+        return change_json(operations.resume(store, who, now.now()))
 
     @app.get(f"/{API_VERSION}/daemon",
              summary="The daemon replicas' status (operators, members): last passes and their "
                      "age, which one leads, the store")
     def get_daemon(who: Caller) -> dict[str, Any]:
-        if who.role not in (OPERATOR, MEMBER):
-            raise ApiError(403, f"role {who.role} may not read the daemon's status: "
-                                "operators and members only")
-        started = time.perf_counter()
-        version = store.schema_version()
-        answered_ms = (time.perf_counter() - started) * 1000
-        at = now.now()
-
-        def age(when: datetime | None) -> float | None:
-            return None if when is None else round((at - when).total_seconds(), 1)
-
-        replicas = []
-        for r in store.daemon_statuses():
-            limit = 3 * r.reconcile_seconds  # what the daemon's /healthz allows
-            passed = max((t for t in (r.last_reconcile_at, r.last_backstop_at) if t),
-                         default=None)
-            newest = r.updated_at if r.role == "standby" else passed
-            replicas.append({
-                "identity": r.identity, "host": r.host, "pid": r.pid, "role": r.role,
-                "updated_at": reads.iso(r.updated_at), "updated_age_s": age(r.updated_at),
-                "reconcile_seconds": r.reconcile_seconds, "stale_after_s": limit,
-                "last_reconcile_at": reads.iso(r.last_reconcile_at),
-                "last_reconcile_age_s": age(r.last_reconcile_at),
-                "last_backstop_at": reads.iso(r.last_backstop_at),
-                "last_backstop_age_s": age(r.last_backstop_at),
-                "last_pass": r.last_pass, "admitted": r.admitted, "stopped": r.stopped,
-                "errors": r.errors, "forecast_made_at": reads.iso(r.forecast_made_at),
-                "forecast_age_s": age(r.forecast_made_at), "signals_age_s": r.signals_age_s,
-                "healthy": newest is not None and (at - newest).total_seconds() <= limit})
-        leader = next((r for r in replicas if r["role"] in ("leader", "single")), None)
-        return {"now": reads.iso(at), "replicas": replicas,
-                "leader": leader["identity"] if leader else None,
-                "healthy": bool(leader and leader["healthy"]),
-                # where the store is: operators only (even redacted, it names a host)
-                "store": {"location": store.location if who.role == OPERATOR else None,
-                          "schema_version": version, "answers": True,
-                          "answered_ms": round(answered_ms, 1)},
-                "admission": admission_json(store.admission())}
+        return operations.daemon_status(store, who, now.now(), tz)
 
     add_read_routes(app, reads, caller, f"/{API_VERSION}")
-    from idlegpu.scheduler.console import add_console
-
-    add_console(app, settings, store, authenticator, reads, now.now)
-    return app
+    return Api(authenticator, reads, now)

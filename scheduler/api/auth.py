@@ -34,38 +34,28 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from idlegpu.forecast.config import ApiConfig, IdentityMapping
+from idlegpu.scheduler.service.errors import ServiceError
+from idlegpu.scheduler.service.identity import (
+    MEMBER,
+    OPERATOR,
+    ROLES,
+    TOKEN_PREFIX,
+    VIEWER,
+    WORKLOAD,
+    Identity,
+    PodRef,
+    new_token,
+    token_sha256,
+)
 
 log = logging.getLogger("idlegpu.api")
 
-TOKEN_PREFIX = "igt_"
-MEMBER, OPERATOR, VIEWER = "member", "operator", "viewer"
-ROLES = (MEMBER, OPERATOR, VIEWER)
-WORKLOAD = "workload"
-"""The role of a research pod's own token (pod-bound, from the jobs' namespace): it may
-report its unit's checkpoints and progress, nothing else (never one of ``ROLES``)."""
 SERVICE_ACCOUNT_PREFIX = "system:serviceaccount:"
 
 
-def new_token() -> str:
-    """A fresh idlegpu token: ``igt_`` + 43 URL-safe characters (32 random bytes)."""
-    return TOKEN_PREFIX + secrets.token_urlsafe(32)
-
-
-def token_sha256(token: str) -> str:
-    return hashlib.sha256(token.encode("utf-8")).hexdigest()
-
-
-class ApiError(Exception):
-    """An answer other than success: HTTP ``status``, one-line ``message``, the ``field`` it
-    is about (if any), extra ``headers``."""
-
-    def __init__(self, status: int, message: str, *, field: str | None = None,
-                 headers: Mapping[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.field = field
-        self.headers = dict(headers or {})
+class ApiError(ServiceError):
+    """A refusal of the HTTP front door itself (authentication, headers): ``status``,
+    one-line ``message``, the ``field`` it is about, extra ``headers``."""
 
 
 CHALLENGE = {"WWW-Authenticate": 'Bearer realm="idlegpu"'}
@@ -74,42 +64,6 @@ BAD_TOKEN = {"WWW-Authenticate": 'Bearer realm="idlegpu", error="invalid_token"'
 
 def unauthenticated(message: str, *, bad_token: bool = False) -> ApiError:
     return ApiError(401, message, headers=BAD_TOKEN if bad_token else CHALLENGE)
-
-
-@dataclass(frozen=True)
-class PodRef:
-    """The pod a Kubernetes token is bound to, as TokenReview names it."""
-
-    namespace: str
-    name: str
-    uid: str
-
-
-@dataclass(frozen=True)
-class Identity:
-    """The caller, as the server established it."""
-
-    user: str
-    auth: str
-    """``token``, ``tokenreview`` or ``proxy``."""
-    team: str
-    role: str
-    groups: tuple[str, ...] = ()
-    address: str | None = None
-    """Where the call came from (the client's address; behind a proxy ``client via proxy``)."""
-    pod: PodRef | None = None
-    """A ``workload`` caller's pod."""
-
-    @property
-    def principal(self) -> str:
-        """Stable id of the caller: what idempotency keys and "mine" are scoped to."""
-        return f"{self.auth}:{self.user}"
-
-    def may_change(self) -> bool:
-        return self.role in (MEMBER, OPERATOR)
-
-    def may_cancel(self, team: str) -> bool:
-        return self.role == OPERATOR or (self.role == MEMBER and team == self.team)
 
 
 class TokenStore(Protocol):

@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from idlegpu.scheduler.service.errors import FORECAST_RETRY_AFTER_S, ForecastUnavailable
+
 if TYPE_CHECKING:
     from idlegpu.scheduler.refresh import Refresh
     from idlegpu.scheduler.types import FreeProfile
@@ -35,11 +37,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("idlegpu.api")
 
 STALE_AFTER = timedelta(minutes=30)
-RETRY_AFTER_S = 30  # also how long a failure is remembered before the source is asked again
-
-
-class ForecastUnavailable(Exception):
-    """No fresh forecast can be made now (the history is unreadable or stale)."""
+# also how long a failure is remembered before the source is asked again
+RETRY_AFTER_S = FORECAST_RETRY_AFTER_S
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from starlette.concurrency import run_in_threadpool
 
 from idlegpu.scheduler.api.auth import ApiError, Identity
 from idlegpu.scheduler.api.forecasts import Forecasts, ForecastUnavailable, ServerForecast
+from idlegpu.scheduler.service.operations import paused_reason
 from idlegpu.scheduler.api.schema import Month
 
 MONTH = re.compile(r"^[0-9]{4}-(0[1-9]|1[0-2])$")
@@ -35,15 +36,6 @@ PREVIEW_REUSE_S = 15.0
 """A request's previews (``POST /v1/requests/validate``, as it is typed) share the store's
 queue read this long; the plan itself is made for each."""
 MAX_HOURS = 48.0
-
-
-def paused_reason(state, tz) -> str | None:
-    """Why nothing starts while an operator has paused admission (``JobStore.admission()``),
-    as the plan, the console and the CLI say it; None while admission is open."""
-    if not state.paused:
-        return None
-    since = pd.Timestamp(state.since).tz_convert(tz).strftime("%a %d %b %H:%M %Z")
-    return f"admission is paused by {state.by} since {since}: {state.reason}"
 
 
 def _num(value: Any) -> float | int | None:

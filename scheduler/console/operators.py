@@ -1,15 +1,17 @@
 """The operators' pages (``/operators``): the daemon's health, pausing admission, the audit log.
 
 Operators only (anyone else gets a 403 page saying who may). What the page shows is what the
-API answers: the daemon replicas' status and the store from ``GET /v1/daemon`` (the daemon
+API answers: the daemon replicas' status and the store (``service.operations.daemon_status``,
+what ``GET /v1/daemon`` answers; the daemon
 writes its status into the store after every pass; the API server and the daemon share
 nothing else), the admission state, and the audit log (``JobStore.audit_log``, newest first,
 filtered by action, team and actor, ``AUDIT_PAGE`` entries a page). A pass older than three
 reconcile periods is shown red: what the daemon's own ``/healthz`` calls unhealthy.
 
 The pause form (a reason is required) and the resume button are CSRF-protected forms handed to
-``POST /v1/admission/pause`` / ``resume`` in-process (``Pages.call_api``), so the API's rules
-(operators only, the reason's bounds) and its audit entry apply exactly as from the CLI.
+``service.operations.pause`` / ``resume``, the functions behind ``POST /v1/admission/pause`` /
+``resume`` and ``idlegpu admission``, so their rules (operators only, the reason's bounds) and
+their audit entry apply exactly as there.
 
 While admission is paused the pool page shows who paused it, since when and why: the
 ``admission_paused()`` template global, registered here, gives that line (None while open).
@@ -24,9 +26,10 @@ from fastapi import Request
 from fastapi.responses import RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from idlegpu.scheduler.api.auth import OPERATOR
-from idlegpu.scheduler.api.reads import paused_reason
 from idlegpu.scheduler.console.pages import Pages, notice_text
+from idlegpu.scheduler.service import operations
+from idlegpu.scheduler.service.identity import OPERATOR
+from idlegpu.scheduler.service.operations import paused_reason
 
 AUDIT_PAGE = 50
 """Audit entries per page."""
@@ -96,11 +99,9 @@ def add_pages(pages: Pages) -> None:
             page = min(MAX_PAGE, max(1, int(query.get("page", "1")[:12])))
         except ValueError:
             page = 1
-        code, daemon = await pages.call_api(request, session, "GET", "/v1/daemon")
-        daemon_error = None
-        if code != 200:
-            daemon_error = (daemon or {}).get("error", {}).get("message", f"error {code}")
-            daemon = None
+        daemon, said = await pages.act(
+            lambda: operations.daemon_status(store, who, pages.now(), tz), changes=False)
+        daemon_error = None if said is None else said.message
         entries, more = await run_in_threadpool(audit_entries, action, team, actor, page)
         admission = (daemon or {}).get("admission")
         if admission is None:
@@ -139,16 +140,16 @@ def add_pages(pages: Pages) -> None:
         if who.role != OPERATOR:
             return refuse(request, who, session)
         reason = fields.get("reason", "")
-        body = json.dumps({"reason": reason} if action == "pause" else {}).encode("utf-8")
-        status, answer = await pages.call_api(request, session, "POST",
-                                              f"/v1/admission/{action}", body)
-        if status != 200:
-            message = (answer or {}).get("error", {}).get("message", f"error {status}")
-            return await operators_page(request, session, who, status=status, error=message,
-                                        reason=reason[:1000])
+        when = pages.now()
+        change, said = await pages.act(
+            (lambda: operations.pause(store, who, reason, when, tz)) if action == "pause"
+            else (lambda: operations.resume(store, who, when)))
+        if said is not None:
+            return await operators_page(request, session, who, status=said.status,
+                                        error=said.message, reason=reason[:1000])
         code = {("pause", True): "paused", ("pause", False): "already-paused",
                 ("resume", True): "resumed", ("resume", False): "not-paused"}[
-            action, bool(answer.get("changed"))]
+            action, change.changed]
         return RedirectResponse(f"/operators?notice={code}", status_code=303)
 
     @app.post("/operators/pause", include_in_schema=False)

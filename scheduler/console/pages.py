@@ -45,9 +45,9 @@ class Pages:
     signed_in: Callable[..., Awaitable[Any]]
     """``await signed_in(request, post=False)`` -> ``(session, identity, form)`` or a
     Response (the login redirect, or a 403 for a POST without the CSRF token)."""
-    call_api: Callable[..., Awaitable[tuple[int, Any]]]
-    """``await call_api(request, session, method, path, body, content_type)`` -> the /v1
-    route's ``(status, json)``, called in-process under the session's identity."""
+    act: Callable[..., Awaitable[tuple[Any, Any]]]
+    """``await act(work, changes=True)`` -> ``(result, None)`` of a service call
+    (``idlegpu.scheduler.service``), or ``(None, Failure)``: what its refusal says."""
     from_session: Callable[[Any], Any]
     local: Callable[..., str]
     """A time as the pages show it: local to the pool, with the zone."""

@@ -40,7 +40,7 @@ from fastapi.responses import FileResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from idlegpu.forecast.calendar import local_hour
-from idlegpu.scheduler.api.auth import ApiError
+from idlegpu.scheduler.service.errors import ServiceError
 from idlegpu.scheduler.console.pages import Pages
 
 log = logging.getLogger("idlegpu.console")
@@ -448,7 +448,7 @@ def add_pages(pages: Pages) -> None:
         if text is None or text == "":
             return ACCURACY_DAYS
         if not text.isdigit() or not 1 <= int(text) <= ACCURACY_DAYS:
-            raise ApiError(422, f"days: {text[:20]!r} is not a number of evenings; use a "
+            raise ServiceError(422, f"days: {text[:20]!r} is not a number of evenings; use a "
                                 f"whole number from 1 to {ACCURACY_DAYS}", field="days")
         return int(text)
 
@@ -512,7 +512,7 @@ def add_pages(pages: Pages) -> None:
         session, who, _ = got
         try:
             return session, who, days_of(days)
-        except ApiError as exc:
+        except ServiceError as exc:
             return pages.render("error.html", request, who, session, status=exc.status,
                                 message=exc.message)
 
@@ -546,7 +546,7 @@ def add_pages(pages: Pages) -> None:
         session, who, _ = got
         try:
             shown = await run_in_threadpool(report, month)
-        except ApiError as exc:
+        except ServiceError as exc:
             return pages.render("error.html", request, who, session, status=exc.status,
                                 message=exc.message)
         status = 200 if shown["files"] else 404
@@ -560,7 +560,7 @@ def add_pages(pages: Pages) -> None:
             return got
         try:
             path = await run_in_threadpool(reads.report_path, month, name)
-        except ApiError as exc:
+        except ServiceError as exc:
             return Response(exc.message, status_code=exc.status, headers=pages.headers(),
                             media_type="text/plain; charset=utf-8")
         suffix = path.suffix.lower()

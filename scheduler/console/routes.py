@@ -7,7 +7,7 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -21,10 +21,13 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from starlette.concurrency import run_in_threadpool
 from starlette.staticfiles import StaticFiles
 
-from idlegpu.scheduler.api.auth import ApiError, Authenticator, Identity, token_sha256
-from idlegpu.scheduler.api.headers import CSP
+from idlegpu.scheduler.service.errors import ServiceError
+from idlegpu.scheduler.service.identity import Authenticates, Identity, token_sha256
+from idlegpu.scheduler.web.headers import CSP
 from idlegpu.scheduler.console.pages import Pages, notice_text
 from idlegpu.scheduler.console.session import COOKIE, CSRF_HEADER, Session, Sessions
+from idlegpu.scheduler.service import submissions
+from idlegpu.scheduler.service.errors import Failure, failure
 
 log = logging.getLogger("idlegpu.console")
 
@@ -102,7 +105,7 @@ class _Stash:
             self.entry = None
 
 
-def add_console(app: FastAPI, settings, store, authenticator: Authenticator, reads,
+def add_console(app: FastAPI, settings, store, authenticator: Authenticates, reads,
                 now: Callable[[], datetime]) -> None:
     """The console's routes on ``app`` (and ``app.state.console_caller``, through which the
     ``/v1`` routes accept the console's session cookie)."""
@@ -204,7 +207,7 @@ def add_console(app: FastAPI, settings, store, authenticator: Authenticator, rea
         session, who = found
         if request.method not in ("GET", "HEAD", "OPTIONS") and not sessions.csrf_ok(
                 session, request.headers.get(CSRF_HEADER)):
-            raise ApiError(403, "the console's CSRF token is missing or wrong (send the "
+            raise ServiceError(403, "the console's CSRF token is missing or wrong (send the "
                                 "session's token as X-CSRF-Token)")
         return who
 
@@ -246,7 +249,7 @@ def add_console(app: FastAPI, settings, store, authenticator: Authenticator, rea
                 "Referrer-Policy": "same-origin", "Cache-Control": "no-store"}
 
     async def form(request: Request) -> dict[str, str]:
-        body = await request.body()  # bounded by BoundedBodies (scheduler/api/bodies.py)
+        body = await request.body()  # bounded by BoundedBodies (scheduler/web/bodies.py)
         fields = parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True)
         return {k: v[0] for k, v in fields.items()}
 
@@ -270,45 +273,21 @@ def add_console(app: FastAPI, settings, store, authenticator: Authenticator, rea
                             "and try again."), status_code=403, headers=headers())
         return session, who, fields
 
-    async def call_api(request: Request, session: Session, method: str, path: str,
-                       body: bytes = b"", content_type: str = "application/json"
-                       ) -> tuple[int, Any]:
-        """The /v1 route at ``path``, called in-process with this session (the API's own
-        rules, audit and errors apply)."""
-        raw = [(b"cookie", request.headers.get("cookie", "").encode("latin-1")),
-               (CSRF_HEADER.encode(), session.csrf.encode("ascii")),
-               (b"content-type", content_type.encode("ascii")),
-               (b"content-length", str(len(body)).encode("ascii"))]
-        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
-                 "method": method, "scheme": request.url.scheme, "path": path,
-                 "raw_path": path.encode("utf-8"), "query_string": b"", "root_path": "",
-                 "headers": raw, "client": request.scope.get("client"),
-                 "server": request.scope.get("server")}
-        sent = {"done": False}
-
-        async def receive() -> dict[str, Any]:
-            if sent["done"]:
-                return {"type": "http.disconnect"}
-            sent["done"] = True
-            return {"type": "http.request", "body": body, "more_body": False}
-
-        status = {"code": 500}
-        chunks: list[bytes] = []
-
-        async def send(message: MutableMapping[str, Any]) -> None:
-            if message["type"] == "http.response.start":
-                status["code"] = message["status"]
-            elif message["type"] == "http.response.body":
-                chunks.append(message.get("body", b""))
-
-        await app(scope, receive, send)
-        if method == "POST" and status["code"] < 400 and not path.endswith("/validate"):
-            plan_stash.clear()  # the queue changed: the next page plans again
-        text = b"".join(chunks)
+    async def act(work: Callable[[], Any], *, changes: bool = True
+                  ) -> tuple[Any, Failure | None]:
+        """``work()``, a service call, off the event loop: its result, or what its refusal
+        says (what the job API would answer: the same functions, the same rules and audit).
+        A change drops the shared plan: the next page plans again."""
         try:
-            return status["code"], json.loads(text) if text else None
-        except ValueError:
-            return status["code"], {"error": {"message": text.decode("utf-8", "replace")}}
+            result = await run_in_threadpool(work)
+        except Exception as exc:
+            said = failure(exc)
+            if said is None:
+                raise
+            return None, said
+        if changes:
+            plan_stash.clear()
+        return result, None
 
     # -- login / logout ---------------------------------------------------------------------
 
@@ -321,7 +300,7 @@ def add_console(app: FastAPI, settings, store, authenticator: Authenticator, rea
             return RedirectResponse(target, status_code=303)
         try:
             who = await run_in_threadpool(proxy_login, request)
-        except ApiError as exc:
+        except ServiceError as exc:
             return login_form(request, target, exc.message, exc.status)
         if who is not None:  # the trusted authenticating proxy says who it is
             response = RedirectResponse(target, status_code=303)
@@ -354,7 +333,7 @@ def add_console(app: FastAPI, settings, store, authenticator: Authenticator, rea
         try:
             who = await run_in_threadpool(authenticator.authenticate,
                                           {"authorization": f"Bearer {token}"}, address, now())
-        except ApiError as exc:
+        except ServiceError as exc:
             return login_form(request, target, exc.message, exc.status)
         response = RedirectResponse(target, status_code=303)
         set_session(response, request, who, token if who.auth == "token" else None)
@@ -668,13 +647,12 @@ def add_console(app: FastAPI, settings, store, authenticator: Authenticator, rea
             return got
         session, who, fields = got
         reason = fields.get("reason", "").strip()
-        body = json.dumps({"reason": reason} if reason else {}).encode("utf-8")
-        status, answer = await call_api(request, session, "POST",
-                                        f"/v1/{kind}/{quote(target, safe='')}/cancel", body)
-        if status != 200:
-            message = (answer or {}).get("error", {}).get("message", f"error {status}")
-            return render("error.html", request, who, session, status=status, message=message)
-        done = len(answer["cancelled"]) + len(answer["to_stop"])
+        result, said = await act(lambda: submissions.cancel(
+            store, who, target, now(), reason or None, kind=kind.removesuffix("s")))
+        if said is not None:
+            return render("error.html", request, who, session, status=said.status,
+                          message=said.message)
+        done = len(result.cancelled) + len(result.to_stop)
         return RedirectResponse(f"/{kind}/{quote(target, safe='')}?notice=cancelled&n={done}",
                                 status_code=303)
 
@@ -717,16 +695,24 @@ def add_console(app: FastAPI, settings, store, authenticator: Authenticator, rea
         session, who, fields = got
         text = fields.get("request", "")
         action = "validate" if fields.get("action") == "validate" else "submit"
-        path = "/v1/requests/validate" if action == "validate" else "/v1/requests"
-        status, answer = await call_api(request, session, "POST", path, text.encode("utf-8"),
-                                        "application/yaml")
-        if action == "submit" and status == 201:
-            return RedirectResponse(f"/requests/{quote(answer['id'], safe='')}"
+
+        def work() -> Any:
+            submissions.require_change(who, "submit requests")
+            job = submissions.parse_body(submissions.YAML_TYPES[0], text.encode("utf-8"),
+                                         settings)
+            if action == "validate":
+                return submissions.validate(settings, who, job, reads.preview)
+            return submissions.submit(store, settings, who, job, now())
+
+        result, said = await act(work, changes=action == "submit")
+        if action == "submit" and said is None:
+            return RedirectResponse(f"/requests/{quote(result.request_id, safe='')}"
                                     "?notice=submitted", status_code=303)
-        error = (answer or {}).get("error") if status >= 400 else None
+        error = (None if said is None else
+                 {"message": said.message, "field": said.field, **said.extra})
         return render("submit.html", request, who, session, status=200 if error is None else 422,
                     examples=sorted(examples), example="", text=text, error=error,
-                    preview=None if error else answer, **submit_page_data())
+                    preview=None if error else result, **submit_page_data())
 
     def submit_page_data() -> dict[str, Any]:
         """What submit.js needs: the upload's bound (the API's body limit) and the zone's
@@ -747,7 +733,7 @@ def add_console(app: FastAPI, settings, store, authenticator: Authenticator, rea
     from idlegpu.scheduler.console import operators, report_pages
 
     pages = Pages(app=app, settings=settings, store=store, reads=reads, now=now, env=env,
-                  render=render, signed_in=signed_in, call_api=call_api,
+                  render=render, signed_in=signed_in, act=act,
                   from_session=from_session, local=local, hours=hours, headers=headers,
                   plan_json=plan_json, zone=zone_label)
     operators.add_pages(pages)

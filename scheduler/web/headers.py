@@ -6,7 +6,7 @@ that writes HTML (a report as HTML, an error page) cannot forget them."""
 
 from __future__ import annotations
 
-from idlegpu.scheduler.api.bodies import ASGIApp, Message, Receive, Scope, Send
+from idlegpu.scheduler.web.bodies import ASGIApp, Message, Receive, Scope, Send
 
 CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
        "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")

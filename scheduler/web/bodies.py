@@ -21,7 +21,7 @@ import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from idlegpu.scheduler.api.auth import ApiError
+from idlegpu.scheduler.service.errors import ServiceError
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -38,7 +38,7 @@ SUBMIT_ROUTES = frozenset({("POST", "/v1/requests"), ("POST", "/v1/requests/vali
 CLOSE = {"Connection": "close"}
 
 
-class BodyTooLarge(ApiError):
+class BodyTooLarge(ServiceError):
     """A body past its route's limit (413; the connection is closed after the answer)."""
 
     def __init__(self, limit: int, setting: str, size: int | None = None) -> None:
