@@ -54,9 +54,9 @@ def as_markdown(printed: str) -> str:
 
 def header(name: str, argv: list[str], today: date) -> str:
     command = " ".join(["python", f"bench/{Path(argv[0]).name}", *argv[1:]])
-    return (f"<!-- written by `{command} {FLAG}`: run it again to refresh; do not edit -->\n"
-            f"*Measured {today:%Y-%m-%d} on {os.cpu_count()} CPUs, Python "
-            f"{platform.python_version()}: `{command}`*\n\n")
+    return (f"*Measured {today:%Y-%m-%d} on {os.cpu_count()} CPUs, Python "
+            f"{platform.python_version()}: `{command}` (what it printed, written by "
+            f"`{FLAG}`: run it again to refresh it, do not edit)*\n\n")
 
 
 def run(name: str, main: Callable[[], None]) -> None:
