@@ -13,7 +13,7 @@ from fastapi import FastAPI
 from idlegpu.forecast.config import Settings
 from idlegpu.scheduler.adapters.store import JobStore
 from idlegpu.scheduler.api import add_api
-from idlegpu.scheduler.api.app import API_VERSION
+from idlegpu.scheduler.api.answers import API_VERSION
 from idlegpu.scheduler.api.auth import Reviewer
 from idlegpu.scheduler.api.checkpoints import PodDirectory
 from idlegpu.scheduler.api.docs import add_docs
