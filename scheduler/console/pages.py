@@ -11,6 +11,18 @@ from typing import Any
 from fastapi import FastAPI
 from jinja2 import Environment
 
+FORECAST_STALE_S = 2 * 3600.0
+"""A forecast older than this is shown red (the server refits every clock hour)."""
+SIGNALS_STALE_S = 15 * 60.0
+"""Live signals (the newest pool sample) older than this are shown red."""
+PLAN_TTL_S = 30.0
+"""The console's pages share one plan for this long (the plan of 10,000 queued units takes the
+API tens of seconds); a submit or cancel from the console drops it at once."""
+SORTS = ("start", "submitted", "gpus", "state", "team", "id")
+QUEUE_LIMIT = 20_000
+PAGE_ROWS = 500
+"""Units per queue page (a browser takes seconds to lay out 10,000 rows)."""
+
 NOTICES = {
     "submitted": "submitted",
     "cancelled": "cancelled {n} unit(s)",
@@ -55,3 +67,12 @@ class Pages:
     headers: Callable[[], dict[str, str]]
     plan_json: Callable[[], dict[str, Any]]
     zone: str
+    estimates: Callable[[], Callable[[Any], Any]]
+    """``estimates()`` -> a runtime estimate per unit spec, remembered for one render."""
+    estimator: Any
+    history_stash: Any
+    """The pool's recent history, kept a minute (``routes._Stash``)."""
+    plan_stash: Any
+    """Tonight's plan, shared by the pages for ``routes.PLAN_TTL_S``; a change drops it."""
+    examples: dict[str, str]
+    """The example requests by file name."""
