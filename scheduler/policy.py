@@ -65,7 +65,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, cast
 
@@ -111,12 +111,55 @@ def decide(
     settings: PolicySettings,
     nodes: NodeView | None = None,
 ) -> Plan:
+    """One pass of the policy, in phases as a scheduler reads: what the running units hold
+    and what the pool offers (``_pool_view``), what the live signals say (``_live``), which
+    units stop or shrink (``_preemptions``, then ``_release``: when each gives its GPUs back),
+    whether anything may start (``_gate``), and the admissions with one reservation
+    (``_admissions``)."""
+    view = _pool_view(now, profile, running, signals, settings)
+    live = _live(now, signals, settings)
+    victims, shrinks, fallback = _preemptions(now, profile, running, view, live, settings)
+    decisions, gives_back = _release(now, profile, running, view, victims, shrinks, fallback,
+                                     settings)
+    ordered = sorted(
+        queue,
+        key=lambda j: (-j.priority, team_usage.get(j.team, 0.0), j.submitted_at, j.id),
+    )
+    gate = _gate(now, profile, view, live, settings)
+    if gate:
+        decisions.extend(Decision(Action.DEFER, j.id, j.gpus, gate) for j in ordered)
+        return Plan(tuple(decisions))
+    decisions.extend(_admissions(now, profile, running, ordered, signals, view, gives_back,
+                                 settings, nodes))
+    return Plan(tuple(decisions))
+
+
+@dataclass
+class _PoolView:
+    """What the pass plans on: the profile's steps from ``i0`` (now), the GPUs the running
+    units hold over them (``used``, changed as units stop) until their ends (``ends``), the
+    free GPUs (``free``: with the live correction; checkpointable units' median where they
+    plan on it), the whole units' (``whole_free``), the median (``likely``) and the holes."""
+
+    step: int
+    n_steps: int
+    i0: int
+    grace_steps: int
+    used: np.ndarray
+    ends: dict[str, int]
+    free: np.ndarray
+    whole_free: np.ndarray
+    likely: np.ndarray | None
+    hole: np.ndarray
+    holes: bool
+
+
+def _pool_view(now: datetime, profile: FreeProfile, running: Sequence[RunningJob],
+               signals: ServingSignals, settings: PolicySettings) -> _PoolView:
     step = profile.step_s
     n_steps = len(profile.free)
     i0 = max(0, profile.index_at(now))
     grace_steps = _steps(settings.grace_s, step) if settings.grace_s > 0 else 0
-    decisions: list[Decision] = []
-
     # GPUs held by running jobs over the profile's steps, until they finish or must stop
     used = np.zeros(n_steps + 1)
     ends: dict[str, int] = {}
@@ -157,9 +200,25 @@ def decide(
     # a hole (NaN: no replica history behind that stretch of the forecast) is a blind
     # stretch: nothing is admitted into it, and nothing is stopped for it (it is no demand)
     hole = np.isnan(free)
-    holes = bool(hole.any())
+    return _PoolView(step, n_steps, i0, grace_steps, used, ends, free, whole_free, likely, hole,
+                     bool(hole.any()))
 
-    # --- 1. live signals ---------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Live:
+    """What the live signals say: their age, whether they are too old to trust (``blind``),
+    how long they have been missing, whether every unit must stop for that (``give_up``),
+    and the GPUs the service needs now with why."""
+
+    age: float | None
+    blind: bool
+    missing_for: float | None
+    give_up: bool
+    need: int
+    reason: str
+
+
+def _live(now: datetime, signals: ServingSignals, settings: PolicySettings) -> _Live:
     age = signals.age_s(now)
     blind = age is None or age > settings.max_signal_age_s
     missing_for = signals.missing_for_s(now)
@@ -184,192 +243,238 @@ def decide(
                 live_reason = (
                     f"{signals.requests_waiting_per_replica:.1f} requests wait per replica"
                 )
+    return _Live(age, blind, missing_for, give_up, live_need, live_reason)
 
-    # --- 2. preemption -------------------------------------------------------------------
+
+_Victims = dict[str, tuple[str, bool, str]]  # id -> (reason, planned, cause)
+
+
+def _preemptions(now: datetime, profile: FreeProfile, running: Sequence[RunningJob],
+                 view: _PoolView, live: _Live, settings: PolicySettings
+                 ) -> tuple[_Victims, dict[str, int], dict[str, str]]:
+    """The units that stop (``victims``), those of them that shrink instead (``shrinks``: the
+    GPUs each keeps) and the reason of a whole stop should a shrink not fit (``fallback``):
+    every unit when the signals are lost for good; else those told of a stop while the
+    signals are missing, those whose window closes, the cover of what the service needs
+    within the grace period, and the stops timed just after a checkpoint."""
     by_id = sorted(running, key=lambda j: j.id)
-    victims: dict[str, tuple[str, bool, str]] = {}  # id -> (reason, planned, cause)
+    victims: _Victims = {}
     shrinks: dict[str, int] = {}  # id -> GPUs it keeps (victims that shrink, not stop)
     fallback: dict[str, str] = {}  # id -> the reason of a whole stop, should a shrink not fit
-    if give_up and running:
+    missing_for = live.missing_for
+    if live.give_up:
         what = "never read" if missing_for is None else f"missing for {missing_for / 60:.0f} min"
         for job in by_id:
             victims[job.id] = (
                 f"live signals {what}: stopping every job to keep the service safe", False,
                 "signals")
-    else:
-        after = settings.missing_signals_preempt_after_s
-        if missing_for is not None and after is not None:
-            # every job stops once the signals have been missing ``after`` seconds: a unit
-            # that gets a notice is told that much earlier, so it has saved by then, but not
-            # before they have been missing half of it (a reading or two lost is no reason)
-            for job in by_id:
-                lead = min(_notice_s(job), after / 2)
-                if lead > 0 and missing_for > after - lead:
-                    victims[job.id] = (
-                        f"live signals missing for {missing_for / 60:.0f} min: checkpoint "
-                        f"now, every job stops at {after / 60:.0f} min", True, "signals")
+        return victims, shrinks, fallback
+    after = settings.missing_signals_preempt_after_s
+    if missing_for is not None and after is not None:
+        # every job stops once the signals have been missing ``after`` seconds: a unit
+        # that gets a notice is told that much earlier, so it has saved by then, but not
+        # before they have been missing half of it (a reading or two lost is no reason)
         for job in by_id:
-            if job.id in victims:
-                continue
-            # its stop_by is its window's end less the grace period: stopped at the last pass
-            # before it (passes are a step apart), it is gone by the window's end; a unit
-            # that gets a notice is told that much earlier, and works on until it answers
-            notice = timedelta(seconds=_notice_s(job))
-            if job.stop_by is not None and job.stop_by - notice <= now + timedelta(seconds=step):
-                due = (job.next_checkpoint(now) if job.checkpointable
-                       and settings.stop_after_checkpoint else None)
-                if due is not None and now < due <= job.stop_by:
-                    # its checkpoint comes by its stop_by: it stops just after it, not a
-                    # pass before it (which would lose all it did since the last one)
-                    continue
-                keep = _keep_after_window(job, now, free, used, ends, i0, n_steps,
-                                          grace_steps, settings, step)
-                if keep:
-                    shrinks[job.id] = keep
-                    text = (f"shrink {job.id} from {job.gpus} to {keep} GPUs: its window closes "
-                            f"for {job.gpus}, {keep} stay free; checkpoint and restart as planned")
-                    victims[job.id] = (text, True, "window")
-                    fallback[job.id] = "its window closes: checkpoint and stop as planned"
-                else:
-                    victims[job.id] = ("its window closes: checkpoint and stop as planned", True,
-                                       "window")
-        stopping = sum(j.gpus - shrinks.get(j.id, 0) for j in running if j.id in victims)
-        # within the grace period nobody is trusted to finish on time: a job may overrun its
-        # estimate, and stopping it later would make the service wait (unless the runtimes
-        # are known, as the simulator's oracle knows them)
-        # (units told of a stop ahead of it are told as far ahead as their notice)
-        notice_steps = _notice_steps(max((_notice_s(j) for j in running), default=0.0), step)
-        stop = min(n_steps, i0 + grace_steps + notice_steps + 1)
-        window = free[i0:stop]
-        if settings.runtimes_known:
-            held = np.zeros(len(window))
-            for job in running:
-                if job.id not in victims:
-                    held[: max(0, ends[job.id] - i0)] += job.gpus
-        else:
-            held = np.full(len(window), float(sum(j.gpus for j in running) - stopping))
-        short = held - window
-        short[np.isnan(window)] = 0.0  # a hole is no demand
-        deficit = float(np.max(short, initial=0.0))  # net of the jobs already stopping
-        need = max(live_need - stopping, math.ceil(deficit))
-        spared: dict[str, str] = {}
-        if settings.runtimes_known and live_need == 0 and deficit > 0:
-            # a job that ends before the GPUs are needed frees nothing by being stopped
-            first = int(np.flatnonzero(short > 0)[0])
-            spared = {j.id: "" for j in running if ends[j.id] - i0 <= first}
-        if need > 0:
-            reason = live_reason or (
-                f"the forecast needs {math.ceil(deficit)} of their GPUs for the service within "
-                f"{_hours(settings.grace_s + notice_steps * step)}"
-            )
-            exclude = {**victims, **spared}
-            whole: list[RunningJob] = []
-            cover = _cover_sparing_whole_units(running, need, 0.0 if blind else short[0],
-                                               live_need, now, exclude, settings.restart_cost_s)
-            if any(keep for _, keep in cover):
-                # say what the shrink saves: the cover of whole stops it beats
-                whole = _victims(running, need, now, exclude,
-                                 restart_cost_s=settings.restart_cost_s,
-                                 planned=live_need == 0)
-            for job, keep in cover:
-                if keep:
-                    shrinks[job.id] = keep
-                    fallback[job.id] = reason
-                    text = (f"shrink {job.id} from {job.gpus} to {keep} GPUs: {reason}; "
-                            + _cheaper_than(job, whole, now))
-                else:
-                    text = reason
-                victims[job.id] = (text, live_need == 0,
-                                   "forecast" if live_need == 0 else "live")
-        if not blind and live_need == 0 and settings.stop_after_checkpoint:
-            timed, keeps = _stops_after_checkpoint(
-                now, profile, running, victims, free, used, ends, i0, n_steps, grace_steps,
-                settings, likely if settings.early_stop_only_if_likely else None)
-            held_by = {j.id: j.gpus for j in running}
-            for job_id, keep in keeps.items():
-                shrinks[job_id] = keep
-                fallback[job_id] = timed[job_id][0]
-                timed[job_id] = (f"shrink {job_id} from {held_by[job_id]} to {keep} GPUs: "
-                                 + timed[job_id][0], *timed[job_id][1:])
-            victims.update(timed)
-    # when each running job gives its GPUs back (step, GPUs): at its end, or at its stop
-    gives_back: dict[str, list[tuple[int, int]]] = {j.id: [(ends[j.id], j.gpus)] for j in running}
+            lead = min(_notice_s(job), after / 2)
+            if lead > 0 and missing_for > after - lead:
+                victims[job.id] = (
+                    f"live signals missing for {missing_for / 60:.0f} min: checkpoint "
+                    f"now, every job stops at {after / 60:.0f} min", True, "signals")
+    _window_stops(now, by_id, view, victims, shrinks, fallback, settings)
+    _cover_the_service(now, running, view, live, victims, shrinks, fallback, settings)
+    if not live.blind and live.need == 0 and settings.stop_after_checkpoint:
+        timed, keeps = _stops_after_checkpoint(
+            now, profile, running, victims, view.free, view.used, view.ends, view.i0,
+            view.n_steps, view.grace_steps, settings,
+            view.likely if settings.early_stop_only_if_likely else None)
+        held_by = {j.id: j.gpus for j in running}
+        for job_id, keep in keeps.items():
+            shrinks[job_id] = keep
+            fallback[job_id] = timed[job_id][0]
+            timed[job_id] = (f"shrink {job_id} from {held_by[job_id]} to {keep} GPUs: "
+                             + timed[job_id][0], *timed[job_id][1:])
+        victims.update(timed)
+    return victims, shrinks, fallback
+
+
+def _window_stops(now: datetime, by_id: Sequence[RunningJob], view: _PoolView,
+                  victims: _Victims, shrinks: dict[str, int], fallback: dict[str, str],
+                  settings: PolicySettings) -> None:
+    """The units whose window closes by the next pass stop (or shrink to what stays free)."""
     for job in by_id:
         if job.id in victims:
-            reason, planned, cause = victims[job.id]
-            # a checkpointing job gives its GPUs back once the grace period has passed; one
-            # that cannot checkpoint has nothing to save and is stopped at once
-            # (a unit given notice: at the latest when it never answers, its notice and then
-            # its grace period later)
-            release = min(n_steps, i0 + (grace_steps + (_notice_steps(_notice_s(job), step)
-                                                        if planned else 0)
-                                         if job.checkpointable else 1))
-            keep = shrinks.get(job.id, 0)
+            continue
+        # its stop_by is its window's end less the grace period: stopped at the last pass
+        # before it (passes are a step apart), it is gone by the window's end; a unit
+        # that gets a notice is told that much earlier, and works on until it answers
+        notice = timedelta(seconds=_notice_s(job))
+        if job.stop_by is not None and job.stop_by - notice <= now + timedelta(
+                seconds=view.step):
+            due = (job.next_checkpoint(now) if job.checkpointable
+                   and settings.stop_after_checkpoint else None)
+            if due is not None and now < due <= job.stop_by:
+                # its checkpoint comes by its stop_by: it stops just after it, not a
+                # pass before it (which would lose all it did since the last one)
+                continue
+            keep = _keep_after_window(job, now, view.free, view.used, view.ends, view.i0,
+                                      view.n_steps, view.grace_steps, settings, view.step)
             if keep:
-                fits, stop_by = _after_shrink(job, keep, profile, free, used, ends[job.id],
-                                              release, n_steps, settings)
-                if fits:
-                    decisions.append(Decision(Action.SHRINK, job.id, keep, reason,
-                                              stop_by=stop_by, planned=planned, cause=cause))
-                    # it holds every GPU through the grace period, then `keep` until it ends
-                    # (its work left takes longer on fewer GPUs) or its new window closes
-                    end = stop_by or now + timedelta(
-                        seconds=settings.grace_s + max(0.0, job.remaining_s) * job.gpus / keep)
-                    last = min(n_steps, math.ceil((end - profile.start).total_seconds() / step))
-                    used[release : ends[job.id]] -= job.gpus
-                    used[release : max(release, last)] += keep
-                    gives_back[job.id] = [(release, job.gpus - keep), (max(release, last), keep)]
-                    continue
-                # no worthwhile time on fewer GPUs: stopped whole after all
-                reason = fallback.get(job.id, reason)
-            decisions.append(Decision(Action.PREEMPT, job.id, job.gpus, reason, planned=planned,
-                                      cause=cause))
-            used[release : ends[job.id]] -= job.gpus
-            gives_back[job.id] = [(release, job.gpus)]
+                shrinks[job.id] = keep
+                text = (f"shrink {job.id} from {job.gpus} to {keep} GPUs: its window closes "
+                        f"for {job.gpus}, {keep} stay free; checkpoint and restart as planned")
+                victims[job.id] = (text, True, "window")
+                fallback[job.id] = "its window closes: checkpoint and stop as planned"
+            else:
+                victims[job.id] = ("its window closes: checkpoint and stop as planned", True,
+                                   "window")
 
-    # --- 3. admission gates --------------------------------------------------------------
-    gate = ""
-    if blind:
-        if age is not None:
-            gate = f"live signals are {age:.0f} s old (limit {settings.max_signal_age_s:.0f} s)"
-        elif missing_for is not None:
-            gate = f"live signals missing for {missing_for:.0f} s"
+
+def _cover_the_service(now: datetime, running: Sequence[RunningJob], view: _PoolView,
+                       live: _Live, victims: _Victims, shrinks: dict[str, int],
+                       fallback: dict[str, str], settings: PolicySettings) -> None:
+    """The cheapest units to stop (or shrink) for what the service needs, now (the live
+    signals) or within the grace period (the forecast), net of those already stopping."""
+    step, i0, n_steps = view.step, view.i0, view.n_steps
+    stopping = sum(j.gpus - shrinks.get(j.id, 0) for j in running if j.id in victims)
+    # within the grace period nobody is trusted to finish on time: a job may overrun its
+    # estimate, and stopping it later would make the service wait (unless the runtimes
+    # are known, as the simulator's oracle knows them)
+    # (units told of a stop ahead of it are told as far ahead as their notice)
+    notice_steps = _notice_steps(max((_notice_s(j) for j in running), default=0.0), step)
+    stop = min(n_steps, i0 + view.grace_steps + notice_steps + 1)
+    window = view.free[i0:stop]
+    if settings.runtimes_known:
+        held = np.zeros(len(window))
+        for job in running:
+            if job.id not in victims:
+                held[: max(0, view.ends[job.id] - i0)] += job.gpus
+    else:
+        held = np.full(len(window), float(sum(j.gpus for j in running) - stopping))
+    short = held - window
+    short[np.isnan(window)] = 0.0  # a hole is no demand
+    deficit = float(np.max(short, initial=0.0))  # net of the jobs already stopping
+    need = max(live.need - stopping, math.ceil(deficit))
+    spared: dict[str, str] = {}
+    if settings.runtimes_known and live.need == 0 and deficit > 0:
+        # a job that ends before the GPUs are needed frees nothing by being stopped
+        first = int(np.flatnonzero(short > 0)[0])
+        spared = {j.id: "" for j in running if view.ends[j.id] - i0 <= first}
+    if need <= 0:
+        return
+    reason = live.reason or (
+        f"the forecast needs {math.ceil(deficit)} of their GPUs for the service within "
+        f"{_hours(settings.grace_s + notice_steps * step)}"
+    )
+    exclude = {**victims, **spared}
+    whole: list[RunningJob] = []
+    cover = _cover_sparing_whole_units(running, need, 0.0 if live.blind else short[0],
+                                       live.need, now, exclude, settings.restart_cost_s)
+    if any(keep for _, keep in cover):
+        # say what the shrink saves: the cover of whole stops it beats
+        whole = _victims(running, need, now, exclude, restart_cost_s=settings.restart_cost_s,
+                         planned=live.need == 0)
+    for job, keep in cover:
+        if keep:
+            shrinks[job.id] = keep
+            fallback[job.id] = reason
+            text = (f"shrink {job.id} from {job.gpus} to {keep} GPUs: {reason}; "
+                    + _cheaper_than(job, whole, now))
+        else:
+            text = reason
+        victims[job.id] = (text, live.need == 0, "forecast" if live.need == 0 else "live")
+
+
+def _release(now: datetime, profile: FreeProfile, running: Sequence[RunningJob],
+             view: _PoolView, victims: _Victims, shrinks: dict[str, int],
+             fallback: dict[str, str], settings: PolicySettings
+             ) -> tuple[list[Decision], dict[str, list[tuple[int, int]]]]:
+    """The stops and shrinks as decisions, and when each running unit gives its GPUs back
+    (steps and GPUs: at its end, or at its stop), with ``view.used`` brought up to date."""
+    step, i0, n_steps, used, ends = view.step, view.i0, view.n_steps, view.used, view.ends
+    decisions: list[Decision] = []
+    gives_back: dict[str, list[tuple[int, int]]] = {j.id: [(ends[j.id], j.gpus)] for j in running}
+    for job in sorted(running, key=lambda j: j.id):
+        if job.id not in victims:
+            continue
+        reason, planned, cause = victims[job.id]
+        # a checkpointing job gives its GPUs back once the grace period has passed; one
+        # that cannot checkpoint has nothing to save and is stopped at once
+        # (a unit given notice: at the latest when it never answers, its notice and then
+        # its grace period later)
+        release = min(n_steps, i0 + (view.grace_steps + (_notice_steps(_notice_s(job), step)
+                                                         if planned else 0)
+                                     if job.checkpointable else 1))
+        keep = shrinks.get(job.id, 0)
+        if keep:
+            fits, stop_by = _after_shrink(job, keep, profile, view.free, used, ends[job.id],
+                                          release, n_steps, settings)
+            if fits:
+                decisions.append(Decision(Action.SHRINK, job.id, keep, reason,
+                                          stop_by=stop_by, planned=planned, cause=cause))
+                # it holds every GPU through the grace period, then `keep` until it ends
+                # (its work left takes longer on fewer GPUs) or its new window closes
+                end = stop_by or now + timedelta(
+                    seconds=settings.grace_s + max(0.0, job.remaining_s) * job.gpus / keep)
+                last = min(n_steps, math.ceil((end - profile.start).total_seconds() / step))
+                used[release : ends[job.id]] -= job.gpus
+                used[release : max(release, last)] += keep
+                gives_back[job.id] = [(release, job.gpus - keep), (max(release, last), keep)]
+                continue
+            # no worthwhile time on fewer GPUs: stopped whole after all
+            reason = fallback.get(job.id, reason)
+        decisions.append(Decision(Action.PREEMPT, job.id, job.gpus, reason, planned=planned,
+                                  cause=cause))
+        used[release : ends[job.id]] -= job.gpus
+        gives_back[job.id] = [(release, job.gpus)]
+    return decisions, gives_back
+
+
+def _gate(now: datetime, profile: FreeProfile, view: _PoolView, live: _Live,
+          settings: PolicySettings) -> str:
+    """Why nothing may start this pass ("" when admission is open)."""
+    if live.blind:
+        if live.age is not None:
+            gate = (f"live signals are {live.age:.0f} s old (limit "
+                    f"{settings.max_signal_age_s:.0f} s)")
+        elif live.missing_for is not None:
+            gate = f"live signals missing for {live.missing_for:.0f} s"
         else:
             gate = "live signals were never read"
-        gate += "; not admitting blind"
-    elif (now - profile.made_at).total_seconds() > settings.max_forecast_age_s:
-        gate = f"the forecast is {_hours((now - profile.made_at).total_seconds())} old; refresh it"
-    elif i0 >= n_steps or profile.index_at(now) < 0:
-        gate = "the forecast does not cover now"
-    elif holes and hole[i0]:
-        gate = ("the forecast has a hole now (no replica history behind it); not admitting "
-                "blind")
-    elif live_need > 0:
-        gate = f"the service is under pressure ({live_reason})"
-    ordered = sorted(
-        queue,
-        key=lambda j: (-j.priority, team_usage.get(j.team, 0.0), j.submitted_at, j.id),
-    )
-    if gate:
-        decisions.extend(Decision(Action.DEFER, j.id, j.gpus, gate) for j in ordered)
-        return Plan(tuple(decisions))
+        return gate + "; not admitting blind"
+    if (now - profile.made_at).total_seconds() > settings.max_forecast_age_s:
+        return f"the forecast is {_hours((now - profile.made_at).total_seconds())} old; refresh it"
+    if view.i0 >= view.n_steps or profile.index_at(now) < 0:
+        return "the forecast does not cover now"
+    if view.holes and view.hole[view.i0]:
+        return "the forecast has a hole now (no replica history behind it); not admitting blind"
+    if live.need > 0:
+        return f"the service is under pressure ({live.reason})"
+    return ""
 
-    # --- 4. admission with one reservation (EASY backfilling) ----------------------------
-    values = free[:n_steps] - used[:n_steps]
+
+def _admissions(now: datetime, profile: FreeProfile, running: Sequence[RunningJob],
+                ordered: Sequence[WaitingJob], signals: ServingSignals, view: _PoolView,
+                gives_back: Mapping[str, list[tuple[int, int]]], settings: PolicySettings,
+                nodes: NodeView | None) -> list[Decision]:
+    """The queue in order, each unit admitted where it fits now, the first that cannot
+    reserved where it fits first (EASY backfilling), the rest deferred with why."""
+    step, i0, n_steps, used = view.step, view.i0, view.n_steps, view.used
+    values = view.free[:n_steps] - used[:n_steps]
     if signals.idle_gpus is not None:
         idle_now = max(0.0, signals.idle_gpus - settings.headroom_gpus)
         cap_end = min(n_steps, i0 + _steps(settings.live_cap_s, step))
         values[i0:cap_end] = np.minimum(values[i0:cap_end], idle_now)
-    if holes:
-        values[hole[:n_steps]] = 0.0  # no admission into a hole, nor a reservation across it
+    if view.holes:
+        values[view.hole[:n_steps]] = 0.0  # no admission into a hole, nor a reservation across it
     # whole_free is never above free (and NaN where it is): the same caps and holes, lower
-    whole_values = values if whole_free is free else np.fmin(
-        values, whole_free[:n_steps] - used[:n_steps])
+    whole_values = values if view.whole_free is view.free else np.fmin(
+        values, view.whole_free[:n_steps] - used[:n_steps])
     avail = _Availability(values, i0, whole=whole_values)
     room = None if nodes is None else _NodeRoom(nodes, [
         (node, at, gpus // len(job.nodes), job.cpu if gpus == job.gpus else 0.0,
          job.memory if gpus == job.gpus else 0)
         for job in running if job.nodes for at, gpus in gives_back[job.id] for node in job.nodes])
+    decisions: list[Decision] = []
     reserved = False
     attempts = 0  # reservation attempts; bounded so a long queue stays cheap
     too_big: dict[tuple[int, int], str] = {}  # one reason text per (size, GPUs free now)
@@ -404,7 +509,7 @@ def decide(
             # reserved for it then
             reserved = decision.start_at is not None
         decisions.append(decision)
-    return Plan(tuple(decisions))
+    return decisions
 
 
 def _stops_after_checkpoint(
