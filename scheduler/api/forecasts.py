@@ -28,11 +28,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from idlegpu.forecast.errors import IdlegpuError
+from idlegpu.forecast.redact import redact
+from idlegpu.forecast.schema import DS, REPLICAS, metric_rows
+from idlegpu.forecast.sources.prometheus import fetch_history
 from idlegpu.scheduler.service.errors import FORECAST_RETRY_AFTER_S, ForecastUnavailable
+from idlegpu.scheduler.types import FreeProfile
 
 if TYPE_CHECKING:
     from idlegpu.scheduler.refresh import Refresh
-    from idlegpu.scheduler.types import FreeProfile
 
 log = logging.getLogger("idlegpu.api")
 
@@ -85,8 +89,6 @@ class Forecasts:
         self._times = None if frame is None else _sample_times(frame)
 
     def describe(self) -> str:
-        from idlegpu.forecast.redact import redact
-
         return ("Prometheus at " + redact(self.settings.prometheus.url) if self.frame is None
                 else "a recorded history (replayed at the server's clock)")
 
@@ -111,8 +113,6 @@ class Forecasts:
         return made
 
     def _refresh(self, now: datetime, key: datetime) -> ServerForecast:
-        from idlegpu.forecast.errors import IdlegpuError
-
         frame = self.frame
         if frame is None:
             start = now - self.provider.HISTORY
@@ -120,8 +120,6 @@ class Forecasts:
                 if self.fetch is not None:
                     frame = self.fetch(start, now)
                 else:
-                    from idlegpu.forecast.sources.prometheus import fetch_history
-
                     frame = fetch_history(self.settings, start, now)
             except Exception as exc:  # noqa: BLE001  (any failure of the source: a clear 503)
                 log.error("forecast: the history could not be read: %s", exc)
@@ -158,8 +156,6 @@ class Forecasts:
 
 
 def _sample_times(frame: pd.DataFrame) -> np.ndarray:
-    from idlegpu.forecast.schema import DS, REPLICAS, metric_rows
-
     replicas = metric_rows(frame, REPLICAS)
     stamps = pd.to_datetime(replicas[DS], utc=True).dt.tz_localize(None)
     return np.unique(stamps.to_numpy(dtype="datetime64[ns]"))

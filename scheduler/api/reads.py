@@ -22,10 +22,15 @@ from fastapi import Depends, FastAPI, Query
 from fastapi.responses import PlainTextResponse
 from starlette.concurrency import run_in_threadpool
 
+from idlegpu.forecast.capacity import FREE, forecast_pool_usage, idle_windows, windows_frame
+from idlegpu.scheduler.adapters.store import StoreError, StoreUnavailableError
 from idlegpu.scheduler.api.auth import ApiError, Identity
 from idlegpu.scheduler.api.forecasts import Forecasts, ForecastUnavailable, ServerForecast
-from idlegpu.scheduler.service.operations import paused_reason
 from idlegpu.scheduler.api.schema import Month
+from idlegpu.scheduler.plan import store_queue, tonight
+from idlegpu.scheduler.runtime import RuntimeEstimator
+from idlegpu.scheduler.service.operations import paused_reason
+from idlegpu.scheduler.types import JobState, WaitingJob
 
 MONTH = re.compile(r"^[0-9]{4}-(0[1-9]|1[0-2])$")
 REPORT_TYPES = {"md": ("report-{m}.md", "text/markdown; charset=utf-8"),
@@ -57,7 +62,6 @@ class Reads:
         self.now = now
         self._forecasts = forecasts
         self.tz = settings.pool.tz
-        from idlegpu.scheduler.runtime import RuntimeEstimator
 
         # the planner's estimates (idlegpu.scheduler.plan.planning_estimate), with their source
         self.estimator = RuntimeEstimator.from_config(None, settings.admission)
@@ -92,7 +96,6 @@ class Reads:
         units (``WaitingJob``) queued with it as if submitted now (a dry run: nothing is
         stored). ``reuse_s``: the store's queue read for an earlier call may serve for this
         long (the previews of a request typed on the console)."""
-        from idlegpu.scheduler.plan import tonight
 
         now = self.now().replace(microsecond=0)  # a plan to the second
         made = self.forecast(now)
@@ -103,9 +106,6 @@ class Reads:
         return now, made, planned
 
     def _queue(self, now: datetime, reuse_s: float):
-        from idlegpu.scheduler.plan import store_queue
-        from idlegpu.scheduler.types import JobState
-
         with self._queue_lock:
             kept = self._kept_queue
             if kept is not None and reuse_s > 0 and time.monotonic() - kept[0] < reuse_s:
@@ -123,7 +123,6 @@ class Reads:
         stored): per unit its runtime estimate (the planner's, with its source), its
         estimated start and stop, or the reason it would wait. Without a forecast, the
         estimates and why there is no plan."""
-        from idlegpu.scheduler.types import WaitingJob
 
         now = self.now().replace(microsecond=0)
         estimates = [self.estimator.estimate(u) for u in units]
@@ -140,7 +139,6 @@ class Reads:
              "plan": {"state": "not planned", "start_at": None, "end_at": None,
                       "stop_by": None, "reason": None}}
             for k, e in enumerate(estimates)]
-        from idlegpu.scheduler.adapters.store import StoreError, StoreUnavailableError
 
         try:
             _, made, planned = self.tonight(24.0, extra, reuse_s=PREVIEW_REUSE_S)
@@ -242,8 +240,6 @@ class Reads:
                                                + pd.Timedelta(hours=hours))]
 
     def windows(self, hours: float, min_hours: float, granularity: int) -> dict[str, Any]:
-        from idlegpu.forecast.capacity import idle_windows, windows_frame
-
         now = self.now().replace(microsecond=0)  # a plan to the second
         made = self.forecast(now)
         free = self.free_window(made, now, hours)
@@ -255,8 +251,6 @@ class Reads:
                 "windows": self.windows_json(windows_frame(found, self.tz))}
 
     def forecast_json(self, hours: float) -> dict[str, Any]:
-        from idlegpu.forecast.capacity import FREE, forecast_pool_usage
-
         now = self.now().replace(microsecond=0)  # a plan to the second
         made = self.forecast(now)
         refresh = made.refresh

@@ -32,6 +32,7 @@ from idlegpu.scheduler.console import (
 )
 from idlegpu.scheduler.console.pages import PLAN_TTL_S, Pages
 from idlegpu.scheduler.console.session import COOKIE, CSRF_HEADER, Session, Sessions
+from idlegpu.scheduler.runtime import RuntimeEstimator
 from idlegpu.scheduler.service.errors import Failure, failure
 
 log = logging.getLogger("idlegpu.console")
@@ -118,7 +119,6 @@ def add_console(app: FastAPI, settings, store, authenticator: Authenticates, rea
     def plan_json() -> dict[str, Any]:
         """Tonight's plan over 24 h (``Reads.plan_json``), shared for ``PLAN_TTL_S``."""
         return plan_stash.get(pd.Timestamp(now()).floor("min"), lambda: reads.plan_json(24.0))
-    from idlegpu.scheduler.runtime import RuntimeEstimator
 
     estimator = RuntimeEstimator.from_config(None, settings.admission)
 
