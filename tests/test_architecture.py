@@ -44,7 +44,7 @@ def test_contracts_catch_a_violation(tmp_path):
         "import idlegpu.scheduler.api.app\n")
     (tmp_path / "idlegpu" / "scheduler" / "service" / "leak.py").write_text(
         "import idlegpu.scheduler.cli\n")
-    policy = tmp_path / "idlegpu" / "scheduler" / "policy.py"
+    policy = tmp_path / "idlegpu" / "scheduler" / "policy" / "__init__.py"
     policy.write_text(policy.read_text() + "\nimport idlegpu.scheduler.adapters.store\n")
     result = lint(tmp_path)
     assert result.returncode != 0

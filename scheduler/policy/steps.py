@@ -1,0 +1,34 @@
+"""The small arithmetic every phase of the policy shares: steps of the profile, hours as
+text, a unit's notice and its shortest worthwhile segment."""
+
+from __future__ import annotations
+
+import math
+
+from idlegpu.scheduler.types import PolicySettings, RunningJob, WaitingJob
+
+MAX_RESERVATION_ATTEMPTS = 8
+
+
+def _hours(seconds: float) -> str:
+    return f"{seconds / 3600:.1f} h"
+
+
+def _steps(seconds: float, step_s: int) -> int:
+    return max(1, math.ceil(seconds / step_s))
+
+
+def _notice_steps(seconds: float, step_s: int) -> int:
+    return math.ceil(seconds / step_s) if seconds > 0 else 0
+
+
+def _notice_s(job: RunningJob) -> float:
+    """The notice a unit gets before a planned stop (only units that checkpoint get one)."""
+    return job.notice_s if job.checkpointable and job.notice_s > 0 else 0.0
+
+
+def _min_segment_s(job: WaitingJob | RunningJob, settings: PolicySettings) -> float:
+    """The shortest segment worth starting for a checkpointable unit: ``min_segment_s``, and
+    at least one checkpoint interval (a shorter one would save nothing: a stop's SIGTERM is
+    no checkpoint)."""
+    return max(settings.min_segment_s, job.checkpoint_interval_s or 0.0)
