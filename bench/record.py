@@ -5,8 +5,8 @@ Every ``bench/*.py`` ends with ``record.run("<name>", main)``: run as usual it p
 ``--record`` among its arguments it also writes what it printed to ``docs/bench/<name>.md``,
 headed by the date, the machine's CPUs and the exact command. ``docs/benchmarks.md`` includes
 those files (``--8<-- "bench/<name>.md"``, pymdownx.snippets), and ``mkdocs build --strict``
-fails on a missing one. Tables (lines starting with ``|``) stay tables; every other line
-becomes a paragraph of its own.
+fails on a missing one. Markdown tables stay tables, lines laid out in columns by spaces go
+into a code block as they are, every other line becomes a paragraph of its own.
 """
 
 from __future__ import annotations
@@ -38,18 +38,35 @@ class _Tee(io.TextIOBase):
 
 
 def as_markdown(printed: str) -> str:
-    """Tables kept whole, each other non-empty line a paragraph."""
-    blocks: list[list[str]] = []
+    """Markdown tables kept whole; a run of lines laid out in columns by spaces (a text
+    table, indented figures) kept as it is, in a code block; every other line a paragraph."""
+    runs: list[list[str]] = [[]]
     for line in printed.splitlines():
         line = line.rstrip()
-        if not line:
-            continue
-        table = line.startswith("|")
-        if table and blocks and blocks[-1][0].startswith("|"):
-            blocks[-1].append(line)
-        else:
-            blocks.append([line])
-    return "\n\n".join("\n".join(block) for block in blocks) + "\n"
+        if line:
+            runs[-1].append(line)
+        elif runs[-1]:
+            runs.append([])
+    blocks: list[str] = []
+    for run in runs:
+        parts: list[list[str]] = []
+        for line in run:  # within a run: the table lines apart from the others
+            if parts and parts[-1][0].startswith("|") == line.startswith("|"):
+                parts[-1].append(line)
+            else:
+                parts.append([line])
+        for part in parts:
+            if part[0].startswith("|"):
+                blocks.append("\n".join(part))
+            elif any(_in_columns(line) for line in part):
+                blocks.append("```text\n" + "\n".join(part) + "\n```")
+            else:
+                blocks += part
+    return "\n\n".join(blocks) + "\n"
+
+
+def _in_columns(line: str) -> bool:
+    return line.startswith("  ") or "   " in line.strip()
 
 
 def header(name: str, argv: list[str], today: date) -> str:

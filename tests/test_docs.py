@@ -102,13 +102,17 @@ def test_a_benchmark_run_with_record_writes_what_it_printed_for_the_manual(tmp_p
         print("auto / curve 1.50x")
         print("")
         print("goal met")
+        print("")
+        print("           night  reactive")  # a text table, aligned by spaces
+        print("useful      9.8      17.7")
 
     record.run("toy", main)
     written = (tmp_path / "docs" / "bench" / "toy.md").read_text(encoding="utf-8")
     head, body = written.split("\n\n", 1)
     assert "`python bench/toy_bench.py --days 3`" in head and "do not edit" in head
     assert body == ("| model | seconds |\n|---|---|\n| auto | 1.25 |\n\n"
-                    "auto / curve 1.50x\n\ngoal met\n")
+                    "auto / curve 1.50x\n\ngoal met\n\n"
+                    "```text\n           night  reactive\nuseful      9.8      17.7\n```\n")
     # without the flag nothing is written
     monkeypatch.setattr(sys, "argv", ["bench/toy_bench.py"])
     record.run("quiet", main)
