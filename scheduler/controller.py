@@ -62,10 +62,12 @@ from idlegpu.scheduler.ports import (
     ClusterJob,
     JobPhase,
     JobRejectedError,
+    JobStore,
     NodeSource,
     SignalSource,
     StopKind,
 )
+from idlegpu.scheduler.queue_view import overruns_of, running_jobs, waiting_jobs
 from idlegpu.scheduler.types import (
     Action,
     Decision,
@@ -78,6 +80,7 @@ from idlegpu.scheduler.types import (
     PolicySettings,
     RunningJob,
     ServingSignals,
+    WaitingJob,
 )
 
 log = logging.getLogger("idlegpu.controller")
@@ -161,7 +164,7 @@ def _pod_requests(spec) -> tuple[float | None, int | None]:
 class Controller:
     def __init__(
         self,
-        store,
+        store: JobStore,
         cluster: Cluster,
         signals: SignalSource,
         forecast: Callable[[datetime], FreeProfile | None],
@@ -255,15 +258,15 @@ class Controller:
         admission = self.store.admission()
         if admission != self._admission_logged:
             if admission.paused:
+                since = cast(datetime, admission.since)  # a pause always has its since
                 log.warning("admission paused by %s since %s: %s", admission.by,
-                            admission.since.isoformat(timespec="seconds"), admission.reason)
+                            since.isoformat(timespec="seconds"), admission.reason)
             elif self._admission_logged is not None:
                 log.info("admission resumed by %s", admission.changed_by)
             self._admission_logged = admission
         # without a view of the cluster nothing is admitted (never blind); stops still go out
         overruns = self._overrun_model()
-        waiting = (self.store.waiting(now, self._estimate_row, overruns)
-                   if seen and not admission.paused else [])
+        waiting = (self._waiting(now, overruns) if seen and not admission.paused else [])
         nodes: NodeView | None = None
         if waiting and self._nodes_readable:
             read = self._read_nodes(now, report)
@@ -338,8 +341,7 @@ class Controller:
 
     def _decide_and_apply(self, now: datetime, report: PassReport, waiting, usage,
                           nodes: NodeView | None = None) -> PassReport:
-        holding = self.store.running(now, self._estimate_row, self._overrun_model(),
-                                     notice_s=self.checkpoint_notice_s)
+        holding = self._running(now, self._overrun_model())
         signals = self._read_signals(now, report, job_gpus=sum(job.gpus for job in holding))
         if not self.dry_run:
             self._follow_notices(now, report, service_short=bool(signals.gpus_short))
@@ -381,15 +383,30 @@ class Controller:
         return signals
 
     def _estimate_row(self, row) -> float:
+        """The runtime estimate of a stored unit; notes what its pods request (``_requests``,
+        ``_gangs``) on the way."""
         self._requests[row.id] = _pod_requests(row.spec)
         if _pods(row.spec) > 1:
             self._gangs[row.id] = _pods(row.spec)
         return float(self.estimate(row.spec))
 
+    def _waiting(self, now: datetime, overruns: Overruns) -> list[WaitingJob]:
+        """The policy's queue: the units admission may start now, with their estimates."""
+        rows = self.store.ready_units(now)
+        return waiting_jobs(rows, {row.id: self._estimate_row(row) for row in rows}, overruns)
+
+    def _running(self, now: datetime, overruns: Overruns) -> list[RunningJob]:
+        """What holds GPUs, as the policy sees it at ``now``."""
+        rows = self.store.holding()
+        return running_jobs(rows, now, {row.id: self._estimate_row(row) for row in rows},
+                            overruns, notice_s=self.checkpoint_notice_s)
+
     def _overrun_model(self) -> Overruns:
         """Ratios of runtime to estimate of the units that finished last (cached)."""
         if self._overruns is None:
-            self._overruns = self.store.overruns(self._estimate_row, self.runtime_quantile)
+            self._overruns = overruns_of(
+                ((work_s, self._estimate_row(row)) for row, work_s in self.store.finished_runs()),
+                self.runtime_quantile)
         return self._overruns
 
     def _reconcile(self, now: datetime, report: PassReport) -> bool:

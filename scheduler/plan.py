@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from idlegpu.scheduler.policy import MAX_RESERVATION_ATTEMPTS, decide
+from idlegpu.scheduler.queue_view import overruns_of, running_jobs, waiting_jobs
 from idlegpu.scheduler.types import (
     Action,
     FreeProfile,
@@ -407,10 +408,13 @@ def planning_estimate(settings, runs=None) -> Callable[[Any], float]:
 def store_queue(job_store, settings, estimate: Callable[[Any], float], start: datetime):
     """The queue, what already runs (it holds its GPUs) and each team's recent GPU-hours (fair
     share) from a job store, at ``start``: ``(queue, running, usage)``."""
-    overruns = job_store.overruns(lambda row: estimate(row.spec),
-                                  settings.admission.runtime_quantile)
-    queue = job_store.waiting(start, lambda row: estimate(row.spec), overruns)
-    running = job_store.running(start, lambda row: estimate(row.spec), overruns)
+    overruns = overruns_of(((work_s, estimate(row.spec)) for row, work_s
+                            in job_store.finished_runs()), settings.admission.runtime_quantile)
+    ready = job_store.ready_units(start)
+    queue = waiting_jobs(ready, {row.id: estimate(row.spec) for row in ready}, overruns)
+    holding = job_store.holding()
+    running = running_jobs(holding, start, {row.id: estimate(row.spec) for row in holding},
+                           overruns)
     usage = job_store.team_gpu_hours(start, settings.admission.fair_share_days * 86400)
     return queue, running, usage
 

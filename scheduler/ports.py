@@ -1,6 +1,7 @@
-"""The ports the controller drives: a cluster that runs Jobs, and live serving signals.
+"""The ports the controller drives: a cluster that runs Jobs, live serving signals, and the
+job store that holds the queue.
 
-Adapters implement them (``scheduler/adapters/kubernetes.py``, ``scheduler/adapters/vllm.py``);
+Adapters implement them (``scheduler/adapters/kubernetes/``, ``scheduler/adapters/vllm.py``);
 tests and the simulator use in-memory fakes. Times are passed in, never read inside.
 """
 
@@ -9,10 +10,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from idlegpu.forecast.errors import PermanentError
-from idlegpu.scheduler.types import NodeView, ServingSignals, UnitSpec
+from idlegpu.scheduler.types import JobState, NodeView, NoticeOutcome, ServingSignals, UnitSpec
+
+if TYPE_CHECKING:  # the rows the store returns (annotations only: no SQLAlchemy here)
+    from idlegpu.scheduler.adapters.store.rows import (
+        AdmissionState,
+        AttemptRow,
+        DaemonStatus,
+        NoticeRow,
+        UnitRow,
+    )
 
 
 class JobRejectedError(PermanentError):
@@ -119,3 +129,96 @@ class SignalSource(Protocol):
         """The services' live signals; ``observed_at`` is None or old when they are missing.
         ``job_gpus``: GPUs research jobs hold now, so ``idle_gpus`` counts only GPUs that
         neither the services nor the jobs hold."""
+
+
+class JobStore(Protocol):
+    """What the controller and the daemon ask of the job store
+    (``idlegpu.scheduler.adapters.store.JobStore``): its rows and the units' transitions, each
+    one transaction. The policy's inputs are built from the rows by ``queue_view``."""
+
+    # -- reading
+    def unit(self, unit_id: str) -> UnitRow:
+        """One unit (``UnknownJobError`` when there is none)."""
+
+    def holding(self) -> list[UnitRow]:
+        """Units holding GPUs (ADMITTED or RUNNING), in submission order."""
+
+    def ready_units(self, now: datetime) -> list[UnitRow]:
+        """QUEUED units submitted by ``now`` whose dependencies all SUCCEEDED."""
+
+    def to_stop(self) -> list[UnitRow]:
+        """Units holding GPUs whose cancel was requested."""
+
+    def finished_runs(self, limit: int = 500) -> list[tuple[UnitRow, float]]:
+        """The ``limit`` units that SUCCEEDED last, each with the seconds of work it took."""
+
+    def attempts(self, unit_id: str) -> list[AttemptRow]:
+        """The unit's attempts, oldest first."""
+
+    def team_gpu_hours(self, now: datetime, window_s: float) -> dict[str, float]:
+        """GPU-hours each team's attempts held within ``[now - window_s, now]``."""
+
+    def ended_attempt_seconds(self) -> list[tuple[str, float, float | None]]:
+        """``(outcome, gpu_seconds, lost_gpu_seconds)`` of every ended attempt."""
+
+    def admission(self) -> AdmissionState:
+        """Whether admission is paused for the pool."""
+
+    # -- transitions
+    def admit(self, unit_id: str, now: datetime, stop_by: datetime | None = None,
+              attempt_label: str | None = None, gpus: int | None = None) -> int:
+        """QUEUED -> ADMITTED; returns the new attempt's number."""
+
+    def started(self, unit_id: str, now: datetime) -> None:
+        """ADMITTED -> RUNNING."""
+
+    def checkpointed(self, unit_id: str, now: datetime, work_done_s: float) -> None:
+        """A RUNNING checkpointable unit saved its progress."""
+
+    def shrinking(self, unit_id: str, now: datetime, gpus: int,
+                  stop_by: datetime | None = None) -> None:
+        """An elastic unit holding GPUs is told to shrink to ``gpus``."""
+
+    def shrunk(self, unit_id: str, now: datetime, work_done_s: float | None = None,
+               lost_gpu_seconds: float | None = None, reason: str | None = None) -> int | None:
+        """A shrinking unit's Job stopped: its next attempt opens on fewer GPUs."""
+
+    def preempted(self, unit_id: str, now: datetime, lost_gpu_seconds: float | None = None,
+                  reason: str | None = None) -> JobState:
+        """ADMITTED/RUNNING -> QUEUED (CANCELLED when a cancel was requested)."""
+
+    def requeue_admitted(self, unit_id: str, now: datetime,
+                         reason: str = "admitted but never started") -> JobState:
+        """An ADMITTED unit whose Job never ran goes back to the queue."""
+
+    def finished(self, unit_id: str, now: datetime) -> float:
+        """ADMITTED/RUNNING -> SUCCEEDED; returns the attempt's GPU-seconds."""
+
+    def failed(self, unit_id: str, now: datetime, reason: str) -> tuple[str, ...]:
+        """-> FAILED; returns the dependants cancelled with it."""
+
+    # -- checkpoint notices
+    def send_notice(self, unit_id: str, now: datetime, deadline: datetime, reason: str, *,
+                    shrink_to: int | None = None,
+                    shrink_stop_by: datetime | None = None) -> NoticeRow:
+        """Record a checkpoint notice for the unit's current attempt (idempotent)."""
+
+    def notice_delivered(self, attempt_id: str, now: datetime) -> None:
+        """The notice's annotation is on the attempt's pods."""
+
+    def open_notices(self) -> list[NoticeRow]:
+        """Notices sent and not closed yet, oldest first."""
+
+    def close_notice(self, attempt_id: str, now: datetime, outcome: NoticeOutcome) -> bool:
+        """The notice ended with ``outcome``; False: already closed."""
+
+    def notice_counts(self, since: datetime | None = None) -> dict[str, int]:
+        """Notices sent by outcome."""
+
+    # -- the daemon's upkeep
+    def record_daemon_status(self, status: DaemonStatus) -> None:
+        """Write one daemon replica's status."""
+
+    def drop_ended_specs(self, before: datetime, now: datetime, *, batch: int = 500,
+                         max_batches: int = 20) -> int:
+        """Retention: drop the bulk of ended units' specs; returns how many."""
