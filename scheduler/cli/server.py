@@ -1,5 +1,5 @@
-"""``idlegpu serve`` (the job API) and ``idlegpu token`` (its tokens): registered on the main
-``idlegpu`` command by ``idlegpu.scheduler.cli``."""
+"""``idlegpu serve`` (the job API) and ``idlegpu token`` (its tokens). The server and the job
+store come with the server and daemon extras: the commands import them."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Annotated
 import typer
 
 from idlegpu.forecast.errors import ConfigError
-from idlegpu.scheduler.cli import (
+from idlegpu.scheduler.cli.common import (
     DEFAULT_CONFIG,
     OptionalConfig,
     StoreOption,
@@ -26,6 +26,8 @@ from idlegpu.scheduler.cli import (
     console,
     err_console,
 )
+from idlegpu.scheduler.clock import ReplayClock
+from idlegpu.scheduler.output import Column, emit
 
 token_app = typer.Typer(help="Tokens of the job API (idlegpu serve): create, list, revoke.",
                         no_args_is_help=True, rich_markup_mode=None)
@@ -77,8 +79,6 @@ def serve(
     try:
         clock = None
         if now is not None:
-            from idlegpu.scheduler.clock import ReplayClock
-
             clock = ReplayClock(_now(now))
         forecasts = None
         if history is not None:
@@ -174,7 +174,6 @@ def token_list(config: OptionalConfig = None, store: StoreOption = None) -> None
         console.print("no tokens; `idlegpu token create --team T --name N` makes one")
         return
     from idlegpu.forecast.tables import iso_time
-    from idlegpu.scheduler.output import Column, emit
 
     when = _now(None)
     zone = settings.pool.timezone if settings is not None else "UTC"  # the CLI's one rule

@@ -22,6 +22,7 @@ from idlegpu.scheduler.adapters.api_client import (
     find_credential,
     read_request_text,
 )
+from idlegpu.scheduler.output import PLAN_START_COLUMNS, PLAN_WAIT_COLUMNS, Column, emit
 
 
 def client_for(server: str, token_file: Path | None) -> ApiClient:
@@ -64,8 +65,6 @@ def remote_submit(console: Console, err: Console, server: str, token_file: Path 
 
 def remote_queue(console: Console, err: Console, server: str, token_file: Path | None,
                  scope: str, all_units: bool, tz, output: str = "table") -> None:
-    from idlegpu.scheduler.output import Column, emit
-
     client = client_for(server, token_file)
     try:
         answer = client.units(scope=scope, states=["all"] if all_units else None)
@@ -149,8 +148,6 @@ def remote_plan(console: Console, err: Console, server: str, token_file: Path | 
         best = max(windows, key=lambda w: w["gpus"] * w["hours"])
         console.print(f"largest idle window: {best['gpus']} GPUs from {at(best['start'])} to "
                       f"{at(best['end'])} ({best['hours']:.1f} h)", highlight=False)
-    from idlegpu.scheduler.output import PLAN_START_COLUMNS, PLAN_WAIT_COLUMNS, emit
-
     units = answer.get("units", [])
     starts = [u for u in units if u["start_at"]]
     # the local plan's tables (idlegpu.scheduler.output), not a look of their own

@@ -1,0 +1,285 @@
+"""``idlegpu submit``, ``queue``, ``cancel`` and ``admission``: the job store's queue, as the
+local operator (``cli:<login>``) through the services, or through the job API (``--server``,
+``idlegpu.scheduler.cli.remote``). The job store (the daemon extra) and the API client
+(``requests``) are imported by the commands that use them, not when ``idlegpu`` starts."""
+
+from __future__ import annotations
+
+from datetime import timezone
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from idlegpu.forecast.redact import redact
+from idlegpu.scheduler.cli.common import (
+    NowOption,
+    OptionalConfig,
+    OutputOption,
+    ServerOption,
+    StoreOption,
+    TokenFileOption,
+    _check,
+    _now,
+    _optional_config,
+    _store_url,
+    app,
+    console,
+    markup_console,
+    markup_err_console,
+)
+from idlegpu.scheduler.output import FORMATS, Column, emit, plain
+
+QUEUE_COLUMNS = (
+    Column("unit", "unit", identifier=True), Column("request", "request", identifier=True,
+                                                     wide_only=True),
+    Column("team", "team"), Column("step", "step", wide_only=True),
+    Column("gpus", "GPUs", right=True), Column("state", "state"),
+    Column("tries", "tries", right=True, wide_only=True),
+    Column("done", "done", right=True, wide_only=True),
+    Column("estimate", "estimate", right=True), Column("submitted", "submitted"))
+QUEUE_DATA = (
+    Column("unit", "unit"), Column("request", "request"), Column("team", "team"),
+    Column("step", "step"), Column("gpus", "GPUs"), Column("state", "state"),
+    Column("attempts", "attempts"), Column("preemptions", "preemptions"),
+    Column("done_s", "done_s"), Column("estimate_s", "estimate_s"),
+    Column("estimate_source", "estimate_source"), Column("submitted", "submitted"),
+    Column("notice_deadline", "notice_deadline"))
+
+
+@app.command(short_help="Queue a job request file.")
+def submit(
+    file: Annotated[Path, typer.Argument(help="Job request, YAML (see examples/jobs/).")],
+    config: OptionalConfig = None,
+    store: StoreOption = None,
+    idempotency_key: Annotated[Optional[str], typer.Option(
+        "--idempotency-key", help="Submitting again with the same key returns the first "
+        "submission.")] = None,
+    now: NowOption = None,
+    server: ServerOption = None,
+    token_file: TokenFileOption = None,
+) -> None:
+    """Validate a job request, expand it into units (pipeline steps x sweep members) and queue
+    them in the job store, or (--server) through the job API, which checks it against the
+    server's config and decides its team and time."""
+    if server:
+        from idlegpu.scheduler.cli.remote import remote_submit
+
+        _check(now is None and store is None, "--server decides the time and the store; drop "
+               "--now and --store", "--server")
+        return remote_submit(markup_console, markup_err_console, server, token_file, file,
+                             idempotency_key)
+    from idlegpu.scheduler.adapters.store import JobStore
+    from idlegpu.scheduler.service import submissions
+    from idlegpu.scheduler.service.identity import cli_identity
+    from idlegpu.scheduler.specs import load_request
+
+    settings = _optional_config(config)
+    request = load_request(file, settings.admission if settings is not None else None,
+                           nodes=settings.pool.nodes if settings is not None else ())
+    when = _now(now)
+    with JobStore(_store_url(settings, store)) as job_store:
+        done = submissions.submit(job_store, settings, cli_identity(request.team), request, when,
+                                  idempotency_key=idempotency_key)
+    request_id, units = done.request_id, done.units
+    if not done.created:
+        console.print(f"{request.name} was already submitted as {request_id} "
+                      "(same --idempotency-key); nothing queued")
+        return
+    steps = len({u.step_index for u in units})
+    console.print(
+        f"queued {request.name} ({request.team}, {request.kind}) as {request_id}: "
+        f"{len(units)} unit(s) in {steps} step(s), up to {max(u.gpus for u in units)} GPUs each; "
+        f"`idlegpu queue` shows them, `idlegpu cancel {request_id}` withdraws them"
+    )
+
+
+@app.command(short_help="The job queue: units, states and runtime estimates.")
+def queue(
+    config: OptionalConfig = None,
+    store: StoreOption = None,
+    all_units: Annotated[bool, typer.Option(
+        "--all", help="Also show succeeded, failed and cancelled units.")] = False,
+    runs: Annotated[Optional[Path], typer.Option(
+        "--runs", help="Past runs for runtime estimates (e.g. data/sample/runs.csv).")] = None,
+    server: ServerOption = None,
+    token_file: TokenFileOption = None,
+    scope: Annotated[str, typer.Option(
+        help="With --server: mine, team (your team's) or all.")] = "team",
+    output: OutputOption = "table",
+) -> None:
+    """List the job units in the store, oldest first, with the runtime admission plans with
+    (or, with --server, the units the job API shows you)."""
+    _check(output in FORMATS, f"use one of {', '.join(FORMATS)}", "--output")
+    if server:
+        from idlegpu.scheduler.cli.remote import remote_queue
+
+        _check(scope in ("mine", "team", "all"), "use mine, team or all", "--scope")
+        settings = _optional_config(config)
+        tz = settings.pool.tz if settings is not None else timezone.utc
+        return remote_queue(markup_console, markup_err_console, server, token_file, scope,
+                            all_units, tz, output)
+    from idlegpu.forecast.config import AdmissionConfig
+    from idlegpu.scheduler.adapters.store import JobStore
+    from idlegpu.scheduler.runtime import RuntimeEstimator, load_runs
+    from idlegpu.scheduler.specs import format_duration
+
+    settings = _optional_config(config)
+    admission = settings.admission if settings is not None else AdmissionConfig()
+    tz = settings.pool.tz if settings is not None else timezone.utc
+    estimator = RuntimeEstimator.from_config(load_runs(runs) if runs else None, admission)
+    with JobStore(_store_url(settings, store)) as job_store:
+        rows = job_store.queue(include_terminal=all_units)
+        notices = {n.unit_id: n for n in job_store.open_notices()}
+        notice_counts = job_store.notice_counts()
+    if not rows:
+        console.print("the queue is empty" + ("" if all_units else " (--all shows ended units)"))
+        return
+    listed = []
+    for row in rows:
+        estimate = estimator.estimate(row.spec)
+        state = row.state.value
+        if row.cancel_requested_at is not None and row.state.holds_gpus():
+            state += " (stopping)"
+        elif row.state.is_terminal() and row.reason:
+            state += f": {row.reason}"
+        notice = notices.get(row.id)
+        if notice is not None and row.state.holds_gpus():
+            state += (f" (checkpoint notice until "
+                      f"{notice.deadline.astimezone(tz):%H:%M:%S})")
+        listed.append({
+            "unit": row.id, "request": row.request_id, "team": row.team,
+            "step": f"{row.step}[{row.member}]" if row.member else row.step, "gpus": row.gpus,
+            "state": state, "tries": f"{row.attempts}/{row.preemptions}",
+            "attempts": row.attempts, "preemptions": row.preemptions,
+            "done": format_duration(row.work_done_s) if row.work_done_s else "",
+            "done_s": row.work_done_s,
+            "estimate": f"{format_duration(estimate.seconds)} ({estimate.source})",
+            "estimate_s": estimate.seconds, "estimate_source": estimate.source,
+            "submitted": row.submitted_at,
+            "notice_deadline": notice.deadline if notice is not None else None})
+    emit(console, listed, QUEUE_COLUMNS if output in ("table", "wide") else QUEUE_DATA,
+         output, title=f"job queue ({len(rows)} unit(s))", tz=tz)
+    if output not in ("table", "wide"):
+        return
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[row.state.value] = counts.get(row.state.value, 0) + 1
+    console.print(", ".join(f"{n} {s}" for s, n in counts.items())
+                  + "; tries = admissions/preemptions; estimate source: history, model, user, "
+                    "default (a guess)")
+    if notice_counts["sent"]:
+        console.print(
+            f"checkpoint notices: {notice_counts['sent']} sent, {notice_counts['answered']} "
+            f"answered in time, {notice_counts['missed']} missed (stopped at the deadline), "
+            f"{notice_counts['cut']} cut short by the service, {notice_counts['open']} under "
+            "way")
+
+
+@app.command(short_help="Cancel a job request or a unit.")
+def cancel(
+    job_id: Annotated[str, typer.Argument(
+        help="Request id, or unit id (units depending on it go too).")],
+    config: OptionalConfig = None,
+    store: StoreOption = None,
+    reason: Annotated[str, typer.Option(help="Recorded with the cancel.")] = "cancelled by user",
+    now: NowOption = None,
+    server: ServerOption = None,
+    token_file: TokenFileOption = None,
+) -> None:
+    """Cancel queued units at once; running units are marked and stopped by the admission
+    daemon at its next pass (they checkpoint if they can). With --server, through the job API
+    (members cancel their team's work, operators anyone's)."""
+    if server:
+        from idlegpu.scheduler.cli.remote import remote_cancel
+
+        _check(now is None and store is None, "--server decides the time and the store; drop "
+               "--now and --store", "--server")
+        return remote_cancel(markup_console, markup_err_console, server, token_file, job_id,
+                             reason)
+    from idlegpu.scheduler.adapters.store import JobStore
+    from idlegpu.scheduler.service import submissions
+    from idlegpu.scheduler.service.identity import cli_identity
+
+    settings = _optional_config(config)
+    with JobStore(_store_url(settings, store)) as job_store:
+        result = submissions.cancel(job_store, cli_identity(), job_id, _now(now), reason)
+    if result.cancelled:
+        console.print(f"cancelled {len(result.cancelled)} queued unit(s): "
+                      + plain(", ".join(result.cancelled)), highlight=False, soft_wrap=True)
+    if result.to_stop:
+        console.print(f"{len(result.to_stop)} unit(s) hold GPUs and will be stopped by the "
+                      "admission daemon: " + plain(", ".join(result.to_stop)), highlight=False,
+                      soft_wrap=True)
+    if not result.cancelled and not result.to_stop:
+        console.print(f"nothing to cancel: every unit of {plain(job_id)} has already ended",
+                      highlight=False)
+
+
+admission_app = typer.Typer(help="Pause or resume admission for the whole pool (operators).",
+                            no_args_is_help=True, rich_markup_mode=None)
+app.add_typer(admission_app, name="admission",
+              short_help="Pause or resume admission for the pool; its state.")
+
+
+def _admission(action: str, config: Path | None, store: str | None, server: str | None,
+               token_file: Path | None, reason: str | None = None) -> None:
+    """`idlegpu admission ACTION`: on the store of the config (or --store), or through the
+    job API (--server); both audited, both idempotent."""
+    from idlegpu.scheduler.cli.remote import print_admission, remote_admission
+
+    if server:
+        _check(store is None, "--server decides the store; drop --store", "--server")
+        return remote_admission(markup_console, markup_err_console, server, token_file,
+                                action, reason)
+    from idlegpu.scheduler.adapters.store import JobStore
+    from idlegpu.scheduler.service import operations
+    from idlegpu.scheduler.service.identity import cli_identity
+    from idlegpu.scheduler.service.operations import paused_reason
+
+    settings = _optional_config(config)
+    tz = settings.pool.tz if settings is not None else timezone.utc
+    url = _store_url(settings, store)
+    when = _now(None)
+    with JobStore(url) as job_store:
+        if action == "pause":
+            change = operations.pause(job_store, cli_identity(), reason, when, tz)
+        elif action == "resume":
+            change = operations.resume(job_store, cli_identity(), when)
+        else:
+            change = None
+        state = change.state if change else job_store.admission()
+    message = None
+    if change is not None and not change.changed:
+        message = (f"admission was already paused by {state.by}; nothing changed"
+                   if state.paused else "admission was not paused; nothing changed")
+    print_admission(markup_console, state.paused,
+                    paused_reason(state, tz) or "admission is open", action,
+                    change.changed if change else True, message, redact(url))
+
+
+@admission_app.command("status")
+def admission_status(config: OptionalConfig = None, store: StoreOption = None,
+                     server: ServerOption = None, token_file: TokenFileOption = None) -> None:
+    """Whether admission is paused: by whom, since when and why."""
+    _admission("status", config, store, server, token_file)
+
+
+@admission_app.command("pause")
+def admission_pause(
+    reason: Annotated[str, typer.Option(
+        "--reason", help="Why (required, one line, at most 500 characters): the queue shows "
+        "it as every waiting unit's reason.")],
+    config: OptionalConfig = None, store: StoreOption = None, server: ServerOption = None,
+    token_file: TokenFileOption = None,
+) -> None:
+    """Pause admission for the pool: the daemon admits no unit from its next reconcile pass,
+    while stops, the backstop and planned stops go on. Pausing twice keeps the first pause."""
+    _admission("pause", config, store, server, token_file, reason)
+
+
+@admission_app.command("resume")
+def admission_resume(config: OptionalConfig = None, store: StoreOption = None,
+                     server: ServerOption = None, token_file: TokenFileOption = None) -> None:
+    """Resume admission for the pool (audited; resuming what runs changes nothing)."""
+    _admission("resume", config, store, server, token_file)
