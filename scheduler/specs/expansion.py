@@ -51,25 +51,14 @@ class _StepFields(Protocol):
     def sweep(self) -> dict[str, list[Any]] | None: ...
 
 
-class ExpandableRequest(Protocol):
-    """What the expansion reads of a request: a validated ``JobRequest``, besides the fields
-    its steps inherit (``_STEP_FIELDS``, read by name). The model expands itself while it is
-    validated, so it imports this module, not the other way round."""
-
-    @property
-    def name(self) -> str: ...
+class ExpandableRequest(_StepFields, Protocol):
+    """What the expansion reads of a request: a validated ``JobRequest``: a step's fields,
+    its team, steps and node shapes, besides the fields its steps inherit (``_STEP_FIELDS``,
+    read by name). The model expands itself while it is validated, so it imports this
+    module, not the other way round."""
 
     @property
     def team(self) -> str: ...
-
-    @property
-    def parameters(self) -> Mapping[str, Any]: ...
-
-    @property
-    def env(self) -> Mapping[str, Any]: ...
-
-    @property
-    def sweep(self) -> dict[str, list[Any]] | None: ...
 
     @property
     def steps(self) -> Sequence[_StepFields] | None: ...
