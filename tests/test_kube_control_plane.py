@@ -354,10 +354,14 @@ def test_a_node_that_stops_heartbeating_turns_unknown(
     took = time.monotonic() - killed
 
     def unreachable() -> set[tuple[str, str]] | None:
+        # the node-lifecycle controller writes the two taints in separate updates, in either
+        # order (a CI run read NoExecute alone): wait for both
         taints = {(t.key, t.effect) for t in core.read_node(node).spec.taints or []}
-        return taints if ("node.kubernetes.io/unreachable", "NoExecute") in taints else None
+        both = {("node.kubernetes.io/unreachable", e) for e in ("NoExecute", "NoSchedule")}
+        return taints if both <= taints else None
 
-    taints = wait_until(unreachable, timeout=20, what="the unreachable NoExecute taint")
+    taints = wait_until(unreachable, timeout=20, what="the unreachable NoExecute and "
+                                                      "NoSchedule taints")
     tainted = time.monotonic() - killed
     pod = wait_until(  # the controller marks the node's pods not Ready after the node
         lambda: (p := as_dict(api, core.read_namespaced_pod("orphan", ns)))
