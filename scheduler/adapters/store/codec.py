@@ -11,15 +11,8 @@ from enum import StrEnum
 from typing import Any
 
 from idlegpu.scheduler.adapters.store.errors import InvalidRequestError, StoreError
+from idlegpu.scheduler.queue_view import _aware  # the one check, shared with the pure side
 from idlegpu.scheduler.types import EnvFromSource, EnvKeyRef, UnitSpec, UnitVolume
-
-
-def _aware(value: datetime, name: str = "now") -> datetime:
-    if not isinstance(value, datetime):
-        raise TypeError(f"{name} must be a datetime, got {type(value).__name__}")
-    if value.tzinfo is None or value.utcoffset() is None:
-        raise ValueError(f"{name} ({value.isoformat()}) must be timezone-aware")
-    return value
 
 
 def _aware_opt(value: datetime | None, name: str) -> datetime | None:
