@@ -506,3 +506,31 @@ def test_a_unit_admitted_at_a_refresh_is_not_stopped_by_the_next_when_the_need_i
     now_seen = ServingSignals(observed_at=later, idle_gpus=16, service_gpus=32)
     again = decide(later, second, running, [], now_seen, {}, settings)
     assert again.decisions == ()
+
+
+def test_a_unit_admitted_on_a_forecast_that_just_holds_is_not_stopped_by_the_next_pass():
+    """The real-traffic pool's ``overruns`` variant, Thursday 2018-04-05 21:00-21:50: a
+    32-GPU pretraining unit was admitted, stopped five minutes later, admitted again at
+    21:20 and stopped at 21:25, three times in an hour, each stop losing its five minutes.
+    The pool did not move (the service at 40 GPUs, 32 free beyond the headroom); the live
+    correction re-anchored on it each pass, so the forecast a few steps ahead drifted by a
+    tenth of a GPU, and a stop asked only more than nothing of it. A stop asks a whole GPU."""
+    settings = PolicySettings(grace_s=600, min_segment_s=1800, headroom_gpus=8, pool_gpus=80,
+                              nowcast_half_life_s=6 * H)
+    free = [30.2, 30.3, 30.3, 30.3, 30.3] + [31.0] * 7 + [35.0] * 200  # the 17:00 refresh's
+    refresh = profile(free, made_at=T0 - timedelta(hours=4), start=T0)
+    quiet = ServingSignals(observed_at=T0, idle_gpus=40, service_gpus=40)
+    unit = job("pretrain", gpus=32, hours=600, ckpt=True, checkpoint_interval_s=H)
+    (admitted,) = plan(refresh, [unit], signals=quiet, settings=settings).decisions
+    assert admitted.action is Action.ADMIT
+    later = T0 + timedelta(seconds=STEP)
+    running = RunningJob(id="pretrain", team="a", gpus=32, priority=0, started_at=T0,
+                         checkpointable=True, remaining_s=600 * H - STEP, last_checkpoint_at=T0,
+                         checkpoint_interval_s=H, stop_by=admitted.stop_by)
+    same_pool = ServingSignals(observed_at=later, idle_gpus=8, service_gpus=40)
+    again = plan(refresh, running=[running], signals=same_pool, settings=settings, now=later)
+    assert again.decisions == ()
+    # a whole GPU short is a need: the service two GPUs up stops it (headroom or not)
+    busier = ServingSignals(observed_at=later, idle_gpus=6, service_gpus=42)
+    stopped = plan(refresh, running=[running], signals=busier, settings=settings, now=later)
+    assert [d.action for d in stopped.decisions] == [Action.PREEMPT]

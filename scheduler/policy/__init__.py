@@ -85,6 +85,7 @@ from idlegpu.scheduler.policy.preemption import (
 )
 from idlegpu.scheduler.policy.steps import (
     MAX_RESERVATION_ATTEMPTS,
+    _forecast_need,
     _hours,
     _notice_s,
     _notice_steps,
@@ -357,17 +358,17 @@ def _cover_the_service(now: datetime, running: Sequence[RunningJob], view: _Pool
         held = np.full(len(window), float(sum(j.gpus for j in running) - stopping))
     short = held - window
     short[np.isnan(window)] = 0.0  # a hole is no demand
-    deficit = float(np.max(short, initial=0.0))  # net of the jobs already stopping
-    need = max(live.need - stopping, math.ceil(deficit))
+    deficit = _forecast_need(float(np.max(short, initial=0.0)))  # net of those stopping
+    need = max(live.need - stopping, deficit)
     spared: dict[str, str] = {}
     if settings.runtimes_known and live.need == 0 and deficit > 0:
         # a job that ends before the GPUs are needed frees nothing by being stopped
-        first = int(np.flatnonzero(short > 0)[0])
+        first = int(np.flatnonzero(short >= 0.5)[0])  # the first whole GPU short
         spared = {j.id: "" for j in running if view.ends[j.id] - i0 <= first}
     if need <= 0:
         return
     reason = live.reason or (
-        f"the forecast needs {math.ceil(deficit)} of their GPUs for the service within "
+        f"the forecast needs {deficit} of their GPUs for the service within "
         f"{_hours(settings.grace_s + notice_steps * step)}"
     )
     exclude = {**victims, **spared}

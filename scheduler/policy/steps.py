@@ -10,6 +10,16 @@ from idlegpu.scheduler.types import PolicySettings, RunningJob, WaitingJob
 MAX_RESERVATION_ATTEMPTS = 8
 
 
+def _forecast_need(short: float) -> int:
+    """The GPUs a forecast shortfall asks of the running units, to the nearest whole GPU.
+    A replica's GPUs are whole; a forecast's fraction is an average of them, and it moves by
+    fractions from one pass to the next (the live correction re-anchors it on the pool each
+    pass). Admission asks the whole unit's GPUs of the forecast; were a stop to ask only more
+    than nothing, a unit admitted on a forecast that just held would be stopped by the next
+    pass's drift of a tenth of a GPU (admit-then-stop churn), with the headroom untouched."""
+    return max(0, math.floor(short + 0.5))
+
+
 def _hours(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
