@@ -534,3 +534,27 @@ def test_a_unit_admitted_on_a_forecast_that_just_holds_is_not_stopped_by_the_nex
     busier = ServingSignals(observed_at=later, idle_gpus=6, service_gpus=42)
     stopped = plan(refresh, running=[running], signals=busier, settings=settings, now=later)
     assert [d.action for d in stopped.decisions] == [Action.PREEMPT]
+
+
+def test_a_unit_that_cannot_checkpoint_runs_into_the_headroom_until_the_service_needs_it():
+    """The headroom is there for the stops that take a grace period. A unit that cannot
+    checkpoint loses all it has done when stopped and gives its GPUs back within a step:
+    the service eating into the headroom does not stop it (a checkpointable unit beside it
+    is stopped instead, when there is one); the service short of GPUs does."""
+    settings = PolicySettings(grace_s=600, min_segment_s=1800, headroom_gpus=8, pool_gpus=80,
+                              nowcast_half_life_s=6 * H)
+    refresh = flat(40, 12)
+    sft = run("sft", gpus=16, hours_left=6, ckpt=False)
+    # the service at 58 of 80 GPUs: 14 free beyond the headroom for the 16 the unit holds,
+    # 6 idle
+    into_headroom = ServingSignals(observed_at=T0, idle_gpus=6, service_gpus=58)
+    assert plan(refresh, running=[sft], signals=into_headroom, settings=settings).decisions == ()
+    # beside a checkpointable unit, that one covers the headroom
+    train = run("train", gpus=8, hours_left=6, ckpt=True)
+    tight = ServingSignals(observed_at=T0, idle_gpus=0, service_gpus=56)
+    stops = plan(refresh, running=[sft, train], signals=tight, settings=settings)
+    assert {d.job_id: d.action for d in stops.decisions} == {"train": Action.PREEMPT}
+    # the service short of GPUs (the autoscaler's replicas pending): it is stopped
+    short = ServingSignals(observed_at=T0, idle_gpus=0, service_gpus=64, gpus_short=4)
+    (stop,) = plan(refresh, running=[sft], signals=short, settings=settings).decisions
+    assert stop.action is Action.PREEMPT and stop.job_id == "sft" and not stop.planned

@@ -9,9 +9,10 @@
    period: where the free-GPU profile falls below what they hold, enough of them are told to
    checkpoint and stop now, so the GPUs are back before the service ramps up. Jobs whose planned
    window has ended are stopped too. A job that cannot checkpoint loses all it has done
-   whenever it stops, so it is stopped only for what the service needs now (the profile's
-   present step, which the live pool sets) or for a live need, never for a shortfall the
-   forecast only expects: it may finish first, and it gives its GPUs back within a step.
+   whenever it stops, so it is stopped only when the service needs its GPUs: a live need
+   (the backstop), or the live pool short of what the units hold beyond the headroom (the
+   headroom is there for the stops that take a grace period; such a unit gives its GPUs back
+   within a step), never for a shortfall the forecast only expects: it may finish first.
 3. **Victims** lose the least: lowest priority first, then the least unsaved work plus a
    restart cost per GPU (GPU-seconds since the last checkpoint, plus ``restart_cost_s`` per
    GPU), then the fewest victims; and no more victims than the need requires. An elastic job
@@ -373,8 +374,11 @@ def _cover_the_service(now: datetime, running: Sequence[RunningJob], view: _Pool
     )
     exclude = {**victims, **spared}
     whole: list[RunningJob] = []
-    cover = _cover_sparing_whole_units(running, need, 0.0 if live.blind else short[0],
-                                       live.need, now, exclude, settings.restart_cost_s)
+    # a unit that cannot checkpoint gives its GPUs back within a step: the headroom, there
+    # for the stops that take a grace period, is not its to keep free
+    cover = _cover_sparing_whole_units(
+        running, need, 0.0 if live.blind else short[0] - settings.headroom_gpus, live.need,
+        now, exclude, settings.restart_cost_s)
     if any(keep for _, keep in cover):
         # say what the shrink saves: the cover of whole stops it beats
         whole = _victims(running, need, now, exclude, restart_cost_s=settings.restart_cost_s,

@@ -233,11 +233,12 @@ def _cover_sparing_whole_units(
 ) -> list[tuple[RunningJob, int]]:
     """``_cover`` of ``need`` GPUs, where a unit that cannot checkpoint is stopped only for
     a live need or for the GPUs the service needs now (``short_now``: what the jobs hold
-    beyond the profile's present step, which the live pool sets; 0 with no live signals,
-    whose absence stops everything on its own clock): it loses all it has done whenever it
-    stops, so a shortfall the forecast only expects does not stop it. It runs on, may finish
-    first, and if the service does come for its GPUs it is stopped then, at once (it has
-    nothing to save, so its GPUs come back within a step)."""
+    beyond the profile's present step, which the live pool sets, and beyond the headroom;
+    0 with no live signals, whose absence stops everything on its own clock): it loses all
+    it has done whenever it stops, so neither a shortfall the forecast only expects nor a
+    service that has only eaten into the headroom stops it. It runs on, may finish first,
+    and if the service does come for its GPUs it is stopped then, at once (it has nothing to
+    save, so its GPUs come back within a step)."""
     if live_need > 0:
         return _cover(running, need, now, exclude, restart_cost_s=restart_cost_s)
     need_now = min(need, max(0, math.ceil(short_now)))
