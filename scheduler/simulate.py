@@ -369,6 +369,10 @@ def simulate(
     if policy != "forecast":
         # the live correction is of a forecast; the others plan on the present or the truth
         config = replace(config, nowcast_half_life_s=0.0)
+    if policy in ("night", "reactive"):
+        # the baselines stay what they were defined as: every unit stopped as the service
+        # eats into the headroom
+        config = replace(config, whole_units_into_headroom=False)
     pool = _PoolTimeline(history, settings, start, end)
     step_s, total = pool.step_s, settings.pool.total_gpus
     if clairvoyant:

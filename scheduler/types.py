@@ -363,6 +363,11 @@ class PolicySettings:
     stop_after_checkpoint: bool = True
     """Time planned stops of checkpointable units with a known interval just after a
     checkpoint (``decide()``); False: stop when the need comes within the grace period."""
+    whole_units_into_headroom: bool = True
+    """A unit that cannot checkpoint runs into the headroom until the service needs its GPUs
+    (``decide()``, 2); False: it is stopped as soon as the service eats into the headroom,
+    as a unit that can checkpoint is (the simulator's night and reactive baselines keep that
+    rule, the one they were defined and measured with)."""
     checkpointable_on_likely: bool = True
     """Checkpointable units are admitted, given their windows, backfilled and stopped for the
     forecast on the profile's median (``FreeProfile.likely``), units that cannot checkpoint

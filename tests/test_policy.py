@@ -1,5 +1,6 @@
 """decide(): table-driven cases and properties (hypothesis)."""
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import numpy as np
@@ -549,6 +550,10 @@ def test_a_unit_that_cannot_checkpoint_runs_into_the_headroom_until_the_service_
     # 6 idle
     into_headroom = ServingSignals(observed_at=T0, idle_gpus=6, service_gpus=58)
     assert plan(refresh, running=[sft], signals=into_headroom, settings=settings).decisions == ()
+    # the simulator's reactive baseline keeps the rule it was measured with: it stops then
+    baseline = replace(settings, whole_units_into_headroom=False)
+    (stop,) = plan(refresh, running=[sft], signals=into_headroom, settings=baseline).decisions
+    assert stop.action is Action.PREEMPT and stop.job_id == "sft"
     # beside a checkpointable unit, that one covers the headroom
     train = run("train", gpus=8, hours_left=6, ckpt=True)
     tight = ServingSignals(observed_at=T0, idle_gpus=0, service_gpus=56)

@@ -376,9 +376,9 @@ def _cover_the_service(now: datetime, running: Sequence[RunningJob], view: _Pool
     whole: list[RunningJob] = []
     # a unit that cannot checkpoint gives its GPUs back within a step: the headroom, there
     # for the stops that take a grace period, is not its to keep free
-    cover = _cover_sparing_whole_units(
-        running, need, 0.0 if live.blind else short[0] - settings.headroom_gpus, live.need,
-        now, exclude, settings.restart_cost_s)
+    into = settings.headroom_gpus if settings.whole_units_into_headroom else 0
+    cover = _cover_sparing_whole_units(running, need, 0.0 if live.blind else short[0] - into,
+                                       live.need, now, exclude, settings.restart_cost_s)
     if any(keep for _, keep in cover):
         # say what the shrink saves: the cover of whole stops it beats
         whole = _victims(running, need, now, exclude, restart_cost_s=settings.restart_cost_s,
