@@ -47,6 +47,12 @@ if [ -z "${KUBEBUILDER_ASSETS:-}" ]; then
     fi
 fi
 
+# the real Kueue controller manager beside them, and its CRDs (tests/kueue_manager.py)
+if [ -f ../shared/kueue/install.sh ]; then
+    bash ../shared/kueue/install.sh "${KUBEBUILDER_ASSETS:-$PWD/.cache/k8s/bin}" >/dev/null
+    mkdir -p .cache/kueue && rm -rf .cache/kueue/crds && cp -r ../shared/kueue/crds .cache/kueue/
+fi
+
 if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi

@@ -126,5 +126,28 @@ def node_sim(kube_control_plane: ControlPlane) -> Iterator[Callable[..., NodeSim
         sim.stop(delete_nodes=True)
 
 
+# ---- a REAL Kueue controller manager (tests/kueue_manager.py) on that control plane ----------
+from kueue_manager import KueueManager, KueueMissingError, find_kueue  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def kueue(kube_control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
+          ) -> Iterator[KueueManager]:
+    """Kueue's real controller manager (``../shared/kueue``) on the session's control plane,
+    with its CRDs installed. Without the binary or the CRDs the tests skip, or fail when
+    ``CI`` is set."""
+    try:
+        find_kueue()
+    except KueueMissingError as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"the Kueue tests need a real Kueue: {exc}", pytrace=False)
+        pytest.skip(str(exc))
+    manager = KueueManager(kube_control_plane, tmp_path_factory.mktemp("kueue")).start()
+    try:
+        yield manager
+    finally:
+        manager.stop()
+
+
 # ---- a REAL PostgreSQL server (tests/pg_server.py): postgres_url, fresh_postgres_url -----------
 from pg_server import fresh_postgres_url, postgres_server, postgres_url  # noqa: E402, F401
