@@ -1,0 +1,275 @@
+"""Kueue's Workloads as idlegpu's policy sees them, and its decisions as admission-check states.
+
+Pure: no I/O, no clock. The daemon's Kueue adapter lists the Workloads (``kueue.x-k8s.io/v1beta1``)
+of the ClusterQueues that list one of idlegpu's AdmissionChecks; here each one that carries such
+a check (``status.admissionChecks[].name``) becomes a unit for ``decide()``: a ``WaitingJob``
+while the check is ``Pending`` with the quota reserved (Kueue keeps what it owns: quota, fair
+share, cohorts, its own preemption; idlegpu only adds the time), a ``RunningJob`` once it is
+admitted with the check ``Ready``. A Workload without one of our checks is never a unit: it is
+not ours to touch. Back the other way, a decision becomes the check's state and message:
+
+* ``ADMIT``: ``Ready``, with when the window closes when it does ("fits the forecast: 8 GPUs
+  free for its 2.0 h; stops by Thu 07:40");
+* ``DEFER``: ``Pending``, with the wait's reason and the estimated start when there is one;
+* ``PREEMPT`` of an admitted one: ``Retry`` (Kueue evicts it and requeues it; its check is
+  reset to ``Pending``);
+* a Workload bigger than the whole pool: ``Rejected`` (it can never fit).
+
+A state is written only when it or its message changes, so a pass over 2,000 pending
+Workloads writes what moved.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from idlegpu.scheduler.types import Action, Decision, RunningJob, WaitingJob
+
+CHECK_CONTROLLER = "idlegpu.io/forecast"
+MAX_EXEC_LABEL = "kueue.x-k8s.io/max-exec-time-seconds"
+GPU_RESOURCE = "nvidia.com/gpu"
+
+PENDING, READY, RETRY, REJECTED = "Pending", "Ready", "Retry", "Rejected"
+CHECK_STATES = (PENDING, READY, RETRY, REJECTED)
+MAX_MESSAGE = 1024  # Kueue's limit on a check's message (maxLength of the CRD field)
+
+
+class WorkloadError(ValueError):
+    """A Workload that cannot be a unit: the field at fault, and why."""
+
+
+@dataclass(frozen=True)
+class CheckedWorkload:
+    """A Workload that carries one of idlegpu's checks, as far as the policy needs it."""
+
+    namespace: str
+    name: str
+    check: str
+    """The name of the AdmissionCheck of ours it carries."""
+    state: str
+    message: str
+    cluster_queue: str | None
+    gpus: int
+    pods: int
+    priority: int
+    created_at: datetime
+    quota_reserved: bool
+    admitted: bool
+    admitted_at: datetime | None
+    finished: bool
+    max_exec_s: float | None
+    """``spec.maximumExecutionTimeSeconds`` (from the Job's ``kueue.x-k8s.io/max-exec-time-
+    seconds`` label): the runtime it asks to be planned with, when given."""
+
+    @property
+    def id(self) -> str:
+        """The unit id: ``kueue/<namespace>/<name>`` (Workload names are unique per namespace)."""
+        return f"kueue/{self.namespace}/{self.name}"
+
+
+def _time(text: Any, field: str) -> datetime:
+    if not isinstance(text, str):
+        raise WorkloadError(f"{field}: expected an RFC 3339 time, got {type(text).__name__}")
+    try:
+        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError as exc:
+        raise WorkloadError(f"{field}: not an RFC 3339 time ({text[:40]!r})") from exc
+    if parsed.tzinfo is None:
+        raise WorkloadError(f"{field}: a time without its offset ({text[:40]!r})")
+    return parsed
+
+
+def _condition(status: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
+    for cond in status.get("conditions") or ():
+        if isinstance(cond, Mapping) and cond.get("type") == kind:
+            return cond
+    return None
+
+
+def _true(status: Mapping[str, Any], kind: str) -> bool:
+    cond = _condition(status, kind)
+    return cond is not None and cond.get("status") == "True"
+
+
+def _whole(value: Any, field: str) -> int:
+    """A count of GPUs or pods: a whole number (as Kubernetes quantities of GPUs are)."""
+    try:
+        number = float(str(value))
+    except ValueError as exc:
+        raise WorkloadError(f"{field}: not a number ({str(value)[:40]!r})") from exc
+    if not math.isfinite(number) or number < 0 or number != int(number):
+        raise WorkloadError(f"{field}: expected a whole number of GPUs, got {str(value)[:40]!r}")
+    return int(number)
+
+
+def _pod_gpus(template: Mapping[str, Any], where: str) -> int:
+    spec = template.get("spec") or {}
+    gpus = 0
+    for n, container in enumerate(spec.get("containers") or ()):
+        resources = container.get("resources") or {}
+        asked = (resources.get("requests") or {}).get(GPU_RESOURCE,
+                                                     (resources.get("limits") or {}).get(
+                                                         GPU_RESOURCE, 0))
+        gpus += _whole(asked, f"{where}.spec.containers[{n}].resources {GPU_RESOURCE}")
+    return gpus
+
+
+def checked_workload(obj: Mapping[str, Any], checks: Sequence[str]) -> CheckedWorkload | None:
+    """``obj`` (a Workload as the API returns it) as a unit, if it carries one of ``checks``
+    (the names of our AdmissionChecks); None if it carries none: it is not ours. A Workload
+    whose fields make no unit raises ``WorkloadError`` naming the field."""
+    if not isinstance(obj, Mapping):
+        raise WorkloadError("the Workload is not an object")
+    status = obj.get("status") or {}
+    entry = next((e for e in status.get("admissionChecks") or ()
+                  if isinstance(e, Mapping) and e.get("name") in checks), None)
+    if entry is None:
+        return None
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    name, namespace = meta.get("name"), meta.get("namespace")
+    if not isinstance(name, str) or not isinstance(namespace, str):
+        raise WorkloadError("metadata.name and metadata.namespace: both are needed")
+    state = entry.get("state")
+    if state not in CHECK_STATES:
+        raise WorkloadError(f"status.admissionChecks[{entry.get('name')}].state: {state!r} is "
+                            f"none of {', '.join(CHECK_STATES)}")
+    gpus = pods = 0
+    for n, pod_set in enumerate(spec.get("podSets") or ()):
+        count = _whole(pod_set.get("count", 1), f"spec.podSets[{n}].count")
+        gpus += count * _pod_gpus(pod_set.get("template") or {}, f"spec.podSets[{n}].template")
+        pods += count
+    max_exec = spec.get("maximumExecutionTimeSeconds")
+    if max_exec is not None and (not isinstance(max_exec, int) or max_exec <= 0):
+        raise WorkloadError(f"spec.maximumExecutionTimeSeconds: expected a positive whole "
+                            f"number of seconds, got {str(max_exec)[:40]!r}")
+    admitted = _true(status, "Admitted")
+    admitted_cond = _condition(status, "Admitted")
+    priority = spec.get("priority", 0)
+    return CheckedWorkload(
+        namespace=namespace, name=name, check=str(entry["name"]), state=state,
+        message=str(entry.get("message") or ""),
+        cluster_queue=(status.get("admission") or {}).get("clusterQueue"),
+        gpus=gpus, pods=pods, priority=priority if isinstance(priority, int) else 0,
+        created_at=_time(meta.get("creationTimestamp"), "metadata.creationTimestamp"),
+        quota_reserved=_true(status, "QuotaReserved"), admitted=admitted,
+        admitted_at=(_time(admitted_cond.get("lastTransitionTime"),
+                           "status.conditions[Admitted].lastTransitionTime")
+                     if admitted and admitted_cond is not None else None),
+        finished=_true(status, "Finished"),
+        max_exec_s=float(max_exec) if max_exec is not None else None,
+    )
+
+
+def policy_units(workloads: Sequence[CheckedWorkload], now: datetime,
+                 runtime_s: Mapping[str, float], team_of: Mapping[str, str] | None = None,
+                 ) -> tuple[list[WaitingJob], list[RunningJob]]:
+    """The queue and the running units ``decide()`` reads: a Workload waits while its check is
+    ``Pending`` with its quota reserved (Kueue's quota first), and runs once admitted with the
+    check ``Ready``. ``runtime_s`` maps a unit id to the seconds it is planned with (its
+    ``max_exec_s``, an idlegpu annotation of its Job, or the runtime model: the caller's
+    choice); a unit without one is left out (it cannot be planned). Workloads cannot
+    checkpoint for idlegpu (it cannot see their checkpoints): each is planned whole.
+    ``team_of`` maps a namespace to its team (default: the namespace)."""
+    teams = team_of or {}
+    queue: list[WaitingJob] = []
+    running: list[RunningJob] = []
+    for w in sorted(workloads, key=lambda w: w.id):
+        seconds = runtime_s.get(w.id)
+        if w.finished or seconds is None or not seconds > 0:
+            continue
+        team = teams.get(w.namespace, w.namespace)
+        if w.admitted and w.state == READY:
+            started = w.admitted_at or now
+            running.append(RunningJob(
+                id=w.id, team=team, gpus=w.gpus, priority=w.priority, started_at=started,
+                checkpointable=False, kind="kueue",
+                remaining_s=max(0.0, seconds - (now - started).total_seconds())))
+        elif w.state == PENDING and w.quota_reserved and not w.admitted:
+            queue.append(WaitingJob(
+                id=w.id, team=team, gpus=w.gpus, runtime_s=seconds, checkpointable=False,
+                priority=w.priority, submitted_at=w.created_at, kind="kueue"))
+    return queue, running
+
+
+@dataclass(frozen=True)
+class CheckUpdate:
+    """One check entry to write (server-side apply of that entry, under ``CHECK_CONTROLLER``)."""
+
+    namespace: str
+    name: str
+    check: str
+    state: str
+    message: str
+
+
+def _when(at: datetime, tz: Any) -> str:
+    return at.astimezone(tz).strftime("%a %H:%M")
+
+
+def _bounded(text: str) -> str:
+    return text if len(text) <= MAX_MESSAGE else text[: MAX_MESSAGE - 1] + "…"
+
+
+def check_updates(workloads: Sequence[CheckedWorkload], decisions: Sequence[Decision],
+                  pool_gpus: int, tz: Any) -> list[CheckUpdate]:
+    """The check entries a pass changes: each Workload's state and message from its decision
+    (module docstring), those bigger than the pool ``Rejected``; an entry already in that
+    state with that message is left alone. ``tz``: the pool's time zone, for the messages."""
+    by_id = {d.job_id: d for d in decisions}
+    out: list[CheckUpdate] = []
+    for w in sorted(workloads, key=lambda w: w.id):
+        if w.finished or w.state in (REJECTED, RETRY):
+            continue
+        state, message = w.state, w.message
+        if pool_gpus and w.gpus > pool_gpus and not w.admitted:
+            state = REJECTED
+            message = (f"needs {w.gpus} GPUs; the pool has {pool_gpus} in all: it can never "
+                       "fit")
+        elif (d := by_id.get(w.id)) is not None:
+            if d.action is Action.ADMIT and not w.admitted:
+                state = READY
+                message = "fits the forecast: " + d.reason
+                if d.stop_by is not None:
+                    message += f"; stops by {_when(d.stop_by, tz)}"
+            elif d.action is Action.DEFER and not w.admitted:
+                state = PENDING
+                message = "waits: " + d.reason
+                if d.start_at is not None:
+                    message += f"; first fits {_when(d.start_at, tz)}"
+            elif d.action is Action.PREEMPT and w.admitted:
+                state, message = RETRY, "stopped: " + d.reason
+        message = _bounded(message)
+        if (state, message) != (w.state, w.message):
+            out.append(CheckUpdate(w.namespace, w.name, w.check, state, message))
+    return out
+
+
+def check_active(*, forecast_age_s: float | None, max_forecast_age_s: float,
+                 signals_age_s: float | None, max_signal_age_s: float,
+                 paused_reason: str = "") -> tuple[bool, str, str]:
+    """Whether our AdmissionChecks are ``Active`` (status, reason, message): not while idlegpu
+    cannot decide (no forecast or one too old, live signals stale or missing, admission
+    paused by an operator), and then Kueue keeps the ClusterQueues that list them inactive."""
+    if paused_reason:
+        return False, "AdmissionPaused", _bounded(f"admission is paused: {paused_reason}")
+    if forecast_age_s is None:
+        return False, "NoForecast", "no forecast of the pool yet"
+    if forecast_age_s > max_forecast_age_s:
+        return False, "ForecastStale", (f"the forecast is {forecast_age_s / 3600:.1f} h old "
+                                        f"(limit {max_forecast_age_s / 3600:.1f} h)")
+    if signals_age_s is None:
+        return False, "SignalsMissing", "the live vLLM signals were never read"
+    if signals_age_s > max_signal_age_s:
+        return False, "SignalsStale", (f"the live signals are {signals_age_s:.0f} s old "
+                                       f"(limit {max_signal_age_s:.0f} s)")
+    return True, "Active", "the forecast and the live signals are fresh"
+
+
+__all__ = ["CHECK_CONTROLLER", "CHECK_STATES", "CheckUpdate", "CheckedWorkload",
+           "WorkloadError", "check_active", "check_updates", "checked_workload",
+           "policy_units"]
