@@ -440,17 +440,25 @@ def daily_chart(daily: pd.DataFrame, services: list[str], dates: list[str],
 
 def add_pages(pages: Pages) -> None:
     """Registers the reports' routes on ``pages.app``."""
-    app, reads, settings = pages.app, pages.reads, pages.settings
-    checks = AccuracyChecks(settings, history_of(reads, settings), pages.now)
-    app.state.console_accuracy = checks
+    checks = AccuracyChecks(pages.settings, history_of(pages.reads, pages.settings), pages.now)
+    pages.app.state.console_accuracy = checks
+    _add_overview(pages, checks)
+    _add_months(pages)
 
-    def days_of(text: str | None) -> int:
-        if text is None or text == "":
-            return ACCURACY_DAYS
-        if not text.isdigit() or not 1 <= int(text) <= ACCURACY_DAYS:
-            raise ServiceError(422, f"days: {text[:20]!r} is not a number of evenings; use a "
-                                f"whole number from 1 to {ACCURACY_DAYS}", field="days")
-        return int(text)
+
+def _days_of(text: str | None) -> int:
+    if text is None or text == "":
+        return ACCURACY_DAYS
+    if not text.isdigit() or not 1 <= int(text) <= ACCURACY_DAYS:
+        raise ServiceError(422, f"days: {text[:20]!r} is not a number of evenings; use a "
+                            f"whole number from 1 to {ACCURACY_DAYS}", field="days")
+    return int(text)
+
+
+def _add_overview(pages: Pages, checks: AccuracyChecks) -> None:
+    """``/reports`` (the months' reports and the forecast's accuracy) and
+    ``/reports/accuracy``."""
+    app, reads, settings = pages.app, pages.reads, pages.settings
 
     def accuracy(days: int) -> dict[str, Any]:
         state = checks.get(days)
@@ -477,29 +485,6 @@ def add_pages(pages: Pages) -> None:
                               and Path(n).suffix not in INLINE]})
         return months
 
-    def report(month: str) -> dict[str, Any]:
-        files = reads.report_files(month)
-        md = f"report-{month}.md"
-        blocks = []
-        if md in files:
-            blocks = report_blocks(reads.report_path(month, md).read_text(encoding="utf-8"))
-        title = next((b["text"] for b in blocks if b["kind"] == "heading"
-                      and b["level"] == 1), f"Report {month}")
-        blocks = [b for b in blocks if not (b["kind"] == "heading" and b["level"] == 1)]
-        for b in blocks:
-            if b["kind"] == "chart" and b["file"] not in files:
-                b["missing"] = True
-        written = None
-        if md in files:
-            stamp = reads.report_path(month, md).stat().st_mtime
-            written = pages.local(datetime.fromtimestamp(stamp).astimezone(settings.pool.tz))
-        return {"month": month, "files": files, "title": title, "blocks": blocks,
-                "written": written,
-                "figures": headline(reads.reports_dir / month / "summary.csv", month),
-                "downloads": [n for n in files if Path(n).suffix in MEDIA
-                              and Path(n).suffix not in INLINE],
-                "hint": make_hint(reads, month), "folder": str(reads.reports_dir / month)}
-
     def refresh_head(view: dict[str, Any]) -> int | None:
         return None if view["state"].ready else RELOAD_S
 
@@ -511,7 +496,7 @@ def add_pages(pages: Pages) -> None:
             return got
         session, who, _ = got
         try:
-            return session, who, days_of(days)
+            return session, who, _days_of(days)
         except ServiceError as exc:
             return pages.render("error.html", request, who, session, status=exc.status,
                                 message=exc.message)
@@ -537,6 +522,35 @@ def add_pages(pages: Pages) -> None:
         view = accuracy(window)
         return pages.render("reports_accuracy.html", request, who, session, accuracy=view,
                             reload=refresh_head(view))
+
+
+def _add_months(pages: Pages) -> None:
+    """A month's report (``/reports/{month}``) and its files (registered after
+    ``/reports/accuracy``, which the month's path would take)."""
+    app, reads, settings = pages.app, pages.reads, pages.settings
+
+    def report(month: str) -> dict[str, Any]:
+        files = reads.report_files(month)
+        md = f"report-{month}.md"
+        blocks = []
+        if md in files:
+            blocks = report_blocks(reads.report_path(month, md).read_text(encoding="utf-8"))
+        title = next((b["text"] for b in blocks if b["kind"] == "heading"
+                      and b["level"] == 1), f"Report {month}")
+        blocks = [b for b in blocks if not (b["kind"] == "heading" and b["level"] == 1)]
+        for b in blocks:
+            if b["kind"] == "chart" and b["file"] not in files:
+                b["missing"] = True
+        written = None
+        if md in files:
+            stamp = reads.report_path(month, md).stat().st_mtime
+            written = pages.local(datetime.fromtimestamp(stamp).astimezone(settings.pool.tz))
+        return {"month": month, "files": files, "title": title, "blocks": blocks,
+                "written": written,
+                "figures": headline(reads.reports_dir / month / "summary.csv", month),
+                "downloads": [n for n in files if Path(n).suffix in MEDIA
+                              and Path(n).suffix not in INLINE],
+                "hint": make_hint(reads, month), "folder": str(reads.reports_dir / month)}
 
     @app.get("/reports/{month}", include_in_schema=False)
     async def report_page(month: str, request: Request) -> Response:

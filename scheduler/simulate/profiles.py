@@ -1,0 +1,74 @@
+"""The free-GPU profiles the ``forecast`` policy plans on: the daemon's evening refresh replayed
+over the simulated span, each refit seeing only the history before it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+import pandas as pd
+
+from idlegpu.forecast.config import Settings
+from idlegpu.forecast.models import CACHED_MODELS
+from idlegpu.forecast.schema import REPLICAS, metric_rows
+from idlegpu.scheduler.refresh import Refresher, same_forecasts
+from idlegpu.scheduler.types import FreeProfile
+
+
+def _latest(profiles: dict[datetime, FreeProfile] | None, now: datetime) -> FreeProfile | None:
+    if not profiles:
+        return None
+    made = [t for t in profiles if t <= now]
+    return profiles[max(made)] if made else None
+
+
+def forecast_profiles_for(history: pd.DataFrame, settings: Settings, index: pd.DatetimeIndex,
+                          refresh_hour: int, horizon: timedelta, **options
+                          ) -> dict[datetime, FreeProfile]:
+    """The free-GPU profiles the ``forecast`` policy sees: one per evening (and one at the
+    start), each fitted only on the history before it, by the daemon's refresh
+    (``idlegpu.scheduler.refresh``: a service whose forecasts in use covered less than promised over
+    the last week is planned with a wider quantile). ``options``: ``model``, ``on_refresh``
+    and ``cache``, as ``pool_profiles_for`` takes them."""
+    return pool_profiles_for(history, settings, (), index, refresh_hour, horizon,
+                             **options)[0]
+
+
+def pool_profiles_for(
+    history: pd.DataFrame,
+    settings: Settings,
+    pools: Sequence[Settings],
+    index: pd.DatetimeIndex,
+    refresh_hour: int,
+    horizon: timedelta,
+    *,
+    model: str = "auto",
+    on_refresh: Callable[[int, int], None] | None = None,
+    cache: dict | None = None,
+) -> list[dict[datetime, FreeProfile]]:
+    """``forecast_profiles_for`` of ``settings``, then of each of ``pools`` (the same pool
+    but for its size and headroom, ``refresh.same_forecasts``) from the same refits: a what-if
+    on the pool's size costs the pool arithmetic of each evening, not a refit."""
+    for n, pool in enumerate(pools):
+        if not same_forecasts(settings, pool):
+            raise ValueError(f"pools[{n}] changes more than the pool's size and headroom; "
+                             "forecast it with forecast_profiles_for")
+    # the nightly refits only read replicas: filter the history once, not at every refit
+    replicas = metric_rows(history, REPLICAS)
+    local = index.tz_convert(settings.pool.timezone)
+    refresh = sorted({index[0], *index[(local.hour == refresh_hour) & (local.minute == 0)]})
+    # the refits see growing prefixes of one history: reuse their work
+    cache = {} if cache is None else cache
+    options: dict[str, Any] = {"cache": cache} if model in CACHED_MODELS else {}
+    refresher = Refresher(settings, horizon=horizon, model=model, refresh_hour=refresh_hour,
+                          **options)
+    profiles: list[dict[datetime, FreeProfile]] = [{} for _ in range(1 + len(pools))]
+    for n, at in enumerate(refresh):
+        made = refresher.refresh(replicas, at.to_pydatetime())
+        theirs = refresher.profiles_for(made, replicas, pools) if pools else []
+        for mine, profile in zip(profiles, [made.profile, *theirs], strict=True):
+            mine[at.to_pydatetime()] = profile
+        if on_refresh:
+            on_refresh(n + 1, len(refresh))
+    return profiles
