@@ -6,42 +6,29 @@ e.g. ``IDLEGPU_PROMETHEUS__URL=http://prom:9090`` or ``IDLEGPU_POOL__HEADROOM_GP
 
 from __future__ import annotations
 
-import difflib
 import re
 import string
-import types
-import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from datetime import date
 from pathlib import Path
 from typing import Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-import yaml
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    SecretStr,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
-from pydantic_settings.exceptions import SettingsError
 
 from idlegpu.forecast.calendar import HolidayCalendar
 from idlegpu.forecast.errors import ConfigError
 from idlegpu.forecast.metrics import LIVE_METRICS, REPLICAS, SERVICE_METRICS
+from idlegpu.forecast.settings_base import (
+    ENV_PREFIX,
+    KUBERNETES_QUANTITY,
+    StrictModel,
+    load_settings,
+)
 
-ENV_PREFIX = "IDLEGPU_"
 
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class MetricQuery(_Strict):
+class MetricQuery(StrictModel):
     """One PromQL query and how to read it."""
 
     query: str = Field(min_length=1)
@@ -59,7 +46,7 @@ def _known_metric_names(value: dict[str, MetricQuery]) -> dict[str, MetricQuery]
     return value
 
 
-class ServiceConfig(_Strict):
+class ServiceConfig(StrictModel):
     """One inference service of the pool (a vLLM Deployment scaled by an autoscaler)."""
 
     name: str = Field(pattern=r"^[a-z0-9]([a-z0-9._-]*[a-z0-9])?$")
@@ -97,7 +84,7 @@ class ServiceConfig(_Strict):
         return self
 
 
-class CustomHoliday(_Strict):
+class CustomHoliday(StrictModel):
     """A day the operator declares a holiday (``pool.custom_holidays``)."""
 
     date: date
@@ -115,7 +102,7 @@ _QUANTITY_FACTORS = {
 }
 
 
-class NodeShape(_Strict):
+class NodeShape(StrictModel):
     """One kind of node of the pool (``pool.nodes``): ``count`` nodes of this size. For the
     simulator and planning; the daemon reads the live nodes when it can."""
 
@@ -133,7 +120,7 @@ class NodeShape(_Strict):
     def _memory_quantity(cls, value: str | None) -> str | None:
         if value is None:
             return None
-        if not re.fullmatch(r"\d+(\.\d+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|K|M|G|T|P|E)?", str(value).strip()):
+        if not re.fullmatch(KUBERNETES_QUANTITY, str(value).strip()):
             raise ValueError(f"{value!r} is not a Kubernetes quantity; write e.g. 1Ti or 768Gi")
         return str(value).strip()
 
@@ -147,7 +134,7 @@ class NodeShape(_Strict):
         return int(float(number) * _QUANTITY_FACTORS[suffix])
 
 
-class PoolConfig(_Strict):
+class PoolConfig(StrictModel):
     """The GPU pool shared by the inference services and idlegpu's jobs."""
 
     name: str = "inference-pool"
@@ -272,7 +259,7 @@ class PoolConfig(_Strict):
         return self.total_gpus - self.headroom_gpus
 
 
-class PrometheusConfig(_Strict):
+class PrometheusConfig(StrictModel):
     """Where and how to read metrics history."""
 
     url: str = "http://localhost:9090"
@@ -291,7 +278,7 @@ class PrometheusConfig(_Strict):
     """Sent as ``Authorization: Bearer``; prefer ``IDLEGPU_PROMETHEUS__BEARER_TOKEN``."""
 
 
-class TeamVolumes(_Strict):
+class TeamVolumes(StrictModel):
     """What one team's jobs may mount or reference (``admission.team_volumes.<team>``): exact
     names, or shell patterns such as ``ckpt-nlp-*``. An ``empty_dir`` needs no entry."""
 
@@ -302,7 +289,7 @@ class TeamVolumes(_Strict):
     """ConfigMaps for volumes, ``env_from`` and ``value_from``."""
 
 
-class RequestLimits(_Strict):
+class RequestLimits(StrictModel):
     """What one job request may cost (``admission.limits``), checked on the text and the
     parsed structure before any sweep is expanded or template rendered. Defaults fit every
     example and the sample trace with room to spare."""
@@ -347,7 +334,7 @@ class RequestLimits(_Strict):
         return self
 
 
-class AdmissionConfig(_Strict):
+class AdmissionConfig(StrictModel):
     """How research jobs are admitted to and preempted from the pool."""
 
     confidence: float = Field(default=0.9, ge=0.5, lt=1.0)
@@ -425,7 +412,7 @@ class AdmissionConfig(_Strict):
                      "max_memory_without_gpus", "max_ephemeral_storage_without_gpus")
     @classmethod
     def _quantity(cls, value: str) -> str:
-        if not re.fullmatch(r"\d+(\.\d+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|K|M|G|T|P|E)?", value.strip()):
+        if not re.fullmatch(KUBERNETES_QUANTITY, value.strip()):
             raise ValueError(f"{value!r} is not a Kubernetes quantity; write e.g. 128Gi")
         return value.strip()
 
@@ -440,7 +427,7 @@ class AdmissionConfig(_Strict):
         return value
 
 
-class ClusterConfig(_Strict):
+class ClusterConfig(StrictModel):
     """Where and how research Jobs run (the inference pool's GPU nodes)."""
 
     namespace: str = "idlegpu-jobs"
@@ -500,7 +487,7 @@ class ClusterConfig(_Strict):
     the API server accepts)."""
 
 
-class LeaderElectionConfig(_Strict):
+class LeaderElectionConfig(StrictModel):
     """Leader election between daemon replicas (``daemon.leader_election``), on a
     ``coordination.k8s.io/v1`` Lease: only the leader runs passes and writes reports; a
     standby keeps its forecast fresh and takes over once the leader stops renewing."""
@@ -531,7 +518,7 @@ class LeaderElectionConfig(_Strict):
         return self
 
 
-class DaemonConfig(_Strict):
+class DaemonConfig(StrictModel):
     """The admission daemon's timing and endpoints."""
 
     mode: str = Field(default="always-on", pattern="^(always-on|night-only)$")
@@ -547,7 +534,7 @@ class DaemonConfig(_Strict):
     """Two or more replicas (with the store on PostgreSQL): one leads, the others stand by."""
 
 
-class StoreConfig(_Strict):
+class StoreConfig(StrictModel):
     url: str = "sqlite:///idlegpu.db"
     """SQLAlchemy URL of the job store: a SQLite file by default, or postgresql://..."""
     retention_days: float | None = Field(default=90.0, gt=0)
@@ -557,7 +544,7 @@ class StoreConfig(_Strict):
     attempts, events) is kept. None: keep everything."""
 
 
-class ReportConfig(_Strict):
+class ReportConfig(StrictModel):
     """Monthly usage reports (``idlegpu report``)."""
 
     price_per_gpu_hour: float = Field(default=3000.0, ge=0)
@@ -579,7 +566,7 @@ API_ROLES: tuple[str, ...] = ("member", "operator", "viewer")
 anyone's work and reads the audit log; ``viewer``: reads only."""
 
 
-class IdentityMapping(_Strict):
+class IdentityMapping(StrictModel):
     """One rule of ``api.identities``: a Kubernetes or proxy user (and/or one of its groups)
     acting for ``team`` with ``role``. The first rule that matches wins."""
 
@@ -604,7 +591,7 @@ class IdentityMapping(_Strict):
         return self
 
 
-class ApiQuota(_Strict):
+class ApiQuota(StrictModel):
     """What each member of a team may hold through the job API (each caller on its own, not
     the team together); past it a submit is refused with 429, naming the quota, the use and
     when it frees. The defaults keep one member's growth of the job store to about 100 MB
@@ -618,7 +605,7 @@ class ApiQuota(_Strict):
     """Bytes of stored spec (each unit's JSON and its request's) of the live units."""
 
 
-class ApiTeam(_Strict):
+class ApiTeam(StrictModel):
     """What one team may ask of the job API."""
 
     max_priority: int | None = None
@@ -628,7 +615,7 @@ class ApiTeam(_Strict):
     """Each member's quota (``api.users`` overrides it for one caller)."""
 
 
-class TokenReviewConfig(_Strict):
+class TokenReviewConfig(StrictModel):
     """Kubernetes TokenReview: bearer tokens the API server accepts (ServiceAccount tokens,
     OIDC tokens it is configured for) authenticate callers of the job API."""
 
@@ -645,7 +632,7 @@ class TokenReviewConfig(_Strict):
     timeout_seconds: float = Field(default=5.0, gt=0, le=60)
 
 
-class ProxyConfig(_Strict):
+class ProxyConfig(StrictModel):
     """An authenticating proxy in front of the job API: its user and group headers are
     trusted only on connections from ``api.trusted_proxies``."""
 
@@ -654,7 +641,7 @@ class ProxyConfig(_Strict):
     """May repeat, or carry several groups separated by commas."""
 
 
-class ApiConfig(_Strict):
+class ApiConfig(StrictModel):
     """The job API (``idlegpu serve``): who may call it, as whom, and for which team."""
 
     host: str = "127.0.0.1"
@@ -799,145 +786,7 @@ class Settings(BaseSettings):
         return merged
 
 
-def load_config(path: str | Path | None = None, *, data: Mapping[str, Any] | None = None) -> Settings:
+def load_config(path: str | Path | None = None, *,
+                data: Mapping[str, Any] | None = None) -> Settings:
     """Read ``idlegpu.yaml`` (or ``data``) plus ``IDLEGPU_*`` environment overrides."""
-    where = str(path) if path is not None else "config"
-    if data is None:
-        if path is None:
-            raise ConfigError("no configuration given; pass --config idlegpu.yaml")
-        file = Path(path)
-        if not file.is_file():
-            raise ConfigError(f"config file {file} not found; copy idlegpu.yaml from the repo")
-        try:
-            text = file.read_text(encoding="utf-8")
-            _check_yaml_depth(text, where)
-            data = yaml.safe_load(text) or {}
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            at = f" at line {mark.line + 1}" if mark is not None else ""
-            raise ConfigError(f"{where}: invalid YAML{at}: {getattr(exc, 'problem', exc)}") from exc
-        if not isinstance(data, Mapping):
-            raise ConfigError(f"{where}: expected a mapping at the top level")
-    depth = _depth(data)
-    if depth > MAX_CONFIG_DEPTH:
-        raise ConfigError(f"{where}: nested {depth} levels deep; a configuration is at most "
-                          f"{MAX_CONFIG_DEPTH} (look for a runaway [ or {{)")
-    try:
-        return Settings(**dict(data))
-    except ValidationError as exc:
-        raise ConfigError(f"{where}: {format_validation_error(exc, env=_env_names())}") from exc
-    except SettingsError as exc:  # an IDLEGPU_* list or object override that is not JSON
-        field = re.search(r'field "([^"]+)"', str(exc))
-        name = f"{ENV_PREFIX}{field.group(1).upper()}" if field else f"an {ENV_PREFIX}* variable"
-        raise ConfigError(f"{name} (environment): its value is not JSON; a list or object "
-                          f"override is written as JSON, e.g. {ENV_PREFIX}API__TRUSTED_PROXIES="
-                          "'[\"127.0.0.1/32\"]' (or set the field in the file instead)") from None
-
-
-MAX_CONFIG_DEPTH = 32
-"""Deeper than any real configuration; a YAML of thousands of nested brackets would otherwise
-exhaust the recursion of the validators (a traceback instead of an error)."""
-
-
-def _check_yaml_depth(text: str, where: str) -> None:
-    """Refuse YAML nested deeper than ``MAX_CONFIG_DEPTH`` before composing it (PyYAML's
-    composer recurses once per level; its parser, read here event by event, does not)."""
-    level = 0
-    for event in yaml.parse(text, Loader=yaml.SafeLoader):
-        if isinstance(event, yaml.MappingStartEvent | yaml.SequenceStartEvent):
-            level += 1
-            if level > MAX_CONFIG_DEPTH:
-                line = event.start_mark.line + 1 if event.start_mark else "?"
-                raise ConfigError(f"{where}: nested deeper than {MAX_CONFIG_DEPTH} levels at "
-                                  f"line {line}; look for a runaway [ or {{")
-        elif isinstance(event, yaml.MappingEndEvent | yaml.SequenceEndEvent):
-            level -= 1
-
-
-def _depth(data: Any) -> int:
-    """How deeply ``data`` nests lists and mappings (iteratively: the input may be hostile)."""
-    deepest, stack = 0, [(data, 1)]
-    while stack:
-        value, level = stack.pop()
-        if isinstance(value, Mapping | list | tuple):
-            deepest = max(deepest, level)
-            if level > MAX_CONFIG_DEPTH:
-                return level
-            children = value.values() if isinstance(value, Mapping) else value
-            stack.extend((child, level + 1) for child in children)
-    return deepest
-
-
-def _env_names() -> dict[str, str]:
-    """The ``IDLEGPU_*`` variables set, by their config path in lower case (``pool.total_gpus``
-    for ``IDLEGPU_POOL__TOTAL_GPUS``): an error in a value from the environment names the
-    variable, not the file."""
-    import os
-
-    return {key[len(ENV_PREFIX):].lower().replace("__", "."): key for key in os.environ
-            if key.startswith(ENV_PREFIX)}
-
-
-def model_fields_at(root: type[BaseModel], loc: Sequence[Any]) -> list[str]:
-    """Field names of the model reached by following ``loc`` (a pydantic error location, the
-    field's own name excluded) from ``root``: what a misspelt field could have meant."""
-    current: type[BaseModel] | None = root
-    for part in loc:
-        if current is None:
-            return []
-        if isinstance(part, int) or part not in current.model_fields:
-            continue  # a list index or a dict key: the same model's items
-        current = _model_in(current.model_fields[part].annotation)
-    return list(current.model_fields) if current is not None else []
-
-
-def _model_in(annotation: Any) -> type[BaseModel] | None:
-    """The pydantic model in an annotation such as ``list[ServiceConfig]`` or ``X | None``."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is not None:
-        for arg in typing.get_args(annotation):
-            found = _model_in(arg)
-            if found is not None:
-                return found
-    return None
-
-
-def unknown_field(root: type[BaseModel], loc: Sequence[Any]) -> str:
-    """The problem of the unknown field at ``loc``: "unknown field; did you mean 'gpus'?", or
-    the fields it may be."""
-    known = model_fields_at(root, loc[:-1])
-    close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.6)
-    fix = f"did you mean {close[0]!r}?" if close else (
-        f"remove it or use one of: {', '.join(known)}" if known else "remove it")
-    return f"unknown field; {fix}"
-
-
-def format_validation_error(exc: ValidationError, *, env: Mapping[str, str] | None = None) -> str:
-    """All problems of a pydantic error on one line, each naming its field (or, for a value
-    from the environment, its variable: ``env`` maps config paths to variable names). The value
-    of a secret field (``bearer_token``, a password...) is never shown, and credentials in any
-    other value (a URL's password) are masked."""
-    from idlegpu.forecast.redact import is_secret_field, redact
-
-    parts = []
-    for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        if env and loc.lower() in env:
-            loc = f"{env[loc.lower()]} (environment)"
-        msg = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
-            msg = unknown_field(Settings, err["loc"])
-        elif err["type"] == "missing":
-            msg = "required field is missing"
-        got = err.get("input")
-        shown = (
-            f" (got {got!r})"
-            if err["type"] not in ("missing", "extra_forbidden") and not isinstance(got, dict | list)
-            else ""
-        )
-        if shown and any(is_secret_field(str(p)) for p in err["loc"]):
-            shown = " (the value is not shown: it is a secret)"
-        parts.append(redact(f"{loc}: {msg}{shown}"))
-    return "; ".join(parts)
-
+    return load_settings(Settings, path, data=data)

@@ -90,7 +90,8 @@ def test_both_namespaces_enforce_the_restricted_pod_security_standard():
 
 
 def test_the_deployed_config_is_the_sample_pool_run_in_cluster(monkeypatch):
-    from idlegpu.forecast.config import ENV_PREFIX, load_config
+    from idlegpu.forecast.config import load_config
+    from idlegpu.forecast.settings_base import ENV_PREFIX
 
     for name in [n for n in os.environ if n.startswith(ENV_PREFIX)]:
         monkeypatch.delenv(name)
@@ -353,7 +354,8 @@ def test_grafana_dashboard_uses_the_daemon_metrics():
 
 
 def test_the_job_api_runs_two_replicas_on_the_daemons_store_and_config(monkeypatch):
-    from idlegpu.forecast.config import ENV_PREFIX, load_config
+    from idlegpu.forecast.config import load_config
+    from idlegpu.forecast.settings_base import ENV_PREFIX
 
     for name in [n for n in os.environ if n.startswith(ENV_PREFIX)]:
         monkeypatch.delenv(name)

@@ -138,7 +138,8 @@ def parse_time(value: str, *, name: str) -> datetime:
 def _config_line(settings, path: Path | None) -> None:
     """Say on stderr (stdout stays machine-readable) which config a command read, or that it
     read none, and the time zone and holiday calendar in force."""
-    from idlegpu.forecast.config import ENV_PREFIX, Settings
+    from idlegpu.forecast.config import Settings
+    from idlegpu.forecast.settings_base import ENV_PREFIX
 
     if settings is None:
         _state["config"] = "no config"
