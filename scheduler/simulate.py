@@ -78,10 +78,10 @@ import pandas as pd
 
 from idlegpu.forecast.calendar import wall_clock
 from idlegpu.forecast.capacity import FREE, IN_USE, pool_usage
-from idlegpu.forecast.config import Settings
 from idlegpu.forecast.models import CACHED_MODELS
 from idlegpu.forecast.nodes import STRATEGIES, ServicePlacement
 from idlegpu.forecast.schema import DS, KV_CACHE_USAGE, REPLICAS, UNIQUE_ID, Y, metric_rows
+from idlegpu.scheduler.config import Settings
 from idlegpu.scheduler.policy import decide, policy_settings
 from idlegpu.scheduler.refresh import Refresher, same_forecasts
 from idlegpu.scheduler.replay import WAITING_PER_REPLICA, serving_pressure
