@@ -42,9 +42,9 @@ import requests
 import yaml
 
 import record  # bench/record.py: --record writes the output into docs/bench/
-from idlegpu.forecast.config import load_config
 from idlegpu.scheduler.adapters.store import AuditEntry, JobStore
 from idlegpu.scheduler.api.auth import new_token, token_sha256
+from idlegpu.scheduler.config import load_config
 from idlegpu.scheduler.specs import expand_units, load_request, load_request_text
 
 FILL = REPO / "examples" / "jobs" / "eval-sweep.yaml"

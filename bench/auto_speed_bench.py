@@ -34,10 +34,10 @@ import pandas as pd
 from threadpoolctl import threadpool_limits
 
 import record  # bench/record.py: --record writes the output into docs/bench/
-from idlegpu.forecast.config import load_config
 from idlegpu.forecast.models import make_model
 from idlegpu.forecast.sources import read_history
 from idlegpu.forecast.synthetic import SAMPLE_POOL, generate_pool_history
+from idlegpu.scheduler.config import load_config
 from idlegpu.scheduler.simulate import forecast_profiles_for
 
 MODELS = ("curve", "auto")

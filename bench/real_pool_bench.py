@@ -55,7 +55,7 @@ import build_real_pool as pool  # scripts/
 import pandas as pd
 
 import record  # bench/record.py: --record writes the output into docs/bench/
-from idlegpu.forecast.config import load_config
+from idlegpu.scheduler.config import load_config
 from idlegpu.scheduler.policy import policy_settings
 from idlegpu.scheduler.runtime import RuntimeEstimator, load_runs
 from idlegpu.scheduler.simulate import (

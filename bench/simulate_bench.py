@@ -28,8 +28,8 @@ sys.path.insert(0, str(REPO))
 import pandas as pd
 
 import record  # bench/record.py: --record writes the output into docs/bench/
-from idlegpu.forecast.config import load_config
 from idlegpu.forecast.sources import read_history
+from idlegpu.scheduler.config import load_config
 from idlegpu.scheduler.runtime import RuntimeEstimator, load_runs
 from idlegpu.scheduler.simulate import (
     POLICIES,

@@ -41,8 +41,8 @@ from api_server import job  # noqa: E402
 from test_api_plan import settings_for  # noqa: E402
 
 import record  # bench/record.py: --record writes the output into docs/bench/
-from idlegpu.forecast.config import ApiQuota  # noqa: E402
 from idlegpu.scheduler.adapters.store import AuditEntry, JobStore  # noqa: E402
+from idlegpu.scheduler.config import ApiQuota  # noqa: E402
 from idlegpu.scheduler.server import create_server  # noqa: E402
 from idlegpu.scheduler.api.auth import new_token, token_sha256  # noqa: E402
 from idlegpu.scheduler.web.bodies import BoundedBodies  # noqa: E402

@@ -1,4 +1,9 @@
-"""The pool configuration (``idlegpu.yaml``), validated with pydantic.
+"""The forecast's part of the pool configuration (``idlegpu.yaml``), validated with pydantic:
+the pool, its services and their queries, Prometheus, and how the services' forecasts add up.
+
+The scheduler's sections (admission, store, cluster, daemon, report, api) are
+``idlegpu.scheduler.config``'s, whose ``Settings`` extends this one to the whole file; this
+``load_config`` reads a whole file too, leaving those sections to it.
 
 Environment variables override the file: prefix ``IDLEGPU_``, nested fields joined by ``__``,
 e.g. ``IDLEGPU_PROMETHEUS__URL=http://prom:9090`` or ``IDLEGPU_POOL__HEADROOM_GPUS=8``.
@@ -6,42 +11,29 @@ e.g. ``IDLEGPU_PROMETHEUS__URL=http://prom:9090`` or ``IDLEGPU_POOL__HEADROOM_GP
 
 from __future__ import annotations
 
-import difflib
 import re
 import string
-import types
-import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from datetime import date
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-import yaml
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    SecretStr,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
-from pydantic_settings.exceptions import SettingsError
 
 from idlegpu.forecast.calendar import HolidayCalendar
 from idlegpu.forecast.errors import ConfigError
 from idlegpu.forecast.metrics import LIVE_METRICS, REPLICAS, SERVICE_METRICS
+from idlegpu.forecast.settings_base import (
+    ENV_PREFIX,
+    KUBERNETES_QUANTITY,
+    StrictModel,
+    load_settings,
+)
 
-ENV_PREFIX = "IDLEGPU_"
 
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class MetricQuery(_Strict):
+class MetricQuery(StrictModel):
     """One PromQL query and how to read it."""
 
     query: str = Field(min_length=1)
@@ -59,7 +51,7 @@ def _known_metric_names(value: dict[str, MetricQuery]) -> dict[str, MetricQuery]
     return value
 
 
-class ServiceConfig(_Strict):
+class ServiceConfig(StrictModel):
     """One inference service of the pool (a vLLM Deployment scaled by an autoscaler)."""
 
     name: str = Field(pattern=r"^[a-z0-9]([a-z0-9._-]*[a-z0-9])?$")
@@ -97,7 +89,7 @@ class ServiceConfig(_Strict):
         return self
 
 
-class CustomHoliday(_Strict):
+class CustomHoliday(StrictModel):
     """A day the operator declares a holiday (``pool.custom_holidays``)."""
 
     date: date
@@ -115,7 +107,7 @@ _QUANTITY_FACTORS = {
 }
 
 
-class NodeShape(_Strict):
+class NodeShape(StrictModel):
     """One kind of node of the pool (``pool.nodes``): ``count`` nodes of this size. For the
     simulator and planning; the daemon reads the live nodes when it can."""
 
@@ -133,7 +125,7 @@ class NodeShape(_Strict):
     def _memory_quantity(cls, value: str | None) -> str | None:
         if value is None:
             return None
-        if not re.fullmatch(r"\d+(\.\d+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|K|M|G|T|P|E)?", str(value).strip()):
+        if not re.fullmatch(KUBERNETES_QUANTITY, str(value).strip()):
             raise ValueError(f"{value!r} is not a Kubernetes quantity; write e.g. 1Ti or 768Gi")
         return str(value).strip()
 
@@ -147,7 +139,7 @@ class NodeShape(_Strict):
         return int(float(number) * _QUANTITY_FACTORS[suffix])
 
 
-class PoolConfig(_Strict):
+class PoolConfig(StrictModel):
     """The GPU pool shared by the inference services and idlegpu's jobs."""
 
     name: str = "inference-pool"
@@ -272,7 +264,7 @@ class PoolConfig(_Strict):
         return self.total_gpus - self.headroom_gpus
 
 
-class PrometheusConfig(_Strict):
+class PrometheusConfig(StrictModel):
     """Where and how to read metrics history."""
 
     url: str = "http://localhost:9090"
@@ -291,445 +283,52 @@ class PrometheusConfig(_Strict):
     """Sent as ``Authorization: Bearer``; prefer ``IDLEGPU_PROMETHEUS__BEARER_TOKEN``."""
 
 
-class TeamVolumes(_Strict):
-    """What one team's jobs may mount or reference (``admission.team_volumes.<team>``): exact
-    names, or shell patterns such as ``ckpt-nlp-*``. An ``empty_dir`` needs no entry."""
-
-    persistent_volume_claims: list[str] = Field(default_factory=list)
-    secrets: list[str] = Field(default_factory=list)
-    """Secrets for volumes, ``env_from`` and ``value_from``."""
-    config_maps: list[str] = Field(default_factory=list)
-    """ConfigMaps for volumes, ``env_from`` and ``value_from``."""
+PoolUncertainty = Literal["joint", "sum"]
+"""How the pool's free GPUs at a confidence come from the services' forecasts
+(``admission.pool_uncertainty``; ``idlegpu.scheduler.config.AdmissionConfig`` documents it)."""
 
 
-class RequestLimits(_Strict):
-    """What one job request may cost (``admission.limits``), checked on the text and the
-    parsed structure before any sweep is expanded or template rendered. Defaults fit every
-    example and the sample trace with room to spare."""
+class ForecastAdmission(Protocol):
+    """What the forecast reads of the ``admission`` section, whichever model holds it: the
+    scheduler's whole section, or ``AdmissionForForecast`` where only the forecast reads it."""
 
-    max_request_bytes: int = Field(default=256 * 1024, gt=0, le=64 * 2**20)
-    """Size of one request file or API body, in UTF-8 bytes."""
-    max_file_bytes: int = Field(default=32 * 2**20, gt=0, le=2**30)
-    """Size of a file holding many requests (``jobs:`` lists, simulation traces)."""
-    max_depth: int = Field(default=32, ge=8, le=256)
-    """Nesting of mappings and lists (a request needs about 6)."""
-    max_alias_nodes: int = Field(default=10_000, ge=0)
-    """Nodes YAML aliases may add in total (each ``*alias`` counts every node it repeats)."""
-    max_alias_bytes: int = Field(default=256 * 1024, ge=0)
-    """Characters of scalars YAML aliases may add in total."""
-    max_parameters: int = Field(default=256, gt=0, le=10_000)
-    """Parameters of one unit (job-level and step parameters together, and swept ones)."""
-    max_sweep_values: int = Field(default=256, gt=0, le=100_000)
-    """Values of one swept parameter."""
-    max_sweep_members: int = Field(default=256, gt=0, le=4096)
-    """Members of one step's sweep (the cartesian product of its values)."""
-    max_steps: int = Field(default=64, gt=0, le=1024)
-    """Steps of a pipeline."""
-    max_units: int = Field(default=1024, gt=0, le=4096)
-    """Units of one request (every step's members together)."""
-    max_string_bytes: int = Field(default=16 * 1024, gt=0)
-    """Characters of any one string, as written and as rendered (an arg, an env value...)."""
-    max_unit_bytes: int = Field(default=256 * 1024, gt=0)
-    """Characters of one rendered unit (image, command, args, env, parameters, output...)."""
-    max_request_expanded_bytes: int = Field(default=16 * 2**20, gt=0)
-    """Characters of all the rendered units of one request together (what the store keeps)."""
-    max_description_bytes: int = Field(default=4096, ge=0)
-    """Characters of ``description``."""
-    min_priority: int = Field(default=-1000, ge=-(2**31), le=0)
-    max_priority: int = Field(default=1000, ge=0, le=2**31 - 1)
-    """``priority`` must lie in min_priority..max_priority."""
-
-    @model_validator(mode="after")
-    def _consistent(self) -> RequestLimits:
-        if self.max_sweep_members > self.max_units:
-            raise ValueError(f"max_sweep_members ({self.max_sweep_members}) is above "
-                             f"max_units ({self.max_units}); lower it or raise max_units")
-        return self
+    @property
+    def pool_uncertainty(self) -> PoolUncertainty: ...
 
 
-class AdmissionConfig(_Strict):
-    """How research jobs are admitted to and preempted from the pool."""
+class AdmissionForForecast(BaseModel):
+    """The ``admission`` section as the forecast's ``Settings`` reads it: its ``pool_uncertainty``.
+    The section's other fields are the scheduler's to validate (``idlegpu.scheduler.config``), so
+    they are left alone here, not refused."""
 
-    confidence: float = Field(default=0.9, ge=0.5, lt=1.0)
-    """Probability that GPUs promised to a job really stay free (quantile of the forecast)."""
-    runtime_quantile: float = Field(default=0.9, gt=0.0, lt=1.0)
-    """Quantile of past runtimes a job is planned with."""
-    runtime_safety_factor: float = Field(default=1.3, ge=1.0)
-    """Multiplies a runtime that comes from the user's estimate rather than from history."""
-    grace_seconds: int = Field(default=600, ge=0)
-    """Time a preempted job gets to checkpoint and exit (terminationGracePeriodSeconds); also
-    the lead time of proactive preemption before the forecast ramp."""
-    checkpoint_notice_seconds: int = Field(default=600, ge=0, le=86400)
-    """Notice a unit that answers checkpoint notices (``checkpoint.notice`` in its request)
-    gets before a planned stop: its pods are annotated ``idlegpu.io/checkpoint-request`` with
-    the deadline, and the stop comes at its acknowledgement or at the deadline. Planned
-    stops of such units are decided this much earlier, so the deadline never passes the
-    moment the service needs the GPUs. 0: no notices, blind SIGTERMs."""
-    min_segment_seconds: int = Field(default=1800, gt=0)
-    """Shortest run worth starting for a checkpointable job (restart costs)."""
-    restart_cost_seconds: int = Field(default=600, ge=0)
-    """What stopping a job costs beyond its unsaved work, in seconds per GPU (restart, reload,
-    warm-up); victims are chosen to free what is needed at the least unsaved work plus this."""
-    nowcast_half_life_seconds: int = Field(default=21600, ge=0)
-    """How fast the live pool corrects the forecast: the gap between the GPUs free now and
-    what the forecast promised for now is added to the promise, halving every this many
-    seconds ahead (0: plan on the forecast alone). Forecast errors persist for hours: a pool
-    quieter (or busier) than forecast tends to stay so."""
-    node_reservation_seconds: int = Field(default=14400, ge=0)
-    """How far ahead whole nodes are reserved for a unit the nodes refuse now (a gang that
-    needs N whole nodes, fewer of which are free): it gets the nodes where the units on them
-    end first if that is within this many seconds, and only what ends before may use them
-    meanwhile (0: no node reservations). Further out the units' end estimates and the
-    service's replicas make the nodes an unreliable promise, and the reservation idles them
-    for hours: on the sample pool as 8-GPU nodes, unbounded reservations finished fewer gangs
-    than none, 4 h the most (``bench/node_placement_bench.py``)."""
-    pool_uncertainty: Literal["joint", "sum"] = "joint"
-    """How the pool's free GPUs at the confidence come from the services' forecasts: ``joint``
-    takes the quantile of scenarios that keep the services' measured co-movement
-    (``idlegpu.forecast.scenarios``; never below the sum's promise); ``sum`` adds every
-    service's quantile (exact when they move in lockstep, pessimistic otherwise)."""
-    kv_cache_pressure: float = Field(default=0.95, gt=0.0, le=1.0)
-    """KV-cache usage at which the service is under pressure (preempt to free GPUs)."""
-    waiting_pressure: float = Field(default=8.0, ge=0.0)
-    """Requests waiting per serving replica at which the service is under pressure."""
-    max_signal_age_seconds: int = Field(default=120, gt=0)
-    """Live vLLM signals older than this are stale: no admission on stale signals."""
-    missing_signals_preempt_after_seconds: int | None = Field(default=900, gt=0)
-    """Preempt jobs when signals stay missing this long (None: never preempt for that)."""
-    max_forecast_age_seconds: int = Field(default=26 * 3600, gt=0)
-    """No admission on a forecast older than this (it is refreshed every evening)."""
-    fair_share_days: float = Field(default=7.0, gt=0)
-    """Team fair share looks at GPU-hours used over this many past days."""
-    allowed_registries: list[str] = Field(default_factory=lambda: ["registry.example.com/"])
-    """Image prefixes jobs may use (e.g. ``registry.example.com/research/``)."""
-    max_gpus_per_job: int = Field(default=64, gt=0)
-    team_volumes: dict[str, TeamVolumes] = Field(default_factory=dict)
-    """Per team, the PersistentVolumeClaims, Secrets and ConfigMaps its jobs may mount or
-    reference; the entry ``"*"`` applies to every team. Default: none (``empty_dir`` only)."""
-    max_cpu_per_gpu: float = Field(default=16.0, gt=0, allow_inf_nan=False)
-    """CPU cores a unit may ask for per GPU it asks for."""
-    max_memory_per_gpu: str = "128Gi"
-    """Memory a unit may ask for per GPU (a Kubernetes quantity)."""
-    max_ephemeral_storage_per_gpu: str = "200Gi"
-    """Node-local disk (``ephemeral_storage``, disk ``empty_dir`` size) per GPU."""
-    max_cpu_without_gpus: float = Field(default=8.0, gt=0, allow_inf_nan=False)
-    """CPU cap of a unit that asks for no GPU (absolute)."""
-    max_memory_without_gpus: str = "64Gi"
-    """Memory cap of a unit that asks for no GPU (absolute)."""
-    max_ephemeral_storage_without_gpus: str = "100Gi"
-    """Node-local disk cap of a unit that asks for no GPU (absolute)."""
-    limits: RequestLimits = RequestLimits()
-    """What one request may cost: sizes, depth, aliases, parameters, sweeps, steps, units."""
+    model_config = ConfigDict(extra="ignore", frozen=True)
 
-    @field_validator("max_memory_per_gpu", "max_ephemeral_storage_per_gpu",
-                     "max_memory_without_gpus", "max_ephemeral_storage_without_gpus")
-    @classmethod
-    def _quantity(cls, value: str) -> str:
-        if not re.fullmatch(r"\d+(\.\d+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|K|M|G|T|P|E)?", value.strip()):
-            raise ValueError(f"{value!r} is not a Kubernetes quantity; write e.g. 128Gi")
-        return value.strip()
-
-    @field_validator("team_volumes")
-    @classmethod
-    def _team_names(cls, value: dict[str, TeamVolumes]) -> dict[str, TeamVolumes]:
-        for team in value:
-            if team != "*" and not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", team):
-                raise ValueError(
-                    f"{team!r} is not a team name; use the team as jobs write it (lowercase "
-                    "letters, digits and '-') or \"*\" for every team")
-        return value
-
-
-class ClusterConfig(_Strict):
-    """Where and how research Jobs run (the inference pool's GPU nodes)."""
-
-    namespace: str = "idlegpu-jobs"
-    kubeconfig: str | None = None
-    """Path of a kubeconfig; None: the default one, or the in-cluster service account."""
-    context: str | None = None
-    in_cluster: bool = False
-    node_selector: dict[str, str] = Field(default_factory=dict)
-    """Labels of the inference pool's GPU nodes, e.g. {pool: inference}."""
-    tolerations: list[dict[str, Any]] = Field(default_factory=list)
-    affinity: dict[str, Any] = Field(default_factory=dict)
-    """A pod ``affinity`` (e.g. nodeAffinity to the pool's GPU product), as in a pod spec."""
-    priority_class: str = "idlegpu-best-effort"
-    """A PriorityClass with a negative value and preemptionPolicy Never (deploy/)."""
-    active_deadline_seconds: int | None = Field(default=3 * 86400, gt=0)
-    """Longest any one Job may run (its ``activeDeadlineSeconds``), a safety net should the
-    daemon be gone; a Job with a planned stop gets its stop time plus the grace period."""
-    ttl_seconds_after_finished: int | None = Field(default=86400, ge=0)
-    """Finished Jobs (and their pods' logs) are removed this long after they end."""
-    pending_timeout_seconds: int | None = Field(default=900, gt=0)
-    """An admitted Job whose pod no node has placed after this long (GPUs spread over nodes, a
-    taint, a quota) is stopped and its unit requeued; None waits for ever."""
-    stop_timeout_seconds: int | None = Field(default=None, gt=0)
-    """A stopped Job whose pods have not ended this long after the stop (a dead node never
-    confirms the end) is given up on: its unit is released and the Job deleted. None: the
-    grace period plus 10 minutes."""
-    gang_timeout_seconds: int | None = Field(default=120, gt=0)
-    """A multi-node unit (a gang) whose pods are not all bound to a node this long after its
-    Job was created (a node taken meanwhile) is rolled back: its pods are deleted, its GPUs returned
-    and the unit requeued, never left holding GPUs while waiting for its siblings. None: only
-    the pending timeout."""
-    max_unscheduled_attempts: int | None = Field(default=4, ge=1)
-    """After this many attempts in a row that never ran (the last one unplaceable), the unit
-    fails with the reason instead of reserving GPUs every pending timeout for ever."""
-    instance: str | None = Field(default=None, min_length=1, max_length=63)
-    """Identity of this daemon instance, a label on every Job it creates; it sees and touches
-    only its own Jobs, so two daemons (two pools, or two stores) can share a namespace.
-    None: the pool name and the store's random id (e.g. ``seoul-a1-3f9c2b7e``); replicas of
-    one daemon share their store and so their identity."""
-    backoff_limit: int = Field(default=0, ge=0)
-    """Pod retries within one attempt; 0 leaves retrying to the admitter's next attempt."""
-    service_account: str | None = None
-    """Service account of the research pods (none of the API: no token is mounted)."""
-    run_as_user: int | None = Field(default=None, gt=0)
-    """UID for images whose USER is root or unset (pods always run as non-root)."""
-    job_api_url: str | None = Field(default=None, max_length=2048)
-    """The job API's address as the research pods reach it (e.g.
-    ``https://idlegpu-api.idlegpu.svc:8080``): pods of units that answer checkpoint notices
-    get it as ``$IDLEGPU_API_URL`` to acknowledge at, with a pod-bound token of audience
-    ``token_audience``. None: such pods get the notice file but cannot acknowledge (they are
-    stopped at the notice's deadline)."""
-    token_audience: str = Field(default="idlegpu", min_length=1, max_length=253)
-    """Audience of the projected service-account token of those pods (the job API's
-    ``api.token_review.audiences`` must list it)."""
-    token_expiration_seconds: int = Field(default=600, ge=600, le=86400)
-    """Lifetime of that token; the kubelet rotates it before it expires (600 is the least
-    the API server accepts)."""
-
-
-class LeaderElectionConfig(_Strict):
-    """Leader election between daemon replicas (``daemon.leader_election``), on a
-    ``coordination.k8s.io/v1`` Lease: only the leader runs passes and writes reports; a
-    standby keeps its forecast fresh and takes over once the leader stops renewing."""
-
-    enabled: bool = False
-    lease_name: str = Field(default="idlegpu", min_length=1, max_length=253)
-    namespace: str | None = None
-    """Namespace of the Lease; None: the daemon's own (``$POD_NAMESPACE``, set from the
-    Downward API in ``deploy/``), else ``cluster.namespace``."""
-    identity: str | None = None
-    """This replica's name in the Lease; None: ``$POD_NAME``, else ``<hostname>-<pid>``."""
-    lease_duration_seconds: float = Field(default=15, gt=0)
-    """How long a standby waits, on its own clock, after it last saw the Lease change before
-    it takes over."""
-    renew_deadline_seconds: float = Field(default=10, gt=0)
-    """The leader steps down when it could not renew for this long (< the lease duration)."""
-    retry_period_seconds: float = Field(default=2, gt=0)
-    """How often the leader renews and a standby tries."""
-
-    @model_validator(mode="after")
-    def _ordered(self) -> LeaderElectionConfig:
-        if not self.lease_duration_seconds > self.renew_deadline_seconds:
-            raise ValueError("leader_election.lease_duration_seconds must be greater than "
-                             "renew_deadline_seconds")
-        if not self.renew_deadline_seconds > 1.2 * self.retry_period_seconds:
-            raise ValueError("leader_election.renew_deadline_seconds must be greater than "
-                             "1.2 x retry_period_seconds")
-        return self
-
-
-class DaemonConfig(_Strict):
-    """The admission daemon's timing and endpoints."""
-
-    mode: str = Field(default="always-on", pattern="^(always-on|night-only)$")
-    """``always-on`` admits whenever the forecast allows; ``night-only`` only 20:00-08:00."""
-    reconcile_seconds: int = Field(default=60, gt=0)
-    backstop_seconds: int = Field(default=15, gt=0)
-    forecast_refresh_hour: int = Field(default=17, ge=0, le=23)
-    """Local hour of the nightly forecast refresh (before the evening window)."""
-    metrics_port: int = Field(default=9464, ge=0, le=65535)
-    """Port of /metrics and /healthz (0: none)."""
-    reports_dir: str = "reports"
-    leader_election: LeaderElectionConfig = LeaderElectionConfig()
-    """Two or more replicas (with the store on PostgreSQL): one leads, the others stand by."""
-
-
-class StoreConfig(_Strict):
-    url: str = "sqlite:///idlegpu.db"
-    """SQLAlchemy URL of the job store: a SQLite file by default, or postgresql://..."""
-    retention_days: float | None = Field(default=90.0, gt=0)
-    """Ended and cancelled units keep their full spec this long after they ended; then the
-    daemon drops its bulk (command, args, env, parameters, resume args; the request's body),
-    in batches, once an hour. What the monthly reports read (units' team, kind and GPUs,
-    attempts, events) is kept. None: keep everything."""
-
-
-class ReportConfig(_Strict):
-    """Monthly usage reports (``idlegpu report``)."""
-
-    price_per_gpu_hour: float = Field(default=3000.0, ge=0)
-    """What one GPU-hour would cost elsewhere, in ``currency`` (e.g. a 3-year public-cloud
-    commitment): useful GPU-hours times this price are the report's cost savings."""
-    currency: str = "KRW"
-    """ISO 4217 code of the price (three uppercase letters: KRW, USD, EUR, ...)."""
-
-    @field_validator("currency")
-    @classmethod
-    def _iso_4217(cls, value: str) -> str:
-        if not re.fullmatch(r"[A-Z]{3}", value):
-            raise ValueError("currency must be an ISO 4217 code of 3 uppercase letters, e.g. KRW")
-        return value
-
-
-API_ROLES: tuple[str, ...] = ("member", "operator", "viewer")
-"""``member``: submits for its team and cancels its team's work; ``operator``: also cancels
-anyone's work and reads the audit log; ``viewer``: reads only."""
-
-
-class IdentityMapping(_Strict):
-    """One rule of ``api.identities``: a Kubernetes or proxy user (and/or one of its groups)
-    acting for ``team`` with ``role``. The first rule that matches wins."""
-
-    user: str | None = Field(default=None, min_length=1)
-    """The user name exactly (``system:serviceaccount:research:alice``, ``alice@corp``)."""
-    group: str | None = Field(default=None, min_length=1)
-    """A group the user is in (both given: the user must also be in the group)."""
-    team: str = Field(max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-    role: str = "member"
-
-    @field_validator("role")
-    @classmethod
-    def _known_role(cls, value: str) -> str:
-        if value not in API_ROLES:
-            raise ValueError(f"unknown role {value!r}; use one of {', '.join(API_ROLES)}")
-        return value
-
-    @model_validator(mode="after")
-    def _names_someone(self) -> IdentityMapping:
-        if self.user is None and self.group is None:
-            raise ValueError("an identity mapping needs a user, a group or both")
-        return self
-
-
-class ApiQuota(_Strict):
-    """What each member of a team may hold through the job API (each caller on its own, not
-    the team together); past it a submit is refused with 429, naming the quota, the use and
-    when it frees. The defaults keep one member's growth of the job store to about 100 MB
-    and what a daemon pass reads of it to about 200 MB."""
-
-    live_units: int = Field(default=2000, ge=1)
-    """Units submitted and not yet ended (queued, admitted, running)."""
-    requests_per_hour: int = Field(default=120, ge=1)
-    """Requests submitted in the last hour."""
-    stored_bytes: int = Field(default=50_000_000, ge=1)
-    """Bytes of stored spec (each unit's JSON and its request's) of the live units."""
-
-
-class ApiTeam(_Strict):
-    """What one team may ask of the job API."""
-
-    max_priority: int | None = None
-    """The highest ``priority`` its requests may carry (a higher one is refused, 422, naming
-    this cap); None: no cap."""
-    quota: ApiQuota = ApiQuota()
-    """Each member's quota (``api.users`` overrides it for one caller)."""
-
-
-class TokenReviewConfig(_Strict):
-    """Kubernetes TokenReview: bearer tokens the API server accepts (ServiceAccount tokens,
-    OIDC tokens it is configured for) authenticate callers of the job API."""
-
-    enabled: bool = False
-    kubeconfig: str | None = None
-    """Credentials that may create ``tokenreviews`` (default: ``$KUBECONFIG`` or
-    ``~/.kube/config``, else the pod's service account)."""
-    context: str | None = None
-    in_cluster: bool = False
-    audiences: list[str] = Field(default_factory=list)
-    """Audiences the token must be for (empty: the API server's own)."""
-    cache_seconds: float = Field(default=10.0, ge=0, le=300)
-    """How long one answer of the API server is reused for the same token."""
-    timeout_seconds: float = Field(default=5.0, gt=0, le=60)
-
-
-class ProxyConfig(_Strict):
-    """An authenticating proxy in front of the job API: its user and group headers are
-    trusted only on connections from ``api.trusted_proxies``."""
-
-    user_header: str = Field(default="X-Remote-User", min_length=1)
-    group_header: str = Field(default="X-Remote-Group", min_length=1)
-    """May repeat, or carry several groups separated by commas."""
-
-
-class ApiConfig(_Strict):
-    """The job API (``idlegpu serve``): who may call it, as whom, and for which team."""
-
-    host: str = "127.0.0.1"
-    port: int = Field(default=8080, ge=0, le=65535)
-    tokens: bool = True
-    """Accept tokens issued by ``idlegpu token create`` (stored hashed in the job store)."""
-    token_review: TokenReviewConfig = TokenReviewConfig()
-    proxy: ProxyConfig = ProxyConfig()
-    trusted_proxies: list[str] = Field(default_factory=list)
-    """CIDRs (``127.0.0.1/32``, ``10.8.0.0/16``) whose connections may name the user in
-    ``proxy.user_header``; empty: proxy headers are never trusted."""
-    identities: list[IdentityMapping] = Field(default_factory=list)
-    """Kubernetes and proxy users and groups -> team and role (first match wins)."""
-    teams: dict[str, ApiTeam] = Field(default_factory=dict)
-    """Per team (``"*"``: every team not listed) what it may ask for, e.g. its
-    ``max_priority`` and each member's ``quota``."""
-    users: dict[str, ApiQuota] = Field(default_factory=dict)
-    """Per caller (its user name: a token's name, a Kubernetes or proxy user) a quota of its
-    own, over its team's: how an operator raises (or lowers) one member's."""
-    max_body_bytes: int = Field(default=1_000_000, gt=0)
-    """Request bodies of the submit routes larger than this are refused (413) while they are
-    read, before they are parsed (every other route: 16 KiB)."""
-    docs: bool = True
-    """Serve ``/docs`` and ``/redoc`` (from this server's own assets); ``/openapi.json``
-    stays either way."""
-    session_secret: SecretStr | None = None
-    """The key the web console signs its session cookies with; every ``idlegpu serve``
-    replica behind one address must share it (best from a Secret, as
-    ``IDLEGPU_API__SESSION_SECRET``). None: ``IDLEGPU_SESSION_SECRET``, else random at start
-    (sessions then end when the server restarts)."""
-
-    @field_validator("trusted_proxies")
-    @classmethod
-    def _cidrs(cls, value: list[str]) -> list[str]:
-        import ipaddress
-
-        for cidr in value:
-            try:
-                ipaddress.ip_network(cidr, strict=False)
-            except ValueError:
-                raise ValueError(f"{cidr!r} is not an address range such as 127.0.0.1/32"
-                                 ) from None
-        return value
-
-    def team(self, name: str) -> ApiTeam:
-        return self.teams.get(name) or self.teams.get("*") or ApiTeam()
-
-    def quota(self, team: str, user: str) -> tuple[ApiQuota, str]:
-        """The quota of caller ``user`` of ``team``, and the setting it comes from."""
-        if user in self.users:
-            return self.users[user], f"api.users.{user}"
-        key = team if team in self.teams else "*" if "*" in self.teams else None
-        return self.team(team).quota, (f"api.teams.{key}.quota" if key else
-                                       "the default of api.teams.<team>.quota")
+    pool_uncertainty: PoolUncertainty = "joint"
 
 
 class Settings(BaseSettings):
-    """Everything ``idlegpu.yaml`` holds."""
+    """The forecast's part of ``idlegpu.yaml``: the pool, its services, Prometheus (the whole
+    file is ``idlegpu.scheduler.config.Settings``, which extends this)."""
 
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", frozen=True
     )
+
+    other_sections: ClassVar[tuple[str, ...]] = ("store", "cluster", "daemon", "report", "api")
+    """Top-level sections of ``idlegpu.yaml`` that are the scheduler's alone: skipped here, so
+    that a whole file reads; any other unknown top-level key is still a mistake."""
 
     pool: PoolConfig
     prometheus: PrometheusConfig = PrometheusConfig()
     query_templates: dict[str, MetricQuery] = Field(default_factory=dict)
     """Queries shared by all services; ``$service`` is replaced by the service name."""
     services: list[ServiceConfig] = Field(min_length=1)
-    admission: AdmissionConfig = AdmissionConfig()
-    store: StoreConfig = StoreConfig()
-    cluster: ClusterConfig = ClusterConfig()
-    daemon: DaemonConfig = DaemonConfig()
-    report: ReportConfig = ReportConfig()
-    api: ApiConfig = ApiConfig()
-    """The job API (``idlegpu serve``)."""
+    if TYPE_CHECKING:
+        # typed by what the forecast reads, so that the scheduler's Settings may hold the
+        # whole section (its AdmissionConfig) in the same field
+        admission: ForecastAdmission
+    else:
+        admission: AdmissionForForecast = AdmissionForForecast()
 
     @classmethod
     def settings_customise_sources(
@@ -742,6 +341,13 @@ class Settings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         # Environment first: it overrides what the file (passed as init kwargs) says.
         return (env_settings, init_settings)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _skip_other_sections(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and cls.other_sections:
+            return {k: v for k, v in data.items() if k not in cls.other_sections}
+        return data
 
     @field_validator("query_templates", mode="before")
     @classmethod
@@ -799,145 +405,8 @@ class Settings(BaseSettings):
         return merged
 
 
-def load_config(path: str | Path | None = None, *, data: Mapping[str, Any] | None = None) -> Settings:
-    """Read ``idlegpu.yaml`` (or ``data``) plus ``IDLEGPU_*`` environment overrides."""
-    where = str(path) if path is not None else "config"
-    if data is None:
-        if path is None:
-            raise ConfigError("no configuration given; pass --config idlegpu.yaml")
-        file = Path(path)
-        if not file.is_file():
-            raise ConfigError(f"config file {file} not found; copy idlegpu.yaml from the repo")
-        try:
-            text = file.read_text(encoding="utf-8")
-            _check_yaml_depth(text, where)
-            data = yaml.safe_load(text) or {}
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            at = f" at line {mark.line + 1}" if mark is not None else ""
-            raise ConfigError(f"{where}: invalid YAML{at}: {getattr(exc, 'problem', exc)}") from exc
-        if not isinstance(data, Mapping):
-            raise ConfigError(f"{where}: expected a mapping at the top level")
-    depth = _depth(data)
-    if depth > MAX_CONFIG_DEPTH:
-        raise ConfigError(f"{where}: nested {depth} levels deep; a configuration is at most "
-                          f"{MAX_CONFIG_DEPTH} (look for a runaway [ or {{)")
-    try:
-        return Settings(**dict(data))
-    except ValidationError as exc:
-        raise ConfigError(f"{where}: {format_validation_error(exc, env=_env_names())}") from exc
-    except SettingsError as exc:  # an IDLEGPU_* list or object override that is not JSON
-        field = re.search(r'field "([^"]+)"', str(exc))
-        name = f"{ENV_PREFIX}{field.group(1).upper()}" if field else f"an {ENV_PREFIX}* variable"
-        raise ConfigError(f"{name} (environment): its value is not JSON; a list or object "
-                          f"override is written as JSON, e.g. {ENV_PREFIX}API__TRUSTED_PROXIES="
-                          "'[\"127.0.0.1/32\"]' (or set the field in the file instead)") from None
-
-
-MAX_CONFIG_DEPTH = 32
-"""Deeper than any real configuration; a YAML of thousands of nested brackets would otherwise
-exhaust the recursion of the validators (a traceback instead of an error)."""
-
-
-def _check_yaml_depth(text: str, where: str) -> None:
-    """Refuse YAML nested deeper than ``MAX_CONFIG_DEPTH`` before composing it (PyYAML's
-    composer recurses once per level; its parser, read here event by event, does not)."""
-    level = 0
-    for event in yaml.parse(text, Loader=yaml.SafeLoader):
-        if isinstance(event, yaml.MappingStartEvent | yaml.SequenceStartEvent):
-            level += 1
-            if level > MAX_CONFIG_DEPTH:
-                line = event.start_mark.line + 1 if event.start_mark else "?"
-                raise ConfigError(f"{where}: nested deeper than {MAX_CONFIG_DEPTH} levels at "
-                                  f"line {line}; look for a runaway [ or {{")
-        elif isinstance(event, yaml.MappingEndEvent | yaml.SequenceEndEvent):
-            level -= 1
-
-
-def _depth(data: Any) -> int:
-    """How deeply ``data`` nests lists and mappings (iteratively: the input may be hostile)."""
-    deepest, stack = 0, [(data, 1)]
-    while stack:
-        value, level = stack.pop()
-        if isinstance(value, Mapping | list | tuple):
-            deepest = max(deepest, level)
-            if level > MAX_CONFIG_DEPTH:
-                return level
-            children = value.values() if isinstance(value, Mapping) else value
-            stack.extend((child, level + 1) for child in children)
-    return deepest
-
-
-def _env_names() -> dict[str, str]:
-    """The ``IDLEGPU_*`` variables set, by their config path in lower case (``pool.total_gpus``
-    for ``IDLEGPU_POOL__TOTAL_GPUS``): an error in a value from the environment names the
-    variable, not the file."""
-    import os
-
-    return {key[len(ENV_PREFIX):].lower().replace("__", "."): key for key in os.environ
-            if key.startswith(ENV_PREFIX)}
-
-
-def model_fields_at(root: type[BaseModel], loc: Sequence[Any]) -> list[str]:
-    """Field names of the model reached by following ``loc`` (a pydantic error location, the
-    field's own name excluded) from ``root``: what a misspelt field could have meant."""
-    current: type[BaseModel] | None = root
-    for part in loc:
-        if current is None:
-            return []
-        if isinstance(part, int) or part not in current.model_fields:
-            continue  # a list index or a dict key: the same model's items
-        current = _model_in(current.model_fields[part].annotation)
-    return list(current.model_fields) if current is not None else []
-
-
-def _model_in(annotation: Any) -> type[BaseModel] | None:
-    """The pydantic model in an annotation such as ``list[ServiceConfig]`` or ``X | None``."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is not None:
-        for arg in typing.get_args(annotation):
-            found = _model_in(arg)
-            if found is not None:
-                return found
-    return None
-
-
-def unknown_field(root: type[BaseModel], loc: Sequence[Any]) -> str:
-    """The problem of the unknown field at ``loc``: "unknown field; did you mean 'gpus'?", or
-    the fields it may be."""
-    known = model_fields_at(root, loc[:-1])
-    close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.6)
-    fix = f"did you mean {close[0]!r}?" if close else (
-        f"remove it or use one of: {', '.join(known)}" if known else "remove it")
-    return f"unknown field; {fix}"
-
-
-def format_validation_error(exc: ValidationError, *, env: Mapping[str, str] | None = None) -> str:
-    """All problems of a pydantic error on one line, each naming its field (or, for a value
-    from the environment, its variable: ``env`` maps config paths to variable names). The value
-    of a secret field (``bearer_token``, a password...) is never shown, and credentials in any
-    other value (a URL's password) are masked."""
-    from idlegpu.forecast.redact import is_secret_field, redact
-
-    parts = []
-    for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        if env and loc.lower() in env:
-            loc = f"{env[loc.lower()]} (environment)"
-        msg = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
-            msg = unknown_field(Settings, err["loc"])
-        elif err["type"] == "missing":
-            msg = "required field is missing"
-        got = err.get("input")
-        shown = (
-            f" (got {got!r})"
-            if err["type"] not in ("missing", "extra_forbidden") and not isinstance(got, dict | list)
-            else ""
-        )
-        if shown and any(is_secret_field(str(p)) for p in err["loc"]):
-            shown = " (the value is not shown: it is a secret)"
-        parts.append(redact(f"{loc}: {msg}{shown}"))
-    return "; ".join(parts)
-
+def load_config(path: str | Path | None = None, *,
+                data: Mapping[str, Any] | None = None) -> Settings:
+    """The forecast's part of ``idlegpu.yaml`` (or ``data``) plus ``IDLEGPU_*`` environment
+    overrides; ``idlegpu.scheduler.config.load_config`` reads the whole file."""
+    return load_settings(Settings, path, data=data)

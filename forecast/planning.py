@@ -20,16 +20,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pandas as pd
 
 from idlegpu.forecast.calendar import hourly_by_day_kind
 from idlegpu.forecast.capacity import step_hours
-from idlegpu.forecast.config import Settings, load_config
+from idlegpu.forecast.config import Settings
 from idlegpu.forecast.errors import ConfigError
 from idlegpu.forecast.schema import DS, KV_CACHE_USAGE, REPLICAS, UNIQUE_ID, Y, series_id
+from idlegpu.forecast.settings_base import load_settings
 
 NIGHT_HOURS = (22, 6)  # local [start, end) hours of the night
 TARGET_UTILIZATION = 0.7  # the autoscaler's KV-cache target (HPA averageUtilization)
@@ -39,14 +40,18 @@ RIGHTSIZING_COLUMNS = (
 )
 
 
+SettingsT = TypeVar("SettingsT", bound=Settings)
+
+
 def what_if(
-    settings: Settings,
+    settings: SettingsT,
     *,
     pool: Mapping[str, Any] | None = None,
     admission: Mapping[str, Any] | None = None,
     min_replicas: Mapping[str, int] | None = None,
-) -> Settings:
-    """A copy of ``settings`` with some fields changed, validated like ``idlegpu.yaml``.
+) -> SettingsT:
+    """A copy of ``settings`` with some fields changed, validated like ``idlegpu.yaml`` (as the
+    model ``settings`` is: the scheduler's whole configuration stays whole).
 
     ``pool`` and ``admission`` map field names to new values (e.g. ``pool={"total_gpus": 96}``,
     ``admission={"confidence": 0.8}``); ``min_replicas`` maps service names to new minimums.
@@ -70,7 +75,7 @@ def what_if(
     for service in data["services"]:
         if service["name"] in floors:
             service["min_replicas"] = int(floors[service["name"]])
-    return load_config(data=data)
+    return load_settings(type(settings), data=data)
 
 
 def service_replica_profile(

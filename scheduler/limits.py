@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from idlegpu.forecast.config import RequestLimits
+from idlegpu.scheduler.config import RequestLimits
 
 __all__ = ["SURROGATE_PROBLEM", "LimitError", "brief", "has_surrogate", "load_yaml_text", "precheck"]
 

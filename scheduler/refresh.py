@@ -18,10 +18,10 @@ from datetime import datetime, timedelta
 import pandas as pd
 
 from idlegpu.forecast.calendar import local_hour
-from idlegpu.forecast.config import Settings
 from idlegpu.forecast.errors import HistoryError
 from idlegpu.forecast.models import CACHED_MODELS
 from idlegpu.forecast.schema import DS, REPLICAS, metric_rows
+from idlegpu.scheduler.config import Settings
 from idlegpu.scheduler.coverage import (
     WIDENED,
     WINDOW,

@@ -13,7 +13,6 @@ import numpy as np
 import pandas as pd
 
 from idlegpu.forecast.capacity import FREE
-from idlegpu.forecast.config import Settings
 from idlegpu.forecast.scenarios import FREE_MEDIAN, forecast_levels, pool_forecast_usage
 from idlegpu.forecast.schema import (
     DS,
@@ -25,6 +24,7 @@ from idlegpu.forecast.schema import (
     metric_rows,
     series_id,
 )
+from idlegpu.scheduler.config import Settings
 from idlegpu.scheduler.types import FreeProfile, ServingSignals
 
 SERVICE_GPUS = "service_gpus"

@@ -63,7 +63,7 @@ from idlegpu.forecast.errors import PermanentError
 from idlegpu.scheduler.types import UnitSpec, family_of
 
 if TYPE_CHECKING:
-    from idlegpu.forecast.config import AdmissionConfig
+    from idlegpu.scheduler.config import AdmissionConfig
 
 DEFAULT_RUNTIME_S = 4 * 3600.0
 MIN_HISTORY_RUNS = 3

@@ -10,7 +10,6 @@ from datetime import datetime
 
 from fastapi import FastAPI
 
-from idlegpu.forecast.config import Settings
 from idlegpu.scheduler.adapters.store import JobStore
 from idlegpu.scheduler.api import add_api
 from idlegpu.scheduler.api.answers import API_VERSION
@@ -20,6 +19,7 @@ from idlegpu.scheduler.api.docs import add_docs
 from idlegpu.scheduler.api.forecasts import Forecasts
 from idlegpu.scheduler.api.schema import ERROR_RESPONSES, install_openapi
 from idlegpu.scheduler.clock import Clock
+from idlegpu.scheduler.config import Settings
 from idlegpu.scheduler.console import add_console
 from idlegpu.scheduler.web.bodies import BoundedBodies
 from idlegpu.scheduler.web.headers import SecurityHeaders

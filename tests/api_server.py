@@ -80,7 +80,7 @@ class ApiServer:
 
 def api_settings(**api: Any):
     """A one-service pool config with the given ``api:`` section."""
-    from idlegpu.forecast.config import load_config
+    from idlegpu.scheduler.config import load_config
 
     return load_config(data={
         "pool": {"name": "test-pool", "total_gpus": 40, "timezone": "UTC"},

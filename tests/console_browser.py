@@ -22,8 +22,8 @@ from test_api_plan import HISTORY, NOW, request, settings_for, token
 
 from idlegpu.forecast.sources import read_history
 from idlegpu.scheduler.adapters.store import JobStore
-from idlegpu.scheduler.server import create_server
 from idlegpu.scheduler.api.forecasts import Forecasts
+from idlegpu.scheduler.server import create_server
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -101,8 +101,8 @@ def bulk(store: JobStore, count: int) -> None:
     submit limits cap one request well below 10,000 units): requests of up to 250 members."""
     from test_api_plan import CONFIG
 
-    from idlegpu.forecast.config import load_config
     from idlegpu.scheduler.adapters.store import AuditEntry
+    from idlegpu.scheduler.config import load_config
     from idlegpu.scheduler.specs import expand_units, validate_request
 
     settings = load_config(data=yaml.safe_load(CONFIG.read_text(encoding="utf-8")))

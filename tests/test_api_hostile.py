@@ -353,8 +353,8 @@ def test_requests_per_hour_and_a_users_override(tmp_path) -> None:
     from api_server import ApiServer, MovableClock, job
     from test_api_plan import settings_for, token
 
-    from idlegpu.forecast.config import ApiQuota
     from idlegpu.scheduler.adapters.store import JobStore
+    from idlegpu.scheduler.config import ApiQuota
     from idlegpu.scheduler.server import create_server
 
     base = settings_for(tmp_path / "reports")
@@ -449,8 +449,8 @@ def test_every_html_answer_gets_the_policy_and_json_gets_nosniff() -> None:
 
 
 def test_the_client_behind_trusted_proxies_is_read_from_the_right() -> None:
-    from idlegpu.forecast.config import ApiConfig
     from idlegpu.scheduler.api.auth import Authenticator
+    from idlegpu.scheduler.config import ApiConfig
 
     auth = Authenticator(ApiConfig(trusted_proxies=["10.8.0.0/16", "127.0.0.1/32"]), None)
     # the client wrote "1.2.3.4" itself; our ingress (10.8.0.7) saw 203.0.113.9 connect

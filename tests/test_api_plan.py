@@ -18,12 +18,12 @@ import pytest
 import yaml
 from api_server import IMAGE, ApiServer, Client, MovableClock
 
-from idlegpu.forecast.config import load_config
 from idlegpu.forecast.sources import read_history
 from idlegpu.scheduler.adapters.store import AuditEntry, JobStore
-from idlegpu.scheduler.server import create_server
 from idlegpu.scheduler.api.auth import new_token, token_sha256
 from idlegpu.scheduler.api.forecasts import Forecasts
+from idlegpu.scheduler.config import load_config
+from idlegpu.scheduler.server import create_server
 
 REPO = Path(__file__).resolve().parents[1]
 HISTORY = REPO / "data/sample/history.parquet"

@@ -112,10 +112,10 @@ def test_the_replayed_accuracy_check_refreshes_at_the_daemons_local_hour_across_
     local midnight plus 17 hours is 16:00."""
     from pathlib import Path
 
-    from idlegpu.forecast.config import load_config
-    from idlegpu.forecast.sources import read_history
     from idlegpu.forecast.calendar import local_hour
+    from idlegpu.forecast.sources import read_history
     from idlegpu.scheduler.clock import daily_boundary
+    from idlegpu.scheduler.config import load_config
     from idlegpu.scheduler.reports import forecast_check_days
 
     repo = Path(__file__).resolve().parents[1]

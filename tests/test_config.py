@@ -3,9 +3,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from idlegpu.forecast.config import load_config
 from idlegpu.forecast.errors import ConfigError
 from idlegpu.forecast.synthetic import SAMPLE_POOL
+from idlegpu.scheduler.config import load_config
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from idlegpu.forecast.config import MAX_CONFIG_DEPTH, load_config
 from idlegpu.forecast.errors import ConfigError
+from idlegpu.forecast.settings_base import MAX_CONFIG_DEPTH
+from idlegpu.scheduler.config import load_config
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "idlegpu.yaml"

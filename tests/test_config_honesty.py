@@ -16,9 +16,10 @@ import yaml
 from forecast_data import TZ, replica_history
 
 from idlegpu.forecast.calendar import SUNDAY_OR_HOLIDAY, WORKING_DAY, HolidayCalendar, day_types
-from idlegpu.forecast.config import PoolConfig, load_config
+from idlegpu.forecast.config import PoolConfig
 from idlegpu.forecast.errors import ConfigError
 from idlegpu.forecast.models import model_for
+from idlegpu.scheduler.config import load_config
 
 REPO = Path(__file__).resolve().parents[1]
 QS = [0.5]

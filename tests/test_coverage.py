@@ -12,10 +12,10 @@ import pytest
 from test_regimes import pool
 
 from idlegpu.forecast.capacity import FREE, forecast_pool_usage
-from idlegpu.forecast.config import load_config
 from idlegpu.forecast.scenarios import pool_forecast_usage
 from idlegpu.forecast.schema import REPLICAS, metric_rows
 from idlegpu.forecast.synthetic import generate_pool_history
+from idlegpu.scheduler.config import load_config
 from idlegpu.scheduler.coverage import Promise, binomial_cdf, coverage_bound, in_use, score
 from idlegpu.scheduler.daemon import Daemon, ForecastProvider
 from idlegpu.scheduler.refresh import Refresher

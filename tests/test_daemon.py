@@ -187,8 +187,8 @@ def test_night_only_mode_offers_nothing_by_day():
     import numpy as np
     import pandas as pd
 
-    from idlegpu.forecast.config import load_config
     from idlegpu.forecast.sources import read_history
+    from idlegpu.scheduler.config import load_config
     from idlegpu.scheduler.daemon import ForecastProvider
 
     settings = load_config(REPO / "idlegpu.yaml")
@@ -211,7 +211,7 @@ def test_the_daemon_writes_last_months_report_from_the_store(tmp_path, setup):  
     import csv
     from datetime import timedelta
 
-    from idlegpu.forecast.config import load_config
+    from idlegpu.scheduler.config import load_config
     from idlegpu.scheduler.daemon import write_last_month_report
 
     store, _, _, controller, _ = setup

@@ -44,7 +44,6 @@ from kubernetes.client.exceptions import ApiException
 from prom_server import start_scraping
 from test_vllm_signals import TEMPLATES, Exporter, vllm_pages
 
-from idlegpu.forecast.config import load_config
 from idlegpu.scheduler.adapters.kubernetes import (
     ANN_STOP_KIND,
     ANN_STOP_REASON,
@@ -53,6 +52,7 @@ from idlegpu.scheduler.adapters.kubernetes import (
 )
 from idlegpu.scheduler.adapters.store import JobStore
 from idlegpu.scheduler.adapters.vllm import PrometheusSignals
+from idlegpu.scheduler.config import load_config
 from idlegpu.scheduler.controller import Controller, PassReport
 from idlegpu.scheduler.daemon import Daemon, wait_until
 from idlegpu.scheduler.specs import expand_units, validate_request

@@ -90,7 +90,8 @@ def test_both_namespaces_enforce_the_restricted_pod_security_standard():
 
 
 def test_the_deployed_config_is_the_sample_pool_run_in_cluster(monkeypatch):
-    from idlegpu.forecast.config import ENV_PREFIX, load_config
+    from idlegpu.forecast.settings_base import ENV_PREFIX
+    from idlegpu.scheduler.config import load_config
 
     for name in [n for n in os.environ if n.startswith(ENV_PREFIX)]:
         monkeypatch.delenv(name)
@@ -313,7 +314,7 @@ def test_idlegpu_system_admits_only_prometheus_and_the_daemon():
 
 def inference_namespace() -> str:
     """The vLLM Deployments' namespace, as the deployed config's replicas query names it."""
-    from idlegpu.forecast.config import load_config
+    from idlegpu.scheduler.config import load_config
 
     query = load_config(DEPLOY / "idlegpu.yaml").query_templates["replicas"].query
     (namespace,) = re.findall(r'namespace="([^"]+)"', query)
@@ -353,7 +354,8 @@ def test_grafana_dashboard_uses_the_daemon_metrics():
 
 
 def test_the_job_api_runs_two_replicas_on_the_daemons_store_and_config(monkeypatch):
-    from idlegpu.forecast.config import ENV_PREFIX, load_config
+    from idlegpu.forecast.settings_base import ENV_PREFIX
+    from idlegpu.scheduler.config import load_config
 
     for name in [n for n in os.environ if n.startswith(ENV_PREFIX)]:
         monkeypatch.delenv(name)

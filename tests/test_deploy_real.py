@@ -433,8 +433,8 @@ def test_the_job_api_authenticates_researchers_with_its_deployed_rbac(
 
 def _daemon_job() -> dict[str, Any]:
     """The Job the daemon builds for a unit, from the deployed config's cluster: section."""
-    from idlegpu.forecast.config import load_config
     from idlegpu.scheduler.adapters.kubernetes import KubernetesCluster
+    from idlegpu.scheduler.config import load_config
     from idlegpu.scheduler.types import UnitSpec
 
     settings = load_config(DEPLOY / "idlegpu.yaml")

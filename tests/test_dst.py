@@ -78,7 +78,7 @@ def test_the_simulators_night_ends_at_its_local_hour_on_the_night_of_the_change(
 
 
 def test_the_consoles_accuracy_window_ends_with_the_last_evening_whose_day_is_over():
-    from idlegpu.forecast.config import load_config
+    from idlegpu.scheduler.config import load_config
     from idlegpu.scheduler.console.report_pages import AccuracyChecks
 
     settings = load_config(Path(__file__).resolve().parents[1] / "idlegpu.yaml")

@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from idlegpu.forecast.config import load_config
+from idlegpu.scheduler.config import load_config
 from idlegpu.scheduler.policy import decide
 from idlegpu.scheduler.reports import useful
 from idlegpu.scheduler.simulate import SimJob, simulate, trace_jobs
@@ -349,7 +349,7 @@ def test_an_elastic_job_whose_window_closes_shrinks_to_what_stays_free():
 
 
 def test_the_daemon_rechecks_min_gpus_on_a_stored_unit():
-    from idlegpu.forecast.config import AdmissionConfig
+    from idlegpu.scheduler.config import AdmissionConfig
     from idlegpu.scheduler.specs import recheck_unit
 
     (unit,) = expand_units(validate_request(request()))

@@ -5,8 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from idlegpu.forecast.config import AdmissionConfig, NodeShape
+from idlegpu.forecast.config import NodeShape
 from idlegpu.scheduler.adapters.store import spec_from_json, spec_to_json
+from idlegpu.scheduler.config import AdmissionConfig
 from idlegpu.scheduler.specs import (
     SpecError,
     expand_units,
@@ -136,10 +137,10 @@ def test_the_job_api_checks_and_splits_against_the_pools_node_shapes(tmp_path):
     """The job API (a real uvicorn server) validates with the server's pool.nodes."""
     from api_server import ApiServer, Client, MovableClock
 
-    from idlegpu.forecast.config import load_config
     from idlegpu.scheduler.adapters.store import AuditEntry, JobStore
-    from idlegpu.scheduler.server import create_server
     from idlegpu.scheduler.api.auth import new_token, token_sha256
+    from idlegpu.scheduler.config import load_config
+    from idlegpu.scheduler.server import create_server
 
     settings = load_config(data={
         "pool": {"name": "test-pool", "total_gpus": 64, "timezone": "UTC",

@@ -16,9 +16,9 @@ import pytest
 from test_controller import REQUEST, MemoryCluster
 
 from idlegpu.forecast.capacity import FREE, pool_usage
-from idlegpu.forecast.config import load_config
 from idlegpu.forecast.sources import read_history
 from idlegpu.scheduler.adapters.store import JobStore
+from idlegpu.scheduler.config import load_config
 from idlegpu.scheduler.controller import Controller
 from idlegpu.scheduler.daemon import ForecastProvider
 from idlegpu.scheduler.policy import decide, policy_settings

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from idlegpu.forecast.config import AdmissionConfig, load_config
 from idlegpu.forecast.errors import ConfigError
 from idlegpu.scheduler.adapters.store import JobStore, spec_from_json, spec_to_json
+from idlegpu.scheduler.config import AdmissionConfig, load_config
 from idlegpu.scheduler.specs import (
     RECHECK_PREFIX,
     SpecError,

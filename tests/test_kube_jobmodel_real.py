@@ -17,8 +17,8 @@ from datetime import UTC, datetime
 import kubernetes
 import pytest
 
-from idlegpu.forecast.config import AdmissionConfig
 from idlegpu.scheduler.adapters.kubernetes import KubernetesCluster
+from idlegpu.scheduler.config import AdmissionConfig
 from idlegpu.scheduler.specs import expand_units, recheck_unit, validate_request
 
 NOW = datetime(2026, 1, 28, 11, 0, tzinfo=UTC)

@@ -258,7 +258,7 @@ def test_two_daemons_in_one_namespace_never_touch_each_others_jobs(pool) -> None
 
 
 def test_a_pvc_off_the_teams_allow_list_is_refused_at_submit_and_by_the_daemon(pool) -> None:
-    from idlegpu.forecast.config import AdmissionConfig
+    from idlegpu.scheduler.config import AdmissionConfig
     from idlegpu.scheduler.specs import SpecError, recheck_unit
 
     daemon, sim = pool()

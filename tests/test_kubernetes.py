@@ -335,7 +335,7 @@ def test_the_sft_volumes_example_becomes_a_valid_job(cluster: KubernetesCluster)
     the pod security check accept, with every volume and reference in place."""
     from pathlib import Path
 
-    from idlegpu.forecast.config import AdmissionConfig
+    from idlegpu.scheduler.config import AdmissionConfig
     from idlegpu.scheduler.specs import expand_units, load_request, recheck_unit
 
     kubernetes_validate = pytest.importorskip("kubernetes_validate")

@@ -22,7 +22,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from idlegpu.forecast.config import AdmissionConfig, RequestLimits
+from idlegpu.scheduler.config import AdmissionConfig, RequestLimits
 from idlegpu.scheduler.specs import (
     JobRequest,
     SpecError,

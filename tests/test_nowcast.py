@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 import pytest
 
-from idlegpu.forecast.config import AdmissionConfig
+from idlegpu.scheduler.config import AdmissionConfig
 from idlegpu.scheduler.policy import decide, nowcast, policy_settings
 from idlegpu.scheduler.types import Action, FreeProfile, PolicySettings, ServingSignals, WaitingJob
 

@@ -14,8 +14,8 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from test_controller import T0, setup  # noqa: F401  (the fixture)
 
-from idlegpu.forecast.config import load_config
 from idlegpu.forecast.sources import read_history
+from idlegpu.scheduler.config import load_config
 from idlegpu.scheduler.daemon import Daemon
 from idlegpu.scheduler.plan import planning_estimate
 from idlegpu.scheduler.ports import JobPhase, StopKind

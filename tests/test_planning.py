@@ -9,7 +9,6 @@ import pandas as pd
 import pytest
 
 from idlegpu.forecast.capacity import pool_usage
-from idlegpu.forecast.config import load_config
 from idlegpu.forecast.errors import ConfigError
 from idlegpu.forecast.planning import (
     RIGHTSIZING_COLUMNS,
@@ -20,6 +19,7 @@ from idlegpu.forecast.planning import (
     service_replica_profile,
     what_if,
 )
+from idlegpu.scheduler.config import load_config
 
 
 def settings(tz="UTC", a_min=3, b_min=2):

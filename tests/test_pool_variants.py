@@ -10,9 +10,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from idlegpu.forecast.config import load_config
 from idlegpu.forecast.planning import what_if
 from idlegpu.forecast.sources import read_history
+from idlegpu.scheduler.config import load_config
 from idlegpu.scheduler.refresh import same_forecasts
 from idlegpu.scheduler.simulate import forecast_profiles_for, pool_profiles_for
 

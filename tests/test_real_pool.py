@@ -12,9 +12,9 @@ import pandas as pd
 import pytest
 import yaml
 
-from idlegpu.forecast.config import load_config
 from idlegpu.forecast.sources import read_history
 from idlegpu.scheduler.cli import main
+from idlegpu.scheduler.config import load_config
 from idlegpu.scheduler.specs import load_trace
 
 REPO = Path(__file__).resolve().parents[1]

@@ -5,7 +5,7 @@ from datetime import UTC, datetime, timedelta
 import pandas as pd
 import pytest
 
-from idlegpu.forecast.config import load_config
+from idlegpu.scheduler.config import load_config
 from idlegpu.scheduler.replay import HistorySignals
 
 T0 = datetime(2026, 1, 28, 11, 0, tzinfo=UTC)

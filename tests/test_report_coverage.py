@@ -17,8 +17,8 @@ import pandas as pd
 import pytest
 from test_coverage import grown_pool_config
 
-from idlegpu.forecast.config import load_config
 from idlegpu.forecast.synthetic import SAMPLE_POOL, generate_pool_history
+from idlegpu.scheduler.config import load_config
 from idlegpu.scheduler.refresh import Refresher
 from idlegpu.scheduler.reports import (
     COVERAGE_CHART,

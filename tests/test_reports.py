@@ -10,8 +10,8 @@ from zoneinfo import ZoneInfo
 import pandas as pd
 import pytest
 
-from idlegpu.forecast.config import ReportConfig, load_config
 from idlegpu.forecast.errors import PermanentError
+from idlegpu.scheduler.config import ReportConfig, load_config
 from idlegpu.scheduler.reports import (
     RUN_COLUMNS,
     SUMMARY_COLUMNS,
@@ -385,8 +385,8 @@ def test_runs_from_store_maps_attempts():
 def test_forecast_accuracy_of_a_month_uses_only_the_past():
     from pathlib import Path
 
-    from idlegpu.forecast.config import load_config
     from idlegpu.forecast.sources import read_history
+    from idlegpu.scheduler.config import load_config
     from idlegpu.scheduler.reports import ReportError, forecast_accuracy
 
     repo = Path(__file__).resolve().parents[1]

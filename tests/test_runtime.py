@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from idlegpu.forecast.config import AdmissionConfig
+from idlegpu.scheduler.config import AdmissionConfig
 from idlegpu.scheduler.runtime import (
     RUN_COLUMNS,
     RunHistoryError,

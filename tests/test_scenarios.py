@@ -9,12 +9,12 @@ import pytest
 from scipy.stats import norm
 
 from idlegpu.forecast.capacity import FREE, IN_USE, forecast_pool_usage
-from idlegpu.forecast.config import load_config
 from idlegpu.forecast.scenarios import (
     joint_pool_usage,
     marginal_levels,
     service_correlation,
 )
+from idlegpu.scheduler.config import load_config
 
 MU, SD, GPUS = 5.0, 2.0, 4
 

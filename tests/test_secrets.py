@@ -24,11 +24,11 @@ from test_controller import T0, setup  # noqa: F401  (the controller fixture)
 from urllib3.exceptions import InsecureRequestWarning
 
 from idlegpu.forecast import redact as redact_module
-from idlegpu.forecast.config import load_config
 from idlegpu.forecast.errors import ConfigError
 from idlegpu.forecast.redact import redact
 from idlegpu.forecast.sources.prometheus import fetch_history
 from idlegpu.scheduler.adapters.vllm import PrometheusSignals
+from idlegpu.scheduler.config import load_config
 
 REPO = Path(__file__).resolve().parents[1]
 IDLEGPU = Path(sys.executable).with_name("idlegpu")

@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from idlegpu.forecast.config import load_config
+from idlegpu.scheduler.config import load_config
 from idlegpu.scheduler.reports import useful
 from idlegpu.scheduler.simulate import SimJob, delay_events, simulate
 

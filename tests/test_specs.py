@@ -14,9 +14,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from idlegpu.forecast.config import AdmissionConfig
 from idlegpu.forecast.errors import PermanentError
 from idlegpu.scheduler import sample_jobs
+from idlegpu.scheduler.config import AdmissionConfig
 from idlegpu.scheduler.specs import (
     JobRequest,
     SpecError,

@@ -11,11 +11,11 @@ from typing import Any
 
 from fastapi import Request
 
-from idlegpu.forecast.config import Settings
 from idlegpu.scheduler.adapters.store import JobStore, UnitRow
 from idlegpu.scheduler.api.auth import ApiError
 from idlegpu.scheduler.api.reads import Reads
 from idlegpu.scheduler.clock import Clock
+from idlegpu.scheduler.config import Settings
 from idlegpu.scheduler.limits import SURROGATE_PROBLEM, has_surrogate
 from idlegpu.scheduler.service import submissions
 from idlegpu.scheduler.service.identity import Identity

@@ -18,7 +18,6 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from idlegpu.forecast.config import Settings
 from idlegpu.scheduler.adapters.store import (
     InvalidRequestError,
     JobStore,
@@ -37,6 +36,7 @@ from idlegpu.scheduler.api.reads import Reads, add_read_routes
 from idlegpu.scheduler.api.requests import request_routes
 from idlegpu.scheduler.api.units import unit_routes
 from idlegpu.scheduler.clock import Clock, as_clock
+from idlegpu.scheduler.config import Settings
 from idlegpu.scheduler.service.errors import ForecastUnavailable, ServiceError, failure
 from idlegpu.scheduler.specs import SpecError
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
-from idlegpu.forecast.config import ApiConfig, IdentityMapping
+from idlegpu.scheduler.config import ApiConfig, IdentityMapping
 from idlegpu.scheduler.service.errors import ServiceError
 from idlegpu.scheduler.service.identity import (
     MEMBER,

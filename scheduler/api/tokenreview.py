@@ -14,8 +14,8 @@ import threading
 import time
 from typing import Any, Self
 
-from idlegpu.forecast.config import TokenReviewConfig
 from idlegpu.scheduler.api.auth import SERVICE_ACCOUNT_PREFIX, ApiError, PodRef
+from idlegpu.scheduler.config import TokenReviewConfig
 
 log = logging.getLogger("idlegpu.api")
 

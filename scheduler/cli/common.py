@@ -138,7 +138,8 @@ def parse_time(value: str, *, name: str) -> datetime:
 def _config_line(settings, path: Path | None) -> None:
     """Say on stderr (stdout stays machine-readable) which config a command read, or that it
     read none, and the time zone and holiday calendar in force."""
-    from idlegpu.forecast.config import ENV_PREFIX, Settings
+    from idlegpu.forecast.settings_base import ENV_PREFIX
+    from idlegpu.scheduler.config import Settings
 
     if settings is None:
         _state["config"] = "no config"
@@ -185,7 +186,7 @@ def _config_source() -> str | None:
 
 def _load_settings(config: Path):
     """The pool configuration of a command that needs one, announced on stderr."""
-    from idlegpu.forecast.config import load_config
+    from idlegpu.scheduler.config import load_config
 
     settings = load_config(config)
     _config_line(settings, config)
@@ -319,7 +320,7 @@ def _say_runtime_model(estimator) -> None:
 
 
 def _store_url(settings, store: str | None) -> str:
-    from idlegpu.forecast.config import StoreConfig
+    from idlegpu.scheduler.config import StoreConfig
 
     return store or (settings.store.url if settings is not None else StoreConfig().url)
 

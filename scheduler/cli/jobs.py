@@ -119,8 +119,8 @@ def queue(
         tz = settings.pool.tz if settings is not None else timezone.utc
         return remote_queue(markup_console, markup_err_console, server, token_file, scope,
                             all_units, tz, output)
-    from idlegpu.forecast.config import AdmissionConfig
     from idlegpu.scheduler.adapters.store import JobStore
+    from idlegpu.scheduler.config import AdmissionConfig
     from idlegpu.scheduler.runtime import RuntimeEstimator, load_runs
     from idlegpu.scheduler.specs import format_duration
 

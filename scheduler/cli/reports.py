@@ -47,8 +47,8 @@ def report(
     from a run table (--runs) or the job store's attempts (--store)."""
     from rich.progress import Progress
 
-    from idlegpu.forecast.config import ReportConfig
     from idlegpu.forecast.sources import read_history
+    from idlegpu.scheduler.config import ReportConfig
     from idlegpu.scheduler.reports import (
         Month,
         build_report,

@@ -105,7 +105,7 @@ from idlegpu.scheduler.types import (
 )
 
 if TYPE_CHECKING:
-    from idlegpu.forecast.config import AdmissionConfig
+    from idlegpu.scheduler.config import AdmissionConfig
 
 
 def decide(

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from idlegpu.forecast.config import Settings
 from idlegpu.scheduler.adapters.store import CancelResult, JobStore, SubmitQuota, UnknownJobError
+from idlegpu.scheduler.config import Settings
 from idlegpu.scheduler.limits import SURROGATE_PROBLEM, has_surrogate
 from idlegpu.scheduler.service.errors import SOURCE, ServiceError
 from idlegpu.scheduler.service.identity import Identity, audit_entry

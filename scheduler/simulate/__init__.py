@@ -75,7 +75,7 @@ from datetime import datetime, timedelta
 import numpy as np
 import pandas as pd
 
-from idlegpu.forecast.config import Settings
+from idlegpu.scheduler.config import Settings
 from idlegpu.scheduler.policy import decide, policy_settings
 from idlegpu.scheduler.simulate.choices import (
     _CLAIRVOYANT_NOW,

@@ -10,7 +10,7 @@ from typing import cast
 
 import numpy as np
 
-from idlegpu.forecast.config import Settings
+from idlegpu.scheduler.config import Settings
 from idlegpu.forecast.nodes import ServicePlacement
 from idlegpu.scheduler.simulate.jobs import SimJob, _Job
 from idlegpu.scheduler.types import NodeView

@@ -9,7 +9,7 @@ from typing import Any
 
 import pandas as pd
 
-from idlegpu.forecast.config import Settings
+from idlegpu.scheduler.config import Settings
 from idlegpu.forecast.models import CACHED_MODELS
 from idlegpu.forecast.schema import REPLICAS, metric_rows
 from idlegpu.scheduler.refresh import Refresher, same_forecasts

@@ -9,7 +9,7 @@ from typing import Any
 
 import pandas as pd
 
-from idlegpu.forecast.config import Settings
+from idlegpu.scheduler.config import Settings
 from idlegpu.scheduler import simulate as simulator  # simulator.simulate: read when called,
 # as the package imports this module (to name what is here) before it defines simulate()
 from idlegpu.scheduler.simulate.choices import CLAIRVOYANT, POLICIES

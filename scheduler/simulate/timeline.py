@@ -11,7 +11,7 @@ import pandas as pd
 
 from idlegpu.forecast.calendar import wall_clock
 from idlegpu.forecast.capacity import FREE, IN_USE, pool_usage
-from idlegpu.forecast.config import Settings
+from idlegpu.scheduler.config import Settings
 from idlegpu.forecast.schema import DS, KV_CACHE_USAGE, UNIQUE_ID, Y
 from idlegpu.scheduler.replay import WAITING_PER_REPLICA, serving_pressure
 from idlegpu.scheduler.simulate.jobs import SimJob

@@ -44,7 +44,7 @@ Validation takes the admission limits through pydantic's validation context::
 
     JobRequest.model_validate(data, context={"allowed_registries": [...], "max_gpus_per_job": 64})
 
-and falls back to the defaults of :class:`idlegpu.forecast.config.AdmissionConfig` without it.
+and falls back to the defaults of :class:`idlegpu.scheduler.config.AdmissionConfig` without it.
 Files are read with :func:`load_request`, :func:`load_requests` and :func:`load_trace`, texts
 (an API body, YAML or JSON) with :func:`parse_request_text`; every problem is a
 :class:`SpecError` whose message reads ``<file>: <field.path>: <problem>; <fix>``. All of them,

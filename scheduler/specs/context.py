@@ -3,7 +3,7 @@ limits, allowed registries, GPUs per job) and of the pool (its node shapes).
 
 Validation takes it through pydantic's validation context, built by
 :func:`admission_context`; without one the validators fall back to the defaults of
-:class:`idlegpu.forecast.config.AdmissionConfig`.
+:class:`idlegpu.scheduler.config.AdmissionConfig`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import ValidationInfo
 
-from idlegpu.forecast.config import AdmissionConfig
+from idlegpu.scheduler.config import AdmissionConfig
 
 _DEFAULT_ADMISSION = AdmissionConfig()
 

@@ -18,7 +18,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any, Protocol
 
-from idlegpu.forecast.config import AdmissionConfig
+from idlegpu.scheduler.config import AdmissionConfig
 from idlegpu.scheduler.specs.constants import (
     _IDENT,
     DEFAULT_CPU_PER_GPU,

@@ -10,7 +10,8 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from idlegpu.forecast.config import AdmissionConfig, unknown_field
+from idlegpu.forecast.settings_base import unknown_field
+from idlegpu.scheduler.config import AdmissionConfig
 from idlegpu.scheduler.limits import LimitError, brief, load_yaml_text, precheck
 from idlegpu.scheduler.specs.constants import KINDS
 from idlegpu.scheduler.specs.context import _DEFAULT_ADMISSION, admission_context

@@ -10,7 +10,7 @@ import math
 import re
 from decimal import Decimal
 
-from idlegpu.forecast.config import AdmissionConfig
+from idlegpu.scheduler.config import AdmissionConfig
 from idlegpu.scheduler.specs.checks import check_image
 from idlegpu.scheduler.specs.constants import _LABEL, _NVIDIA_WHY, _OBJECT_NAME, NVIDIA_ENV_PREFIX
 from idlegpu.scheduler.specs.errors import SpecError
