@@ -14,7 +14,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 # the pure core: forecast math and admission policy
 STRICT = ("idlegpu.forecast.models.*", "idlegpu.forecast.capacity", "idlegpu.scheduler.policy",
-          "idlegpu.scheduler.policy.*", "idlegpu.scheduler.types")
+          "idlegpu.scheduler.policy.*", "idlegpu.scheduler.types",
+          "idlegpu.scheduler.admission_checks")
 
 
 def mypy(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
