@@ -28,7 +28,14 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Self
 
-from kube_control_plane import DEFAULT_ASSETS, REPO, ControlPlane, _die_with_parent, _tail, free_port
+from kube_control_plane import (
+    DEFAULT_ASSETS,
+    REPO,
+    ControlPlane,
+    _die_with_parent,
+    _tail,
+    free_port,
+)
 
 KUEUE_NAMESPACE = "kueue-system"
 DEFAULT_CRDS = REPO / ".cache" / "kueue" / "crds"

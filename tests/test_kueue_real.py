@@ -7,6 +7,7 @@ check's entry keeps its own state; and Kueue's own quota still bounds admission.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from typing import Any
@@ -88,8 +89,6 @@ def _job(kueue: KueueManager, namespace: str, name: str, queue: str, gpus: int) 
 def _workload(kueue: KueueManager, namespace: str, job: str) -> dict[str, Any] | None:
     listed = kueue.plane.kubectl("get", "workloads.kueue.x-k8s.io", "-n", namespace, "-o",
                                  "json").stdout
-    import json
-
     for item in json.loads(listed)["items"]:
         owners = item["metadata"].get("ownerReferences", [])
         if any(o["kind"] == "Job" and o["name"] == job for o in owners):

@@ -86,6 +86,7 @@ from idlegpu.scheduler.policy.preemption import (
 )
 from idlegpu.scheduler.policy.steps import (
     MAX_RESERVATION_ATTEMPTS,
+    SHORT_BY_A_GPU,
     _forecast_need,
     _hours,
     _notice_s,
@@ -364,7 +365,7 @@ def _cover_the_service(now: datetime, running: Sequence[RunningJob], view: _Pool
     spared: dict[str, str] = {}
     if settings.runtimes_known and live.need == 0 and deficit > 0:
         # a job that ends before the GPUs are needed frees nothing by being stopped
-        first = int(np.flatnonzero(short >= 0.5)[0])  # the first whole GPU short
+        first = int(np.flatnonzero(short >= SHORT_BY_A_GPU)[0])  # the first GPU short
         spared = {j.id: "" for j in running if view.ends[j.id] - i0 <= first}
     if need <= 0:
         return

@@ -10,7 +10,12 @@ from typing import cast
 
 import numpy as np
 
-from idlegpu.scheduler.policy.steps import _forecast_need, _min_segment_s, _steps
+from idlegpu.scheduler.policy.steps import (
+    SHORT_BY_A_GPU,
+    _forecast_need,
+    _min_segment_s,
+    _steps,
+)
 from idlegpu.scheduler.types import FreeProfile, PolicySettings, RunningJob
 
 
@@ -72,7 +77,7 @@ def _stops_after_checkpoint(
             held[: max(0, ends[job.id] - i0)] += job.gpus
     short = held - free[i0:stop]
     short[np.isnan(short)] = 0.0  # a hole is no demand
-    later = np.flatnonzero(short[first - i0 :] >= 0.5)  # a whole GPU (_forecast_need)
+    later = np.flatnonzero(short[first - i0 :] >= SHORT_BY_A_GPU)
     if not later.size:
         return out, keeps
     at = first + int(later[0])  # the step the service needs the GPUs from
@@ -86,7 +91,7 @@ def _stops_after_checkpoint(
         def likely_before_checkpoint(job: RunningJob) -> bool:
             until = min(stop, profile.index_at(cast(datetime, job.next_checkpoint(now)))
                         + grace_steps + 1)
-            return bool((short_likely[first - i0 : max(first, until) - i0] >= 0.5).any())
+            return bool((short_likely[first - i0 : max(first, until) - i0] >= SHORT_BY_A_GPU).any())
 
         qualify = [j for j in qualify if likely_before_checkpoint(j)]
     need = _forecast_need(float(short[at - i0]))

@@ -10,6 +10,10 @@ from idlegpu.scheduler.types import PolicySettings, RunningJob, WaitingJob
 MAX_RESERVATION_ATTEMPTS = 8
 
 
+SHORT_BY_A_GPU = 0.5
+"""A forecast shortfall this large or larger asks a whole GPU (``_forecast_need``)."""
+
+
 def _forecast_need(short: float) -> int:
     """The GPUs a forecast shortfall asks of the running units, to the nearest whole GPU.
     A replica's GPUs are whole; a forecast's fraction is an average of them, and it moves by
@@ -17,7 +21,7 @@ def _forecast_need(short: float) -> int:
     pass). Admission asks the whole unit's GPUs of the forecast; were a stop to ask only more
     than nothing, a unit admitted on a forecast that just held would be stopped by the next
     pass's drift of a tenth of a GPU (admit-then-stop churn), with the headroom untouched."""
-    return max(0, math.floor(short + 0.5))
+    return max(0, math.floor(short + SHORT_BY_A_GPU))
 
 
 def _hours(seconds: float) -> str:
