@@ -22,12 +22,13 @@ Workloads writes what moved.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from idlegpu.scheduler.types import Action, Decision, RunningJob, WaitingJob
+from idlegpu.scheduler.specs.quantities import parse_duration
+from idlegpu.scheduler.types import Action, Decision, RunningJob, UnitSpec, WaitingJob
 
 CHECK_CONTROLLER = "idlegpu.io/forecast"
 MAX_EXEC_LABEL = "kueue.x-k8s.io/max-exec-time-seconds"
@@ -35,7 +36,15 @@ GPU_RESOURCE = "nvidia.com/gpu"
 
 PENDING, READY, RETRY, REJECTED = "Pending", "Ready", "Retry", "Rejected"
 CHECK_STATES = (PENDING, READY, RETRY, REJECTED)
-MAX_MESSAGE = 1024  # Kueue's limit on a check's message (maxLength of the CRD field)
+MAX_MESSAGE = 1024  # ours: a line a user reads in `kubectl get workload` (the CRD allows 32 Ki)
+RUNTIME_ANNOTATION = "idlegpu.io/runtime-estimate"
+"""On a Job's pod template (which Kueue copies into the Workload): the runtime to plan with when
+the Job gives no ``kueue.x-k8s.io/max-exec-time-seconds``, as in a request ("2h", "90m")."""
+STEP_LABEL = "idlegpu.io/step"
+"""On a Job's pod template: the runtime family's step (default: the pod set's name), so runs of
+one image and step share their runtime history as requests' units do."""
+STOP_BY_ANNOTATION = "idlegpu.io/stop-by"
+"""What ``podSetUpdates`` put on an admitted Workload's pods: when its window closes."""
 
 
 class WorkloadError(ValueError):
@@ -64,6 +73,17 @@ class CheckedWorkload:
     max_exec_s: float | None
     """``spec.maximumExecutionTimeSeconds`` (from the Job's ``kueue.x-k8s.io/max-exec-time-
     seconds`` label): the runtime it asks to be planned with, when given."""
+    image: str = ""
+    """The first container's image of the first pod set (the runtime family's image)."""
+    step: str = "main"
+    """The runtime family's step: the pod template's ``idlegpu.io/step`` label, else the pod
+    set's name."""
+    runtime_estimate_s: float | None = None
+    """The pod template's ``idlegpu.io/runtime-estimate`` annotation, in seconds."""
+    pod_sets: tuple[str, ...] = ()
+    """The pod sets' names (what ``podSetUpdates`` name)."""
+    state_since: str = ""
+    """The entry's ``lastTransitionTime`` as Kueue holds it (kept when only the message moves)."""
 
     @property
     def id(self) -> str:
@@ -75,7 +95,7 @@ def _time(text: Any, field: str) -> datetime:
     if not isinstance(text, str):
         raise WorkloadError(f"{field}: expected an RFC 3339 time, got {type(text).__name__}")
     try:
-        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        parsed = datetime.fromisoformat(text)
     except ValueError as exc:
         raise WorkloadError(f"{field}: not an RFC 3339 time ({text[:40]!r})") from exc
     if parsed.tzinfo is None:
@@ -143,6 +163,7 @@ def checked_workload(obj: Mapping[str, Any], checks: Sequence[str]) -> CheckedWo
         count = _whole(pod_set.get("count", 1), f"spec.podSets[{n}].count")
         gpus += count * _pod_gpus(pod_set.get("template") or {}, f"spec.podSets[{n}].template")
         pods += count
+    image, step, estimate_s, pod_sets = _family(spec.get("podSets") or ())
     max_exec = spec.get("maximumExecutionTimeSeconds")
     if max_exec is not None and (not isinstance(max_exec, int) or max_exec <= 0):
         raise WorkloadError(f"spec.maximumExecutionTimeSeconds: expected a positive whole "
@@ -162,7 +183,36 @@ def checked_workload(obj: Mapping[str, Any], checks: Sequence[str]) -> CheckedWo
                      if admitted and admitted_cond is not None else None),
         finished=_true(status, "Finished"),
         max_exec_s=float(max_exec) if max_exec is not None else None,
+        image=image, step=step, runtime_estimate_s=estimate_s, pod_sets=pod_sets,
+        state_since=str(entry.get("lastTransitionTime") or ""),
     )
+
+
+def _family(pod_sets: Sequence[Any]) -> tuple[str, str, float | None, tuple[str, ...]]:
+    """The first pod set's image, step and runtime annotation, and every pod set's name."""
+    names: list[str] = []
+    image, step, estimate_s = "", "main", None
+    for n, pod_set in enumerate(pod_sets):
+        name = pod_set.get("name") if isinstance(pod_set, Mapping) else None
+        if not isinstance(name, str) or not name:
+            raise WorkloadError(f"spec.podSets[{n}].name: every pod set has a name")
+        names.append(name)
+        if n:
+            continue
+        template = pod_set.get("template") or {}
+        meta = template.get("metadata") or {}
+        containers = (template.get("spec") or {}).get("containers") or ()
+        first = containers[0] if containers and isinstance(containers[0], Mapping) else {}
+        image = str(first.get("image") or "")[:512]
+        step = str((meta.get("labels") or {}).get(STEP_LABEL) or name)[:63]
+        text = (meta.get("annotations") or {}).get(RUNTIME_ANNOTATION)
+        if text is not None:
+            try:
+                estimate_s = parse_duration(str(text)[:40])
+            except ValueError as exc:
+                raise WorkloadError(f"spec.podSets[0].template.metadata.annotations"
+                                    f"[{RUNTIME_ANNOTATION}]: {exc}") from None
+    return image, step, estimate_s, tuple(names)
 
 
 def policy_units(workloads: Sequence[CheckedWorkload], now: datetime,
@@ -183,6 +233,9 @@ def policy_units(workloads: Sequence[CheckedWorkload], now: datetime,
         if w.finished or seconds is None or not seconds > 0:
             continue
         team = teams.get(w.namespace, w.namespace)
+        # a Workload of several pods is placed as a gang, one pod a node: a safe reading of
+        # its pod sets (it never counts on a node holding two of its pods)
+        nodes = w.pods if w.pods > 1 and w.gpus % w.pods == 0 else 1
         if w.admitted and w.state == READY:
             started = w.admitted_at or now
             running.append(RunningJob(
@@ -192,8 +245,44 @@ def policy_units(workloads: Sequence[CheckedWorkload], now: datetime,
         elif w.state == PENDING and w.quota_reserved and not w.admitted:
             queue.append(WaitingJob(
                 id=w.id, team=team, gpus=w.gpus, runtime_s=seconds, checkpointable=False,
-                priority=w.priority, submitted_at=w.created_at, kind="kueue"))
+                priority=w.priority, submitted_at=w.created_at, kind="kueue", nodes=nodes))
     return queue, running
+
+
+def workload_unit_spec(w: CheckedWorkload) -> UnitSpec:
+    """The Workload as a unit for the runtime model: its image and step are its family, its
+    ``idlegpu.io/runtime-estimate`` the user's estimate (what a request's ``runtime_estimate``
+    is). Nothing else of it is planned or run by idlegpu: Kueue's Job runs it."""
+    return UnitSpec(
+        step=w.step, step_index=0, member=0, image=w.image, command=(), args=(), env=(),
+        parameters=(), gpus=w.gpus, cpu=0.0, memory="0", runtime_estimate_s=w.runtime_estimate_s,
+        checkpointable=False, checkpoint_interval_s=None, resume_args=(), priority=w.priority,
+        deadline=None, max_preemptions=None, output=None, depends_on=(), kind="kueue")
+
+
+def planned_runtime_s(w: CheckedWorkload, estimate: Callable[[UnitSpec], float]) -> float:
+    """What a Workload is planned with: its ``maximumExecutionTimeSeconds`` when it has one
+    (Kueue ends it there anyway), else the runtime model's estimate (``estimate``) of its
+    family, which starts from its ``idlegpu.io/runtime-estimate``."""
+    if w.max_exec_s is not None:
+        return w.max_exec_s
+    return float(estimate(workload_unit_spec(w)))
+
+
+@dataclass(frozen=True)
+class KueueReading:
+    """One pass's reading of Kueue: our AdmissionChecks' ``Active`` conditions as they stand
+    (name -> (active, reason, message); absent: the check has none yet), the Workloads that
+    carry one of them, those that cannot be units (id, why: never admitted by us), and the
+    configured checks the cluster does not have or that name another controller (each with
+    why)."""
+
+    active: Mapping[str, tuple[bool, str, str]]
+    workloads: Sequence[CheckedWorkload]
+    refused: Sequence[tuple[str, str]] = ()
+    missing: Sequence[str] = ()
+    served: Sequence[str] = ()
+    """The configured checks the cluster has, naming our controller: the ones we serve."""
 
 
 @dataclass(frozen=True)
@@ -205,6 +294,38 @@ class CheckUpdate:
     check: str
     state: str
     message: str
+    stop_by: datetime | None = None
+    """A ``Ready`` entry's window end (what ``podSetUpdates`` tell its pods)."""
+    since: str = ""
+    """The entry's ``lastTransitionTime`` to keep: set when only its message moves."""
+    pod_sets: tuple[str, ...] = ()
+    """The Workload's pod sets (what a ``Ready`` entry's ``podSetUpdates`` name)."""
+
+
+def entry_apply(update: CheckUpdate, since: str,
+                pod_set_updates: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+    """The server-side apply body of one check entry (``workloads/status``): only our entry,
+    so the list (a map keyed by name) keeps every other check's. ``since``: its
+    ``lastTransitionTime`` (RFC 3339). ``pod_set_updates``: what Kueue puts on the pods when
+    it admits the Workload (a ``Ready`` entry only)."""
+    entry: dict[str, Any] = {"name": update.check, "state": update.state,
+                             "message": update.message, "lastTransitionTime": since}
+    if pod_set_updates and update.state == READY:
+        entry["podSetUpdates"] = [dict(u) for u in pod_set_updates]
+    return {"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "Workload",
+            "metadata": {"name": update.name, "namespace": update.namespace},
+            "status": {"admissionChecks": [entry]}}
+
+
+def active_apply(check: str, active: tuple[bool, str, str], since: str) -> dict[str, Any]:
+    """The server-side apply body of an AdmissionCheck's ``Active`` condition
+    (``admissionchecks/status``): ``active`` as ``check_active`` returns it."""
+    status, reason, message = active
+    return {"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "AdmissionCheck",
+            "metadata": {"name": check},
+            "status": {"conditions": [{
+                "type": "Active", "status": "True" if status else "False", "reason": reason,
+                "message": _bounded(message), "lastTransitionTime": since}]}}
 
 
 def _when(at: datetime, tz: Any) -> str:
@@ -225,7 +346,7 @@ def check_updates(workloads: Sequence[CheckedWorkload], decisions: Sequence[Deci
     for w in sorted(workloads, key=lambda w: w.id):
         if w.finished or w.state in (REJECTED, RETRY):
             continue
-        state, message = w.state, w.message
+        state, message, stop_by = w.state, w.message, None
         if pool_gpus and w.gpus > pool_gpus and not w.admitted:
             state = REJECTED
             message = (f"needs {w.gpus} GPUs; the pool has {pool_gpus} in all: it can never "
@@ -236,6 +357,7 @@ def check_updates(workloads: Sequence[CheckedWorkload], decisions: Sequence[Deci
                 message = "fits the forecast: " + d.reason
                 if d.stop_by is not None:
                     message += f"; stops by {_when(d.stop_by, tz)}"
+                    stop_by = d.stop_by
             elif d.action is Action.DEFER and not w.admitted:
                 state = PENDING
                 message = "waits: " + d.reason
@@ -245,7 +367,8 @@ def check_updates(workloads: Sequence[CheckedWorkload], decisions: Sequence[Deci
                 state, message = RETRY, "stopped: " + d.reason
         message = _bounded(message)
         if (state, message) != (w.state, w.message):
-            out.append(CheckUpdate(w.namespace, w.name, w.check, state, message))
+            out.append(CheckUpdate(w.namespace, w.name, w.check, state, message, stop_by,
+                                   w.state_since if state == w.state else "", w.pod_sets))
     return out
 
 
@@ -270,6 +393,7 @@ def check_active(*, forecast_age_s: float | None, max_forecast_age_s: float,
     return True, "Active", "the forecast and the live signals are fresh"
 
 
-__all__ = ["CHECK_CONTROLLER", "CHECK_STATES", "CheckUpdate", "CheckedWorkload",
-           "WorkloadError", "check_active", "check_updates", "checked_workload",
-           "policy_units"]
+__all__ = ["CHECK_CONTROLLER", "CHECK_STATES", "RUNTIME_ANNOTATION", "STEP_LABEL",
+           "STOP_BY_ANNOTATION", "CheckUpdate", "CheckedWorkload", "KueueReading",
+           "WorkloadError", "active_apply", "check_active", "check_updates", "checked_workload",
+           "entry_apply", "planned_runtime_s", "policy_units", "workload_unit_spec"]

@@ -1,5 +1,5 @@
-"""The ports the controller drives: a cluster that runs Jobs, live serving signals, and the
-job store that holds the queue.
+"""The ports the controller drives: a cluster that runs Jobs, live serving signals, the job
+store that holds the queue, and Kueue's Workloads that wait on idlegpu's admission check.
 
 Adapters implement them (``scheduler/adapters/kubernetes/``, ``scheduler/adapters/vllm.py``);
 tests and the simulator use in-memory fakes. Times are passed in, never read inside.
@@ -13,6 +13,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Protocol
 
 from idlegpu.forecast.errors import PermanentError
+from idlegpu.scheduler.admission_checks import CheckUpdate, KueueReading
 from idlegpu.scheduler.types import JobState, NodeView, NoticeOutcome, ServingSignals, UnitSpec
 
 if TYPE_CHECKING:  # the rows the store returns (annotations only: no SQLAlchemy here)
@@ -222,3 +223,17 @@ class JobStore(Protocol):
     def drop_ended_specs(self, before: datetime, now: datetime, *, batch: int = 500,
                          max_batches: int = 20) -> int:
         """Retention: drop the bulk of ended units' specs; returns how many."""
+
+
+class AdmissionCheckSource(Protocol):
+    """Kueue's Workloads that carry idlegpu's AdmissionChecks, and their check entries
+    (``scheduler/adapters/kubernetes/kueue.py``)."""
+
+    def read(self) -> KueueReading:
+        """Our AdmissionChecks' ``Active`` conditions and the Workloads carrying them."""
+
+    def set_active(self, check: str, active: tuple[bool, str, str]) -> None:
+        """Write an AdmissionCheck's ``Active`` condition: (active, reason, message)."""
+
+    def write(self, update: CheckUpdate) -> None:
+        """Write one Workload's entry of our check (never another check's)."""

@@ -56,6 +56,8 @@ from typing import Literal, cast
 import numpy as np
 
 from idlegpu.forecast.errors import IdlegpuError, PermanentError
+from idlegpu.scheduler.admission_checks import check_active
+from idlegpu.scheduler.controller.kueue import KueueAdmission, is_workload
 from idlegpu.scheduler.controller.reconcile import Reconciler, pod_requests, unit_pods
 from idlegpu.scheduler.controller.report import PassReport
 from idlegpu.scheduler.policy import decide
@@ -109,6 +111,7 @@ class Controller(Reconciler):
         dry_run: bool = False,
         runtime_quantile: float = 0.9,
         checkpoint_notice_s: float = 0.0,
+        kueue: KueueAdmission | None = None,
     ) -> None:
         """``pending_timeout_s``: an admitted Job whose pod no node has placed after this long
         is stopped and its unit requeued (None: wait forever). ``stop_timeout_s``: a stopped
@@ -125,7 +128,8 @@ class Controller(Reconciler):
         ``gang_timeout_s``: a multi-node unit whose pods are not all running this long after
         its Job was created is rolled back and requeued (None: only the pending timeout).
         ``checkpoint_notice_s``: the notice units that answer notices get before a planned
-        stop (0: blind stops for all)."""
+        stop (0: blind stops for all). ``kueue``: Kueue's Workloads that wait on idlegpu's
+        admission checks, offered to the same ``decide()`` (``controller/kueue.py``)."""
         self.store = store
         self.cluster = cluster
         self.signals = signals
@@ -141,6 +145,7 @@ class Controller(Reconciler):
         self.dry_run = dry_run
         self.runtime_quantile = runtime_quantile
         self.checkpoint_notice_s = max(0.0, float(checkpoint_notice_s))
+        self.kueue = kueue
         # how long units overran their estimates: read from the store's finished units at the
         # first pass, again after a pass that saw units finish
         self._overruns: Overruns | None = None
@@ -174,6 +179,7 @@ class Controller(Reconciler):
             return self._backstop_pass(now)
 
     _admission_logged = None  # the admission state a pass last logged (once per change)
+    _made_at: datetime | None = None  # when the forecast the last pass read was made
 
     def _reconcile_pass(self, now: datetime) -> PassReport:
         report = PassReport(now=now)
@@ -196,6 +202,11 @@ class Controller(Reconciler):
         # without a view of the cluster nothing is admitted (never blind); stops still go out
         overruns = self._overrun_model()
         waiting = (self._waiting(now, overruns) if seen and not admission.paused else [])
+        if self.kueue is not None:
+            kueue_read = self.kueue.read(report)
+            self.kueue.settle(self._stopping)
+            if kueue_read and seen and not admission.paused:
+                waiting += self.kueue.units(now)[0]
         nodes: NodeView | None = None
         if waiting and self._nodes_readable:
             read = self._read_nodes(now, report)
@@ -205,7 +216,22 @@ class Controller(Reconciler):
                 nodes = read
                 waiting = [self._with_requests(job) for job in waiting]
         usage = self.store.team_gpu_hours(now, self.fair_share_days * 86400)
-        return self._decide_and_apply(now, report, waiting, usage, nodes)
+        report = self._decide_and_apply(now, report, waiting, usage, nodes)
+        if self.kueue is not None:
+            paused = (admission.reason or "no reason given") if admission.paused else ""
+            self.kueue.activate(self._can_decide(now, report, paused), report)
+        return report
+
+    def _can_decide(self, now: datetime, report: PassReport, paused: str
+                    ) -> tuple[bool, str, str]:
+        """Whether idlegpu's admission checks are Active (``check_active``)."""
+        signals = report.signals
+        return check_active(
+            forecast_age_s=(now - self._made_at).total_seconds() if self._made_at else None,
+            max_forecast_age_s=self.settings.max_forecast_age_s,
+            signals_age_s=((now - signals.observed_at).total_seconds()
+                           if signals is not None and signals.observed_at else None),
+            max_signal_age_s=self.settings.max_signal_age_s, paused_reason=paused)
 
     def _backstop_pass(self, now: datetime) -> PassReport:
         return self._decide_and_apply(now, PassReport(now=now), [], {})
@@ -271,7 +297,11 @@ class Controller(Reconciler):
     def _decide_and_apply(self, now: datetime, report: PassReport, waiting, usage,
                           nodes: NodeView | None = None) -> PassReport:
         holding = self._running(now, self._overrun_model())
-        signals = self._read_signals(now, report, job_gpus=sum(job.gpus for job in holding))
+        job_gpus = sum(job.gpus for job in holding)
+        if self.kueue is not None:
+            holding += self.kueue.units(now)[1]
+            job_gpus += self.kueue.holding(self._stopping)
+        signals = self._read_signals(now, report, job_gpus=job_gpus)
         if not self.dry_run:
             self._follow_notices(now, report, service_short=bool(signals.gpus_short))
         report.signals = self._net_of_stopping(signals)
@@ -282,6 +312,8 @@ class Controller(Reconciler):
         report.plan = decide(now, self._profile(now, report), running, waiting,
                              report.signals, usage, self.settings, nodes)
         self._apply(now, report.plan, report)
+        if self.kueue is not None:
+            self.kueue.apply(report.plan, report, self._stopping)
         return report
 
     def _placed(self, running: list[RunningJob], view: NodeView) -> list[RunningJob]:
@@ -372,11 +404,15 @@ class Controller(Reconciler):
             report.errors.append(f"forecast: {exc}")
             profile = None
         if profile is None:
-            profile = FreeProfile(now, 300, np.zeros(1), 0.0, now - timedelta(days=365))
+            self._made_at = None
+            return FreeProfile(now, 300, np.zeros(1), 0.0, now - timedelta(days=365))
+        self._made_at = profile.made_at
         return profile
 
     def _apply(self, now: datetime, plan: Plan, report: PassReport) -> None:
         for decision in plan.decisions:
+            if is_workload(decision.job_id):  # Kueue's: its check entry says it (kueue.apply)
+                continue
             if decision.action is Action.PREEMPT:
                 row = self.store.unit(decision.job_id)
                 if decision.planned and self._answers_notice(row):

@@ -28,6 +28,8 @@ class PassReport:
     notices_closed: list[tuple[str, str]] = field(default_factory=list)
     """``(unit, outcome)`` of the notices that ended this pass (answered, missed, cut, ended)."""
     deleted: list[str] = field(default_factory=list)
+    checks_written: list[tuple[str, str]] = field(default_factory=list)
+    """``(Kueue Workload unit, state)`` of the admission-check entries written this pass."""
     errors: list[str] = field(default_factory=list)
     signals: ServingSignals | None = None
     nodes: NodeView | None = None

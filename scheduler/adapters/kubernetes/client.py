@@ -8,20 +8,17 @@ sends is built by ``manifests``; what it reads is parsed by ``status`` and ``nod
 from __future__ import annotations
 
 import copy
-import email.utils
 import json
 import logging
-import re
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import kubernetes
-import urllib3
-from kubernetes.client.exceptions import ApiException
 
 from idlegpu.forecast.errors import PermanentError
+from idlegpu.scheduler.adapters.kubernetes.calls import ApiCaller, _server_time
 from idlegpu.scheduler.adapters.kubernetes.credentials import load_client_configuration
 from idlegpu.scheduler.adapters.kubernetes.errors import (
     ClusterPermissionError,
@@ -65,25 +62,14 @@ from idlegpu.scheduler.types import NodeView, UnitSpec
 # the package's name, as before the split: what log configurations and tests select
 log = logging.getLogger("idlegpu.scheduler.adapters.kubernetes")
 
-_RETRYABLE_STATUS = {429, 500, 502, 503, 504}
 _MERGE_PATCH = "application/merge-patch+json"
 _STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 
 
-def _server_time(date_header: str | None) -> datetime:
-    """The server's time from an answer's ``Date`` header (else this machine's real time), for
-    a field the server's controllers compare with their own clocks (a pod condition's
-    ``lastTransitionTime``), never the daemon's (possibly replayed) ``now``."""
-    if date_header:
-        try:
-            return email.utils.parsedate_to_datetime(date_header).astimezone(UTC)
-        except (TypeError, ValueError):
-            pass
-    return datetime.now(UTC).replace(microsecond=0)
-
-
-class KubernetesCluster:
+class KubernetesCluster(ApiCaller):
     """``Cluster`` over ``batch/v1`` Jobs in one namespace (see the package docstring)."""
+
+    namespace: str
 
     def __init__(
         self,
@@ -586,76 +572,3 @@ class KubernetesCluster:
                 f"delete or rename it")
         log.info("adopted existing Job %s/%s for unit %s", self.namespace, name, unit_id)
         return meta.get("uid")
-
-    def _call(self, verb: str, fn: Callable[..., Any], resource: str = "jobs.batch") -> Any:
-        """Run one API call with retries; return its JSON body as a dict."""
-        attempts = self.retries + 1
-        last = ""
-        for i in range(attempts):
-            if i:
-                self._sleep(min(self.max_backoff_s, self.backoff_s * 2 ** (i - 1)))
-            try:
-                response = fn(_preload_content=False, _request_timeout=self.request_timeout_s)
-                self._server_date = (getattr(response, "headers", None) or {}).get("Date")
-                data = response.data
-                return json.loads(data) if data else {}
-            except ApiException as exc:
-                if exc.status in _RETRYABLE_STATUS:
-                    last = f"HTTP {exc.status} {_status_message(exc) or exc.reason or ''}".strip()
-                    continue
-                raise self._error(verb, exc, resource) from None
-            except (urllib3.exceptions.HTTPError, OSError) as exc:
-                last = " ".join(f"{type(exc).__name__}: {exc}".split())
-                continue
-        raise ClusterUnavailableError(
-            f"Kubernetes API unavailable: {verb} {resource} in namespace {self.namespace} failed "
-            f"after {attempts} attempt(s): {last[:300]}")
-
-    def _error(self, verb: str, exc: ApiException, resource: str) -> Exception:
-        message = _status_message(exc)
-        if exc.status == 404:
-            return _NotFound(message)
-        if exc.status == 409 and verb == "create":
-            return _Conflict(message)
-        if exc.status == 401:
-            return ClusterPermissionError(
-                f"Kubernetes rejected the credentials for '{verb}' on {resource} in namespace "
-                f"{self.namespace} (HTTP 401): {message or exc.reason}; check the kubeconfig "
-                f"user or the service account token")
-        if exc.status == 403:
-            return ClusterPermissionError(
-                f"Kubernetes denied '{verb}' on {resource} in namespace {self.namespace} "
-                f"(HTTP {exc.status}): {message or exc.reason}; grant the idlegpu service "
-                f"account the Role of deploy/role.yaml there (jobs.batch: get, list, create, "
-                f"patch, delete; pods: get, list; pods/status: patch; services: create, "
-                f"delete)")
-        fields = _status_fields(exc)
-        what = f" (fields: {', '.join(fields)})" if fields else ""
-        return ClusterRejectedError(
-            f"Kubernetes rejected '{verb}' on {resource} in namespace {self.namespace} "
-            f"(HTTP {exc.status}){what}: {message or exc.reason}",
-            status=exc.status or 0, fields=fields)
-
-
-def _status_body(exc: ApiException) -> dict[str, Any]:
-    try:
-        body = json.loads(exc.body) if exc.body else {}
-    except (ValueError, TypeError):
-        return {}
-    return body if isinstance(body, dict) else {}
-
-
-def _status_message(exc: ApiException) -> str:
-    body = _status_body(exc)
-    text = body.get("message") or (exc.body.decode(errors="replace") if isinstance(
-        exc.body, bytes) else str(exc.body or ""))
-    return " ".join(str(text).split())[:500]
-
-
-def _status_fields(exc: ApiException) -> tuple[str, ...]:
-    causes = (_status_body(exc).get("details") or {}).get("causes") or []
-    fields = [c.get("field") for c in causes if isinstance(c, dict) and c.get("field")]
-    if not fields:  # "Job.batch "x" is invalid: spec.foo: Required value"
-        fields = re.findall(r"(?:^|: |, )((?:metadata|spec)\.[\w.\[\]\"/-]+):",
-                            _status_message(exc))
-    return tuple(dict.fromkeys(fields))

@@ -1,0 +1,163 @@
+"""Kueue's Workloads in the controller's passes: the units that wait on idlegpu's AdmissionChecks.
+
+Each reconcile pass reads them (``KueueAdmission.read``) and offers them to the same
+``decide()`` as the stored units: a Workload with its quota reserved and our check ``Pending``
+waits in the queue, one admitted with our check ``Ready`` holds its GPUs (so the live
+signals, the backstop and the forecast see them as they see our own Jobs). The decisions come
+back as check entries (``admission_checks.check_updates``): ``Ready`` admits, ``Pending``
+says why it waits and when it should start, ``Retry`` evicts (Kueue suspends the Job and
+requeues the Workload). The backstop pass reuses the last reading: it only stops, and a stop of
+a Workload that ended meanwhile changes nothing.
+
+While idlegpu cannot decide (no fresh forecast, no fresh live signals, admission paused), its
+AdmissionChecks are not ``Active`` and Kueue keeps their ClusterQueues inactive: nothing is
+admitted blind. Workloads it cannot read as units are reported, never written.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from datetime import datetime
+from typing import Any
+
+from idlegpu.forecast.errors import IdlegpuError
+from idlegpu.scheduler.admission_checks import (
+    READY,
+    RETRY,
+    CheckedWorkload,
+    KueueReading,
+    check_updates,
+    policy_units,
+)
+from idlegpu.scheduler.controller.report import PassReport
+from idlegpu.scheduler.ports import AdmissionCheckSource
+from idlegpu.scheduler.types import Plan, RunningJob, WaitingJob
+
+log = logging.getLogger("idlegpu.controller")
+
+KUEUE_PREFIX = "kueue/"
+
+
+def is_workload(unit_id: str) -> bool:
+    """Whether a unit id is a Kueue Workload's (``kueue/<namespace>/<name>``)."""
+    return unit_id.startswith(KUEUE_PREFIX)
+
+
+class KueueAdmission:
+    """One AdmissionCheckSource in the controller's passes (module docstring)."""
+
+    def __init__(self, source: AdmissionCheckSource,
+                 runtime: Callable[[CheckedWorkload], float], *, pool_gpus: int, tz: Any,
+                 team_of: Mapping[str, str] | None = None, dry_run: bool = False) -> None:
+        """``runtime(workload)``: the seconds it is planned with
+        (``admission_checks.planned_runtime_s``). ``pool_gpus``: the pool's GPUs (bigger
+        Workloads are rejected). ``tz``: the pool's time zone, for the messages.
+        ``dry_run``: decide and report what would be written, write nothing."""
+        self.source = source
+        self.runtime = runtime
+        self.pool_gpus = pool_gpus
+        self.tz = tz
+        self.team_of = dict(team_of or {})
+        self.dry_run = dry_run
+        self.reading: KueueReading | None = None
+        self._runtimes: dict[str, float] = {}
+        self._refused_logged: set[str] = set()
+
+    def read(self, report: PassReport) -> bool:
+        """Read Kueue; False (the error reported) when it cannot be read: nothing of it is
+        admitted this pass, and what runs stays as last read."""
+        try:
+            reading = self.source.read()
+        except IdlegpuError as exc:
+            report.errors.append(f"kueue: {exc}")
+            return False
+        for unit, why in reading.refused:
+            report.errors.append(f"{unit}: not a unit: {why}")
+            if unit not in self._refused_logged:
+                self._refused_logged.add(unit)
+                log.warning("Kueue Workload %s cannot be planned: %s", unit, why)
+        self.reading = reading
+        present = {w.id for w in reading.workloads}
+        self._runtimes = {k: v for k, v in self._runtimes.items() if k in present}
+        return True
+
+    def units(self, now: datetime) -> tuple[list[WaitingJob], list[RunningJob]]:
+        """The Workloads as the policy's queue and running units (the last reading)."""
+        if self.reading is None:
+            return [], []
+        runtimes: dict[str, float] = {}
+        for w in self.reading.workloads:
+            if w.finished:
+                continue
+            seconds = self._runtimes.get(w.id)
+            if seconds is None:
+                try:
+                    seconds = float(self.runtime(w))
+                except (IdlegpuError, ValueError) as exc:
+                    log.warning("no runtime for Kueue Workload %s: %s", w.id, exc)
+                    continue
+                self._runtimes[w.id] = seconds
+            runtimes[w.id] = seconds
+        return policy_units(self.reading.workloads, now, runtimes, self.team_of)
+
+    def holding(self, stopping: Mapping[str, int]) -> int:
+        """GPUs admitted Workloads hold, those told to stop included (until they are gone)."""
+        if self.reading is None:
+            return 0
+        return sum(w.gpus for w in self.reading.workloads
+                   if w.admitted and not w.finished and (w.state == READY or w.id in stopping))
+
+    def settle(self, stopping: dict[str, int]) -> None:
+        """Forget the stops of Workloads no longer admitted: their GPUs are back."""
+        if self.reading is None:
+            return
+        admitted = {w.id for w in self.reading.workloads if w.admitted and not w.finished}
+        for unit in [u for u in stopping if is_workload(u) and u not in admitted]:
+            del stopping[unit]
+
+    def apply(self, plan: Plan, report: PassReport, stopping: dict[str, int]) -> None:
+        """Write the check entries the plan changes; a ``Retry`` is a stop under way."""
+        if self.reading is None:
+            return
+        by_id = {w.id: w for w in self.reading.workloads}
+        written: dict[str, CheckedWorkload] = {}
+        for update in check_updates(self.reading.workloads, plan.decisions, self.pool_gpus,
+                                    self.tz):
+            unit = f"{KUEUE_PREFIX}{update.namespace}/{update.name}"
+            if self.dry_run:
+                report.checks_written.append((unit, update.state))
+                log.info("dry run: would set Kueue Workload %s %s (%s)", unit, update.state,
+                         update.message)
+                continue
+            try:
+                self.source.write(update)
+            except IdlegpuError as exc:
+                report.errors.append(f"{unit}: check {update.state} not written: {exc}")
+                continue
+            report.checks_written.append((unit, update.state))
+            written[unit] = replace(by_id[unit], state=update.state, message=update.message)
+            if update.state == RETRY:
+                stopping[unit] = by_id[unit].gpus
+                report.stopped.append(unit)
+            log.info("Kueue Workload %s: %s (%s)", unit, update.state, update.message)
+        if written:
+            self.reading = replace(self.reading, workloads=[
+                written.get(w.id, w) for w in self.reading.workloads])
+
+    def activate(self, active: tuple[bool, str, str], report: PassReport) -> None:
+        """Our AdmissionChecks' ``Active`` condition, written where it changed."""
+        if self.reading is None or self.dry_run:
+            return
+        for check in self.reading.served:
+            if self.reading.active.get(check) == active:
+                continue
+            try:
+                self.source.set_active(check, active)
+            except IdlegpuError as exc:
+                report.errors.append(f"admission check {check}: Active not written: {exc}")
+                continue
+            if active[0] != (self.reading.active.get(check) or (None,))[0]:
+                log.info("admission check %s: Active=%s (%s)", check, active[0], active[2])
+            self.reading = replace(self.reading, active={**self.reading.active, check: active})
