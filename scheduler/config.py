@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
@@ -170,6 +170,25 @@ class AdmissionConfig(StrictModel):
         return value
 
 
+_DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
+
+
+class KueueConfig(StrictModel):
+    """idlegpu as a Kueue admission check (``cluster.kueue``): the daemon serves these
+    AdmissionChecks (``spec.controllerName: idlegpu.io/forecast``): a Workload of a
+    ClusterQueue that lists one waits until the forecast has room for its runtime."""
+
+    admission_checks: list[Annotated[str, Field(pattern=_DNS_SUBDOMAIN)]] = Field(
+        default_factory=list, max_length=16)
+    """Names of the AdmissionChecks to serve, e.g. [idlegpu-forecast]; empty: none (Kueue
+    is not read at all)."""
+    teams: dict[Annotated[str, Field(pattern=_DNS_SUBDOMAIN, max_length=63)],
+                Annotated[str, Field(min_length=1, max_length=63)]] = Field(
+        default_factory=dict)
+    """The team of each namespace's Workloads, for fair share and the reports (default: the
+    namespace's name)."""
+
+
 class ClusterConfig(StrictModel):
     """Where and how research Jobs run (the inference pool's GPU nodes)."""
 
@@ -228,6 +247,8 @@ class ClusterConfig(StrictModel):
     token_expiration_seconds: int = Field(default=600, ge=600, le=86400)
     """Lifetime of that token; the kubelet rotates it before it expires (600 is the least
     the API server accepts)."""
+    kueue: KueueConfig = Field(default_factory=KueueConfig)
+    """Kueue's Workloads admitted through idlegpu's admission checks (``KueueConfig``)."""
 
 
 class LeaderElectionConfig(StrictModel):

@@ -11,8 +11,11 @@ import json
 import time
 from collections.abc import Callable
 from typing import Any
+from zoneinfo import ZoneInfo
 
+import numpy as np
 import pytest
+from kube_harness import pool, priority_classes  # noqa: F401 (fixtures)
 from kueue_manager import KueueManager
 
 CHECK_CONTROLLER = "idlegpu.io/forecast"
@@ -88,7 +91,7 @@ def _job(kueue: KueueManager, namespace: str, name: str, queue: str, gpus: int) 
 
 def _workload(kueue: KueueManager, namespace: str, job: str) -> dict[str, Any] | None:
     listed = kueue.plane.kubectl("get", "workloads.kueue.x-k8s.io", "-n", namespace, "-o",
-                                 "json").stdout
+                                 "json", "--show-managed-fields").stdout
     for item in json.loads(listed)["items"]:
         owners = item["metadata"].get("ownerReferences", [])
         if any(o["kind"] == "Job" and o["name"] == job for o in owners):
@@ -182,3 +185,146 @@ def test_an_admission_check_holds_admits_and_evicts_a_job_on_the_real_kueue(
         and (_condition(w, "Admitted") or {}).get("status") == "False" and w)
     assert (_condition(requeued, "Evicted") or {}).get("status") == "True" or (
         _condition(requeued, "Requeued") or {}).get("status") == "True", requeued["status"]
+
+
+# ------------------------------------------------------------------ the daemon's check controller
+
+
+def _kueue_job(kueue: KueueManager, namespace: str, name: str, queue: str, gpus: int,
+               runtime_s: int) -> None:
+    """A suspended Job of a LocalQueue that asks to be planned with ``runtime_s``."""
+    kueue.apply({
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": name, "namespace": namespace,
+                     "labels": {"kueue.x-k8s.io/queue-name": queue,
+                                "kueue.x-k8s.io/max-exec-time-seconds": str(runtime_s)}},
+        "spec": {"suspend": True, "backoffLimit": 0, "template": {"spec": {
+            "restartPolicy": "Never", "terminationGracePeriodSeconds": 5,
+            "tolerations": [{"operator": "Exists"}],
+            "containers": [{"name": "main", "image": "registry.example.com/research/eval:1",
+                            "resources": {"requests": {"cpu": "1", "memory": "1Gi",
+                                                       "nvidia.com/gpu": str(gpus)},
+                                          "limits": {"nvidia.com/gpu": str(gpus)}}}]}}}})
+
+
+def _entry(workload: dict[str, Any] | None, check: str) -> dict[str, Any]:
+    for entry in (workload or {}).get("status", {}).get("admissionChecks", []):
+        if entry["name"] == check:
+            return entry
+    return {}
+
+
+def _managers(workload: dict[str, Any]) -> set[str]:
+    return {f.get("manager") for f in workload["metadata"].get("managedFields", [])}
+
+
+def test_the_daemon_admits_holds_and_evicts_kueue_workloads_through_a_night(
+        kueue: KueueManager, pool) -> None:
+    """The daemon's check controller on the real Kueue: a Workload that fits tonight's window
+    is Ready and its pod runs; one that does not waits Pending with the estimated start; the
+    morning's live need evicts the running one (Retry), Kueue requeues it, and the next night
+    admits it again; a Workload of a ClusterQueue without the check is never touched; a
+    second check on a ClusterQueue keeps its own state; Kueue's quota still bounds it all."""
+    from kube_harness import REPLAY_START
+
+    from idlegpu.scheduler.adapters.kubernetes.kueue import KueueChecks
+    from idlegpu.scheduler.admission_checks import planned_runtime_s
+    from idlegpu.scheduler.controller.kueue import KueueAdmission
+
+    daemon, _sim = pool(nodes=1, gpus=16)
+    namespace = daemon.namespace
+    tag = namespace[-6:]
+    night, shared, plain = f"night-{tag}", f"shared-{tag}", f"plain-{tag}"
+    check, other = f"idlegpu-forecast-{tag}", f"other-check-{tag}"
+    _queues(kueue, namespace, night, [check], gpus=8)
+    _queues(kueue, namespace, shared, [check, other], gpus=4)
+    _queues(kueue, namespace, plain, [], gpus=4)
+    _activate(kueue, other)  # the other check's controller, played by the test
+    daemon.controller.kueue = KueueAdmission(
+        KueueChecks(kueue.plane.api_client(), checks=[check],
+                    node_selector=daemon.cluster.node_selector, backoff_s=0.2),
+        lambda w: planned_runtime_s(w, lambda spec: 3600.0),
+        pool_gpus=16, tz=ZoneInfo("Asia/Seoul"))
+    # tonight: 8 GPUs free for 3 h, none for 17 h (the day), 8 again the next night
+    daemon.free = np.concatenate([np.full(36, 8.0), np.zeros(204), np.full(336, 8.0)])
+
+    # the first pass marks the check Active: the ClusterQueue activates
+    daemon.reconcile()
+    assert _condition(kueue.get("admissioncheck", check), "Active")["status"] == "True"
+    _wait("the night ClusterQueue active", lambda: (_condition(
+        kueue.get("clusterqueue", night), "Active") or {}).get("status") == "True")
+
+    _kueue_job(kueue, namespace, "fits", night, gpus=4, runtime_s=2 * 3600)
+    _kueue_job(kueue, namespace, "too-long", night, gpus=4, runtime_s=9 * 3600)
+    _wait("both Workloads with their quota reserved", lambda: all(
+        (_condition(_workload(kueue, namespace, job) or {}, "QuotaReserved") or {}).get(
+            "status") == "True" for job in ("fits", "too-long")))
+    daemon.until(lambda r: kueue.get("job", "fits", namespace)["spec"]["suspend"] is False,
+                 what="the Job that fits tonight unsuspended")
+    fits = _workload(kueue, namespace, "fits")
+    assert _entry(fits, check)["state"] == "Ready"
+    assert "fits the forecast" in _entry(fits, check)["message"]
+    assert CHECK_CONTROLLER in _managers(fits)
+    # podSetUpdates: the pool's nodeSelector on the admitted pods
+    assert kueue.get("job", "fits", namespace)["spec"]["template"]["spec"][
+        "nodeSelector"] == daemon.cluster.node_selector
+    _wait("its pod running", lambda: any(
+        p["status"].get("phase") == "Running" for p in json.loads(kueue.plane.kubectl(
+            "get", "pods", "-n", namespace, "-l", "job-name=fits", "-o", "json").stdout)[
+            "items"]))
+    waits = _entry(_workload(kueue, namespace, "too-long"), check)
+    assert waits["state"] == "Pending" and waits["message"].startswith("waits: "), waits
+    assert "first fits" in waits["message"], waits  # the estimated start, the next night
+    assert kueue.get("job", "too-long", namespace)["spec"]["suspend"] is True
+
+    # Kueue's quota: the night queue's 8 GPUs are reserved, a third Workload gets none, and
+    # idlegpu never admits it although the forecast would have room
+    _kueue_job(kueue, namespace, "over-quota", night, gpus=4, runtime_s=1800)
+    time.sleep(2)
+    daemon.reconcile()
+    over = _workload(kueue, namespace, "over-quota")
+    assert (_condition(over, "QuotaReserved") or {}).get("status") != "True"
+    assert _entry(over, check).get("state") != "Ready"
+    assert kueue.get("job", "over-quota", namespace)["spec"]["suspend"] is True
+    # (gone again: Kueue requeues an evicted Workload behind those that waited for its quota)
+    kueue.plane.kubectl("delete", "job", "over-quota", "-n", namespace, "--wait=false")
+
+    # a second check on the same ClusterQueue keeps its own state: ours Ready, theirs Pending
+    _kueue_job(kueue, namespace, "shared", shared, gpus=2, runtime_s=1800)
+    daemon.until(lambda r: _entry(_workload(kueue, namespace, "shared"), check).get(
+        "state") == "Ready", what="our check Ready on the shared ClusterQueue")
+    seen = _workload(kueue, namespace, "shared")
+    assert _entry(seen, other)["state"] == "Pending"
+    assert kueue.get("job", "shared", namespace)["spec"]["suspend"] is True
+
+    # a ClusterQueue without our check: Kueue admits its Workload alone, idlegpu never writes it
+    _kueue_job(kueue, namespace, "plain", plain, gpus=2, runtime_s=1800)
+    _wait("the plain Job admitted by Kueue alone", lambda: kueue.get(
+        "job", "plain", namespace)["spec"]["suspend"] is False)
+    daemon.reconcile()
+    untouched = _workload(kueue, namespace, "plain")
+    assert CHECK_CONTROLLER not in _managers(untouched)
+    assert untouched["status"].get("admissionChecks") in (None, [])
+
+    # the morning: the service needs GPUs now (the live backstop): Retry evicts the running one
+    daemon.signals.gpus_short = 4
+    daemon.free = np.zeros(576)
+    report = daemon.controller.backstop_once(daemon.now())
+    assert ("kueue/" + namespace + "/" + fits["metadata"]["name"], "Retry") in \
+        report.checks_written, report
+    _wait("the evicted Job suspended", lambda: kueue.get("job", "fits", namespace)["spec"][
+        "suspend"] is True)
+    _wait("its Workload requeued, our check reset to Pending", lambda: _entry(
+        _workload(kueue, namespace, "fits"), check).get("state") == "Pending"
+        and (_condition(_workload(kueue, namespace, "fits"), "Admitted") or {}).get(
+        "status") != "True")
+    daemon.signals.gpus_short = 0
+    daemon.reconcile()
+    assert kueue.get("job", "fits", namespace)["spec"]["suspend"] is True  # still the day
+
+    # the next night: admitted again
+    daemon.free = np.full(576, 8.0)
+    daemon.until(lambda r: kueue.get("job", "fits", namespace)["spec"]["suspend"] is False,
+                 what="the evicted Job admitted again the next night")
+    assert _entry(_workload(kueue, namespace, "fits"), check)["state"] == "Ready"
+    assert daemon.now() > REPLAY_START

@@ -83,7 +83,9 @@ def run(
     forecast = ForecastProvider(settings, frame)
     estimator = _planning_estimate(settings, runs)
     controller = _controller(settings, job_store, cluster, signals, forecast,
-                             estimator.seconds, dry_run=dry_run)
+                             estimator.seconds, dry_run=dry_run,
+                             kueue=_kueue(settings, estimator.seconds, dry_run=dry_run,
+                                          kubeconfig=kubeconfig, context=context))
     try:
         if once:
             _run_once(settings, job_store, controller, forecast, estimator, cluster, moment,
@@ -96,7 +98,8 @@ def run(
         job_store.close()
 
 
-def _controller(settings, job_store, cluster, signals, forecast, estimate, *, dry_run: bool):
+def _controller(settings, job_store, cluster, signals, forecast, estimate, *, dry_run: bool,
+                kueue=None):
     """The reconcile pass of ``run``, with the config's policy, timeouts and rechecks."""
     from idlegpu.scheduler.controller import Controller
     from idlegpu.scheduler.policy import policy_settings
@@ -112,7 +115,26 @@ def _controller(settings, job_store, cluster, signals, forecast, estimate, *, dr
                       recheck=_admission_recheck(settings),
                       dry_run=dry_run,
                       runtime_quantile=settings.admission.runtime_quantile,
-                      checkpoint_notice_s=settings.admission.checkpoint_notice_seconds)
+                      checkpoint_notice_s=settings.admission.checkpoint_notice_seconds,
+                      kueue=kueue)
+
+
+def _kueue(settings, estimate, *, dry_run: bool, kubeconfig: str | None, context: str | None):
+    """Kueue's Workloads on idlegpu's admission checks (``cluster.kueue``), or None."""
+    c = settings.cluster
+    if not c.kueue.admission_checks:
+        return None
+    from idlegpu.scheduler.adapters.kubernetes.kueue import KueueChecks
+    from idlegpu.scheduler.admission_checks import planned_runtime_s
+    from idlegpu.scheduler.controller.kueue import KueueAdmission
+
+    source = KueueChecks.from_config(
+        kubeconfig or c.kubeconfig, context or c.context, c.in_cluster,
+        checks=c.kueue.admission_checks, node_selector=dict(c.node_selector),
+        tolerations=list(c.tolerations))
+    return KueueAdmission(source, lambda workload: planned_runtime_s(workload, estimate),
+                          pool_gpus=settings.pool.total_gpus, tz=settings.pool.tz,
+                          team_of=c.kueue.teams, dry_run=dry_run)
 
 
 def _run_once(settings, job_store, controller, forecast, estimator, cluster, moment, *,

@@ -56,11 +56,6 @@ GROUP, VERSION = "kueue.x-k8s.io", "v1beta1"
 _APPLY_PATCH = "application/apply-patch+yaml"
 
 
-def _yaml(body: dict[str, Any]) -> Any:
-    """An apply body as text (JSON is YAML): what every client release sends as it is (the
-    newer ones would serialise a dict themselves, the older ones refuse one for YAML)."""
-    return json.dumps(body)
-
 
 class KueueChecks(ApiCaller):
     """The AdmissionChecks idlegpu serves and their Workloads (module docstring)."""
@@ -171,7 +166,7 @@ class KueueChecks(ApiCaller):
         """Write the AdmissionCheck's ``Active`` condition (the caller writes only changes)."""
         body = active_apply(check, active, _iso(_server_time(self._server_date)))
         self._call("patch", lambda **kw: self.api.patch_cluster_custom_object_status(
-            GROUP, VERSION, "admissionchecks", check, _yaml(body),
+            GROUP, VERSION, "admissionchecks", check, body,
             field_manager=CHECK_CONTROLLER, force=True, _content_type=_APPLY_PATCH, **kw),
             f"admissionchecks.{GROUP}/status")
 
@@ -180,7 +175,7 @@ class KueueChecks(ApiCaller):
         since = update.since or _iso(_server_time(self._server_date))
         body = entry_apply(update, since, self.pod_set_updates(update))
         self._call("patch", lambda **kw: self.api.patch_namespaced_custom_object_status(
-            GROUP, VERSION, update.namespace, "workloads", update.name, _yaml(body),
+            GROUP, VERSION, update.namespace, "workloads", update.name, body,
             field_manager=CHECK_CONTROLLER, force=True, _content_type=_APPLY_PATCH, **kw),
             f"workloads.{GROUP}/status")
 
