@@ -394,8 +394,8 @@ def test_the_job_api_authenticates_researchers_with_its_deployed_rbac(
     from api_server import ApiServer, MovableClock, api_settings
 
     from idlegpu.scheduler.adapters.store import JobStore
-    from idlegpu.scheduler.server import create_server
     from idlegpu.scheduler.api.tokenreview import TokenReviewer
+    from idlegpu.scheduler.server import create_server
 
     kube = kube_control_plane
     api_token = kube.kubectl("create", "token", API_ACCOUNT, "-n", SYSTEM,
@@ -571,3 +571,74 @@ def test_a_privileged_pod_is_refused_in_idlegpu_jobs(kube_control_plane):
     # server refuses them everywhere first, "disallowed by cluster policy"
     assert ('violates PodSecurity "restricted:latest"' in proc.stderr
             or "privileged: Forbidden: disallowed by cluster policy" in proc.stderr), proc.stderr
+
+
+# --- the Kueue admission check's grants (deploy/kueue-rbac.yaml) ---------------------------
+
+
+@pytest.mark.slow  # the real Kueue's CRDs (its manager starts with them: ~10 s)
+def test_the_kueue_check_controller_works_with_its_grants_and_nothing_more(
+        deployed, daemon_api, kueue, kube_control_plane):
+    from idlegpu.scheduler.adapters.kubernetes import ClusterPermissionError
+    from idlegpu.scheduler.adapters.kubernetes.kueue import KueueChecks
+    from idlegpu.scheduler.admission_checks import CHECK_CONTROLLER, CheckUpdate
+
+    kube = kube_control_plane
+    namespace = kube.create_namespace(f"kueue-rbac-{int(time.time()) % 100000}")
+    check = f"idlegpu-rbac-{namespace[-5:]}"
+    kueue.apply({"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "AdmissionCheck",
+                 "metadata": {"name": check}, "spec": {"controllerName": CHECK_CONTROLLER}})
+    # a Workload carrying our check's entry, as Kueue writes it once its quota is reserved
+    kueue.apply({"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "Workload",
+                 "metadata": {"name": "eval", "namespace": namespace},
+                 "spec": {"podSets": [{"name": "main", "count": 1, "template": {"spec": {
+                     "restartPolicy": "Never", "containers": [{
+                         "name": "main", "image": "registry.example.com/research/eval:1",
+                         "resources": {"requests": {"nvidia.com/gpu": "2"}}}]}}}]}})
+    kueue.apply({"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "Workload",
+                 "metadata": {"name": "eval", "namespace": namespace},
+                 "status": {"admissionChecks": [{
+                     "name": check, "state": "Pending", "message": "",
+                     "lastTransitionTime": "2026-12-06T00:00:00Z"}]}},
+                manager="kueue-admission", subresource="status", force=True)
+    checks = KueueChecks(daemon_api, checks=[check], backoff_s=0.1)
+    # before the grants: a 403 that names them
+    with pytest.raises(ClusterPermissionError, match="deploy/kueue-rbac.yaml"):
+        checks.read()
+    kube.kubectl("apply", "--server-side", f"--field-manager={FIELD_MANAGER}", "-f",
+                 str(DEPLOY / "kueue-rbac.yaml"))
+    try:
+        reading = _wait_for("the grants in force", lambda: _reading(checks))
+        assert reading.served == [check]
+        (workload,) = [w for w in reading.workloads if w.namespace == namespace]
+        assert workload.gpus == 2 and workload.state == "Pending"
+        checks.set_active(check, (True, "Active", "the forecast and the signals are fresh"))
+        checks.write(CheckUpdate(namespace, "eval", check, "Ready", "fits the forecast"))
+        again = checks.read()
+        assert again.active[check] == (True, "Active", "the forecast and the signals are fresh")
+        assert [w.state for w in again.workloads if w.namespace == namespace] == ["Ready"]
+        # and nothing more: no Workload spec, no delete, no ClusterQueue, no Job of Kueue's
+        for verb, resource in [("patch", "workloads.kueue.x-k8s.io"),
+                               ("delete", "workloads.kueue.x-k8s.io"),
+                               ("update", "workloads.kueue.x-k8s.io/status"),
+                               ("create", "admissionchecks.kueue.x-k8s.io"),
+                               ("patch", "clusterqueues.kueue.x-k8s.io"),
+                               ("list", "clusterqueues.kueue.x-k8s.io"),
+                               ("patch", "jobs.batch")]:
+            assert not _can_i(kube, DAEMON, verb, resource, namespace), (verb, resource)
+        for verb, resource in [("list", "workloads.kueue.x-k8s.io"),
+                               ("patch", "workloads.kueue.x-k8s.io/status")]:
+            assert _can_i(kube, DAEMON, verb, resource, namespace), (verb, resource)
+    finally:
+        kube.kubectl("delete", "-f", str(DEPLOY / "kueue-rbac.yaml"), "--wait=false",
+                     check=False)
+        kube.delete_namespace(namespace)
+
+
+def _reading(checks: Any) -> Any:
+    from idlegpu.scheduler.adapters.kubernetes import ClusterPermissionError
+
+    try:
+        return checks.read()
+    except ClusterPermissionError:
+        return None

@@ -219,7 +219,7 @@ def _managers(workload: dict[str, Any]) -> set[str]:
 
 
 def test_the_daemon_admits_holds_and_evicts_kueue_workloads_through_a_night(
-        kueue: KueueManager, pool) -> None:
+        kueue: KueueManager, pool) -> None:  # noqa: F811 (the fixture)
     """The daemon's check controller on the real Kueue: a Workload that fits tonight's window
     is Ready and its pod runs; one that does not waits Pending with the estimated start; the
     morning's live need evicts the running one (Retry), Kueue requeues it, and the next night
