@@ -215,12 +215,19 @@ def _family(pod_sets: Sequence[Any]) -> tuple[str, str, float | None, tuple[str,
     return image, step, estimate_s, tuple(names)
 
 
+def _since(text: str) -> datetime | None:
+    try:
+        return _time(text, "lastTransitionTime") if text else None
+    except WorkloadError:
+        return None
+
+
 def policy_units(workloads: Sequence[CheckedWorkload], now: datetime,
                  runtime_s: Mapping[str, float], team_of: Mapping[str, str] | None = None,
                  ) -> tuple[list[WaitingJob], list[RunningJob]]:
     """The queue and the running units ``decide()`` reads: a Workload waits while its check is
-    ``Pending`` with its quota reserved (Kueue's quota first), and runs once admitted with the
-    check ``Ready``. ``runtime_s`` maps a unit id to the seconds it is planned with (its
+    ``Pending`` with its quota reserved (Kueue's quota first), and holds its GPUs from the
+    moment its check is ``Ready`` (admitted or about to be). ``runtime_s`` maps a unit id to the seconds it is planned with (its
     ``max_exec_s``, an idlegpu annotation of its Job, or the runtime model: the caller's
     choice); a unit without one is left out (it cannot be planned). Workloads cannot
     checkpoint for idlegpu (it cannot see their checkpoints): each is planned whole.
@@ -236,8 +243,10 @@ def policy_units(workloads: Sequence[CheckedWorkload], now: datetime,
         # a Workload of several pods is placed as a gang, one pod a node: a safe reading of
         # its pod sets (it never counts on a node holding two of its pods)
         nodes = w.pods if w.pods > 1 and w.gpus % w.pods == 0 else 1
-        if w.admitted and w.state == READY:
-            started = w.admitted_at or now
+        if w.state == READY:
+            # Ready and not admitted yet (Kueue is about to, or another check is Pending):
+            # its GPUs are promised, so they are held from the moment we said Ready
+            started = w.admitted_at or _since(w.state_since) or now
             running.append(RunningJob(
                 id=w.id, team=team, gpus=w.gpus, priority=w.priority, started_at=started,
                 checkpointable=False, kind="kueue",
@@ -365,6 +374,8 @@ def check_updates(workloads: Sequence[CheckedWorkload], decisions: Sequence[Deci
                     message += f"; first fits {_when(d.start_at, tz)}"
             elif d.action is Action.PREEMPT and w.admitted:
                 state, message = RETRY, "stopped: " + d.reason
+            elif d.action is Action.PREEMPT and w.state == READY:  # promised, not started
+                state, message = PENDING, "waits: " + d.reason
         message = _bounded(message)
         if (state, message) != (w.state, w.message):
             out.append(CheckUpdate(w.namespace, w.name, w.check, state, message, stop_by,

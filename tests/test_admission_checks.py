@@ -151,3 +151,22 @@ def test_the_checks_are_active_only_while_idlegpu_can_decide():
     assert check_active(**{**fresh, "signals_age_s": 600.0})[1] == "SignalsStale"
     paused = check_active(**fresh, paused_reason="maintenance until 06:00")
     assert paused[:2] == (False, "AdmissionPaused") and "maintenance" in paused[2]
+
+
+def test_a_ready_workload_not_admitted_yet_holds_its_gpus_and_a_stop_takes_the_ready_back():
+    now = datetime(2026, 12, 6, 23, 44, 23, tzinfo=UTC)
+    obj = copy.deepcopy(real("pending"))
+    obj["status"]["admissionChecks"][0].update(state="Ready",
+                                               lastTransitionTime="2026-12-06T23:40:00Z")
+    ready = checked_workload(obj, CHECKS)
+    assert ready is not None and not ready.admitted
+    queue, running = policy_units([ready], now, {ready.id: 3600.0})
+    # promised: the next pass counts its GPUs as taken (never admits past them)
+    assert queue == [] and [j.id for j in running] == [ready.id]
+    assert running[0].remaining_s == pytest.approx(3600 - 263)
+    profile = _profile(now, [0.0] * 24)
+    signals = ServingSignals(observed_at=now, idle_gpus=0, service_gpus=80, gpus_short=4)
+    plan = decide(now, profile, running, [], signals, {},
+                  PolicySettings(headroom_gpus=8, pool_gpus=80))
+    (update,) = check_updates([ready], plan.decisions, 80, SEOUL)
+    assert update.state == "Pending" and update.message.startswith("waits: ")
