@@ -175,3 +175,31 @@ def test_a_dry_run_writes_no_check(daemon):
     signals.value = ServingSignals(observed_at=_now())
     report = build(source, dry_run=True).reconcile_once(_now())
     assert report.checks_written and source.writes == [] and source.active == {}
+
+
+def test_changes_of_state_are_written_first_and_messages_a_bounded_number_a_pass(daemon):
+    build, signals, free, store = daemon
+    free["values"] = np.zeros(288)  # the pool is full: everything waits
+    source = MemoryKueue(*[_workload(f"w{i:02d}", 4, 3600) for i in range(12)],
+                         _workload("huge", 64, 3600))
+    controller = build(source)
+    controller.kueue.max_message_writes = 5
+    signals.value = ServingSignals(observed_at=_now())
+    controller.reconcile_once(_now())
+    assert source.writes[0][:2] == ("huge", "Rejected")  # a change of state goes first
+    assert len(source.writes) == 1 + 5
+    for minute in (1, 2):
+        signals.value = ServingSignals(observed_at=_now(minute))
+        controller.reconcile_once(_now(minute))
+    told = {name for name, state, message in source.writes if message.startswith("waits: ")}
+    assert told == {f"w{i:02d}" for i in range(12)}  # every wait explained within 3 passes
+    source.writes.clear()
+    signals.value = ServingSignals(observed_at=_now(3))
+    controller.reconcile_once(_now(3))
+    assert source.writes == []  # nothing moved: nothing written
+    # the signals go stale: the check goes inactive (its message says why), and the waits'
+    # messages are not rewritten pass after pass with the seconds since
+    for minute in (6, 7, 8):
+        controller.reconcile_once(_now(minute))
+    assert source.active[CHECK][:2] == (False, "SignalsStale")
+    assert len(source.writes) <= 5, source.writes

@@ -27,6 +27,7 @@ from idlegpu.scheduler.admission_checks import (
     READY,
     RETRY,
     CheckedWorkload,
+    CheckUpdate,
     KueueReading,
     check_updates,
     policy_units,
@@ -45,22 +46,32 @@ def is_workload(unit_id: str) -> bool:
     return unit_id.startswith(KUEUE_PREFIX)
 
 
+def _unit(update: CheckUpdate) -> str:
+    return f"{KUEUE_PREFIX}{update.namespace}/{update.name}"
+
+
 class KueueAdmission:
     """One AdmissionCheckSource in the controller's passes (module docstring)."""
 
     def __init__(self, source: AdmissionCheckSource,
                  runtime: Callable[[CheckedWorkload], float], *, pool_gpus: int, tz: Any,
-                 team_of: Mapping[str, str] | None = None, dry_run: bool = False) -> None:
+                 team_of: Mapping[str, str] | None = None, dry_run: bool = False,
+                 max_message_writes: int = 200) -> None:
         """``runtime(workload)``: the seconds it is planned with
         (``admission_checks.planned_runtime_s``). ``pool_gpus``: the pool's GPUs (bigger
         Workloads are rejected). ``tz``: the pool's time zone, for the messages.
-        ``dry_run``: decide and report what would be written, write nothing."""
+        ``dry_run``: decide and report what would be written, write nothing.
+        ``max_message_writes``: entries whose state stays and only the message moves (a wait's
+        reason or estimated start) written at most this many a pass, after every change of
+        state: one apply each, so 2,000 new Workloads are told why they wait over a few
+        passes instead of holding one pass (and the backstop behind it) for a minute."""
         self.source = source
         self.runtime = runtime
         self.pool_gpus = pool_gpus
         self.tz = tz
         self.team_of = dict(team_of or {})
         self.dry_run = dry_run
+        self.max_message_writes = max_message_writes
         self.reading: KueueReading | None = None
         self._runtimes: dict[str, float] = {}
         self._refused_logged: set[str] = set()
@@ -123,9 +134,16 @@ class KueueAdmission:
             return
         by_id = {w.id: w for w in self.reading.workloads}
         written: dict[str, CheckedWorkload] = {}
-        for update in check_updates(self.reading.workloads, plan.decisions, self.pool_gpus,
-                                    self.tz):
-            unit = f"{KUEUE_PREFIX}{update.namespace}/{update.name}"
+        updates = check_updates(self.reading.workloads, plan.decisions, self.pool_gpus,
+                                self.tz)
+        changes = [u for u in updates if u.state != by_id[_unit(u)].state]
+        # while a check is not Active its message says why nothing is admitted; the waits'
+        # reasons would only count the seconds since the signals went stale, pass by pass
+        inactive = {c for c, (active, _, _) in self.reading.active.items() if not active}
+        messages = [u for u in updates
+                    if u.state == by_id[_unit(u)].state and u.check not in inactive]
+        for update in changes + messages[: self.max_message_writes]:
+            unit = _unit(update)
             if self.dry_run:
                 report.checks_written.append((unit, update.state))
                 log.info("dry run: would set Kueue Workload %s %s (%s)", unit, update.state,
