@@ -90,7 +90,7 @@ def daemon(tmp_path):
         kueue = KueueAdmission(source, lambda w: w.max_exec_s or 3600.0, pool_gpus=32,
                                tz=ZoneInfo("Asia/Seoul"), dry_run=dry_run)
         return Controller(store, MemoryCluster(), signals, forecast, lambda spec: 3600.0,
-                          PolicySettings(), kueue=kueue)
+                          PolicySettings(), external=[kueue])
 
     yield build, signals, free, store
     store.close()
@@ -183,7 +183,7 @@ def test_changes_of_state_are_written_first_and_messages_a_bounded_number_a_pass
     source = MemoryKueue(*[_workload(f"w{i:02d}", 4, 3600) for i in range(12)],
                          _workload("huge", 64, 3600))
     controller = build(source)
-    controller.kueue.max_message_writes = 5
+    controller.external[0].max_message_writes = 5
     signals.value = ServingSignals(observed_at=_now())
     controller.reconcile_once(_now())
     assert source.writes[0][:2] == ("huge", "Rejected")  # a change of state goes first

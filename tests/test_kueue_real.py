@@ -240,11 +240,11 @@ def test_the_daemon_admits_holds_and_evicts_kueue_workloads_through_a_night(
     _queues(kueue, namespace, shared, [check, other], gpus=4)
     _queues(kueue, namespace, plain, [], gpus=4)
     _activate(kueue, other)  # the other check's controller, played by the test
-    daemon.controller.kueue = KueueAdmission(
+    daemon.controller.external = [KueueAdmission(
         KueueChecks(kueue.plane.api_client(), checks=[check],
                     node_selector=daemon.cluster.node_selector, backoff_s=0.2),
         lambda w: planned_runtime_s(w, lambda spec: 3600.0),
-        pool_gpus=16, tz=ZoneInfo("Asia/Seoul"))
+        pool_gpus=16, tz=ZoneInfo("Asia/Seoul"))]
     # tonight: 8 GPUs free for 3 h, none for 17 h (the day), 8 again the next night
     daemon.free = np.concatenate([np.full(36, 8.0), np.zeros(204), np.full(336, 8.0)])
 

@@ -84,8 +84,9 @@ def run(
     estimator = _planning_estimate(settings, runs)
     controller = _controller(settings, job_store, cluster, signals, forecast,
                              estimator.seconds, dry_run=dry_run,
-                             kueue=_kueue(settings, estimator.seconds, dry_run=dry_run,
-                                          kubeconfig=kubeconfig, context=context))
+                             external=_external_units(settings, estimator.seconds,
+                                                      dry_run=dry_run, kubeconfig=kubeconfig,
+                                                      context=context))
     try:
         if once:
             _run_once(settings, job_store, controller, forecast, estimator, cluster, moment,
@@ -99,7 +100,7 @@ def run(
 
 
 def _controller(settings, job_store, cluster, signals, forecast, estimate, *, dry_run: bool,
-                kueue=None):
+                external=()):
     """The reconcile pass of ``run``, with the config's policy, timeouts and rechecks."""
     from idlegpu.scheduler.controller import Controller
     from idlegpu.scheduler.policy import policy_settings
@@ -116,7 +117,15 @@ def _controller(settings, job_store, cluster, signals, forecast, estimate, *, dr
                       dry_run=dry_run,
                       runtime_quantile=settings.admission.runtime_quantile,
                       checkpoint_notice_s=settings.admission.checkpoint_notice_seconds,
-                      kueue=kueue)
+                      external=external)
+
+
+def _external_units(settings, estimate, *, dry_run: bool, kubeconfig: str | None,
+                    context: str | None) -> list:
+    """The units that live outside the store: Kueue's Workloads on idlegpu's admission
+    checks (``cluster.kueue``)."""
+    kueue = _kueue(settings, estimate, dry_run=dry_run, kubeconfig=kubeconfig, context=context)
+    return [kueue] if kueue is not None else []
 
 
 def _kueue(settings, estimate, *, dry_run: bool, kubeconfig: str | None, context: str | None):

@@ -48,7 +48,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Literal, cast
@@ -57,7 +57,7 @@ import numpy as np
 
 from idlegpu.forecast.errors import IdlegpuError, PermanentError
 from idlegpu.scheduler.admission_checks import check_active
-from idlegpu.scheduler.controller.kueue import KueueAdmission, is_workload
+from idlegpu.scheduler.controller.external import ExternalUnits, is_external
 from idlegpu.scheduler.controller.reconcile import Reconciler, pod_requests, unit_pods
 from idlegpu.scheduler.controller.report import PassReport
 from idlegpu.scheduler.policy import decide
@@ -111,7 +111,7 @@ class Controller(Reconciler):
         dry_run: bool = False,
         runtime_quantile: float = 0.9,
         checkpoint_notice_s: float = 0.0,
-        kueue: KueueAdmission | None = None,
+        external: Sequence[ExternalUnits] = (),
     ) -> None:
         """``pending_timeout_s``: an admitted Job whose pod no node has placed after this long
         is stopped and its unit requeued (None: wait forever). ``stop_timeout_s``: a stopped
@@ -128,8 +128,9 @@ class Controller(Reconciler):
         ``gang_timeout_s``: a multi-node unit whose pods are not all running this long after
         its Job was created is rolled back and requeued (None: only the pending timeout).
         ``checkpoint_notice_s``: the notice units that answer notices get before a planned
-        stop (0: blind stops for all). ``kueue``: Kueue's Workloads that wait on idlegpu's
-        admission checks, offered to the same ``decide()`` (``controller/kueue.py``)."""
+        stop (0: blind stops for all). ``external``: units that live outside the store (Kueue's
+        Workloads, users' own Jobs), offered to the same ``decide()`` (``controller/
+        external.py``)."""
         self.store = store
         self.cluster = cluster
         self.signals = signals
@@ -145,7 +146,7 @@ class Controller(Reconciler):
         self.dry_run = dry_run
         self.runtime_quantile = runtime_quantile
         self.checkpoint_notice_s = max(0.0, float(checkpoint_notice_s))
-        self.kueue = kueue
+        self.external = list(external)
         # how long units overran their estimates: read from the store's finished units at the
         # first pass, again after a pass that saw units finish
         self._overruns: Overruns | None = None
@@ -202,11 +203,11 @@ class Controller(Reconciler):
         # without a view of the cluster nothing is admitted (never blind); stops still go out
         overruns = self._overrun_model()
         waiting = (self._waiting(now, overruns) if seen and not admission.paused else [])
-        if self.kueue is not None:
-            kueue_read = self.kueue.read(report)
-            self.kueue.settle(self._stopping)
-            if kueue_read and seen and not admission.paused:
-                waiting += self.kueue.units(now)[0]
+        for source in self.external:
+            readable = source.read(report)
+            source.settle(self._stopping)
+            if readable and seen and not admission.paused:
+                waiting += source.units(now)[0]
         nodes: NodeView | None = None
         if waiting and self._nodes_readable:
             read = self._read_nodes(now, report)
@@ -217,9 +218,11 @@ class Controller(Reconciler):
                 waiting = [self._with_requests(job) for job in waiting]
         usage = self.store.team_gpu_hours(now, self.fair_share_days * 86400)
         report = self._decide_and_apply(now, report, waiting, usage, nodes)
-        if self.kueue is not None:
+        if self.external:
             paused = (admission.reason or "no reason given") if admission.paused else ""
-            self.kueue.activate(self._can_decide(now, report, paused), report)
+            active = self._can_decide(now, report, paused)
+            for source in self.external:
+                source.activate(active, report)
         return report
 
     def _can_decide(self, now: datetime, report: PassReport, paused: str
@@ -298,9 +301,9 @@ class Controller(Reconciler):
                           nodes: NodeView | None = None) -> PassReport:
         holding = self._running(now, self._overrun_model())
         job_gpus = sum(job.gpus for job in holding)
-        if self.kueue is not None:
-            holding += self.kueue.units(now)[1]
-            job_gpus += self.kueue.holding(self._stopping)
+        for source in self.external:
+            holding += source.units(now)[1]
+            job_gpus += source.holding(self._stopping)
         signals = self._read_signals(now, report, job_gpus=job_gpus)
         if not self.dry_run:
             self._follow_notices(now, report, service_short=bool(signals.gpus_short))
@@ -312,8 +315,8 @@ class Controller(Reconciler):
         report.plan = decide(now, self._profile(now, report), running, waiting,
                              report.signals, usage, self.settings, nodes)
         self._apply(now, report.plan, report)
-        if self.kueue is not None:
-            self.kueue.apply(report.plan, report, self._stopping)
+        for source in self.external:
+            source.apply(report.plan, report, self._stopping)
         return report
 
     def _placed(self, running: list[RunningJob], view: NodeView) -> list[RunningJob]:
@@ -411,7 +414,7 @@ class Controller(Reconciler):
 
     def _apply(self, now: datetime, plan: Plan, report: PassReport) -> None:
         for decision in plan.decisions:
-            if is_workload(decision.job_id):  # Kueue's: its check entry says it (kueue.apply)
+            if is_external(decision.job_id):  # its source carries it out (source.apply)
                 continue
             if decision.action is Action.PREEMPT:
                 row = self.store.unit(decision.job_id)

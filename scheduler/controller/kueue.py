@@ -41,11 +41,6 @@ log = logging.getLogger("idlegpu.controller")
 KUEUE_PREFIX = "kueue/"
 
 
-def is_workload(unit_id: str) -> bool:
-    """Whether a unit id is a Kueue Workload's (``kueue/<namespace>/<name>``)."""
-    return unit_id.startswith(KUEUE_PREFIX)
-
-
 def _unit(update: CheckUpdate) -> str:
     return f"{KUEUE_PREFIX}{update.namespace}/{update.name}"
 
@@ -125,7 +120,7 @@ class KueueAdmission:
         if self.reading is None:
             return
         admitted = {w.id for w in self.reading.workloads if w.admitted and not w.finished}
-        for unit in [u for u in stopping if is_workload(u) and u not in admitted]:
+        for unit in [u for u in stopping if u.startswith(KUEUE_PREFIX) and u not in admitted]:
             del stopping[unit]
 
     def apply(self, plan: Plan, report: PassReport, stopping: dict[str, int]) -> None:

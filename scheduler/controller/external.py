@@ -1,0 +1,45 @@
+"""Units that live outside the job store, in the controller's passes: Kueue's Workloads that
+wait on idlegpu's admission checks (``controller/kueue.py``) and users' own suspended Jobs
+(``controller/native.py``). Each is offered to the same ``decide()`` as the stored units; its
+decisions go back to where it lives (a check entry, a Job's ``suspend``), never to the store.
+
+Ids are ``kueue/<namespace>/<name>`` and ``job/<namespace>/<name>``: a stored unit's id never
+holds a ``/``, so the three never meet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Protocol
+
+from idlegpu.scheduler.controller.report import PassReport
+from idlegpu.scheduler.types import Plan, RunningJob, WaitingJob
+
+
+def is_external(unit_id: str) -> bool:
+    """Whether a unit id is an external unit's (Kueue Workload or user's Job)."""
+    return "/" in unit_id
+
+
+class ExternalUnits(Protocol):
+    """One source of external units, pass by pass."""
+
+    def read(self, report: PassReport) -> bool:
+        """Read the source (reconcile passes); False: unreadable this pass (reported), so
+        none of its units is admitted and what runs stays as last read."""
+
+    def units(self, now: datetime) -> tuple[list[WaitingJob], list[RunningJob]]:
+        """Its waiting and running units, from the last reading."""
+
+    def holding(self, stopping: Mapping[str, int]) -> int:
+        """GPUs its running units hold, those told to stop included until they are gone."""
+
+    def settle(self, stopping: dict[str, int]) -> None:
+        """Forget the stops whose GPUs are back."""
+
+    def apply(self, plan: Plan, report: PassReport, stopping: dict[str, int]) -> None:
+        """Carry out the plan's decisions about its units; a stop goes into ``stopping``."""
+
+    def activate(self, active: tuple[bool, str, str], report: PassReport) -> None:
+        """Say whether idlegpu can decide now (``check_active``), where the source shows it."""
