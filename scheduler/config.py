@@ -189,6 +189,22 @@ class KueueConfig(StrictModel):
     namespace's name)."""
 
 
+class NativeJobsConfig(StrictModel):
+    """Users' own suspended Jobs (``cluster.native_jobs``): a ``batch/v1`` Job created with
+    ``spec.suspend: true`` and the label ``idlegpu.io/queue: <pool.name>`` in one of these
+    namespaces is queued as a unit (admitted by unsuspending it, stopped by suspending it).
+    Kubernetes RBAC is the boundary: whoever may create Jobs there may queue them."""
+
+    namespaces: list[Annotated[str, Field(pattern=_DNS_SUBDOMAIN, max_length=63)]] = Field(
+        default_factory=list, max_length=64)
+    """Where Jobs may queue (each needs the RoleBinding of deploy/native-jobs-rbac.yaml);
+    empty: none (no Job is read)."""
+    teams: dict[Annotated[str, Field(pattern=_DNS_SUBDOMAIN, max_length=63)],
+                Annotated[str, Field(min_length=1, max_length=63)]] = Field(
+        default_factory=dict)
+    """The team of each namespace's Jobs (default: the namespace's name)."""
+
+
 class ClusterConfig(StrictModel):
     """Where and how research Jobs run (the inference pool's GPU nodes)."""
 
@@ -249,6 +265,8 @@ class ClusterConfig(StrictModel):
     the API server accepts)."""
     kueue: KueueConfig = Field(default_factory=KueueConfig)
     """Kueue's Workloads admitted through idlegpu's admission checks (``KueueConfig``)."""
+    native_jobs: NativeJobsConfig = Field(default_factory=NativeJobsConfig)
+    """Users' own suspended Jobs with the ``idlegpu.io/queue`` label (``NativeJobsConfig``)."""
 
 
 class LeaderElectionConfig(StrictModel):

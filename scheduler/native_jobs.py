@@ -217,7 +217,7 @@ def native_units(jobs: Sequence[NativeJob], now: datetime, runtime_s: Mapping[st
         if job.finished or job.refused or seconds is None or not seconds > 0:
             continue
         team = teams.get(job.namespace, job.namespace)
-        nodes = job.pods if job.pods > 1 else 1
+        nodes = max(1, job.pods)
         if job.ours and not job.suspended:
             started = job.admitted_at or now
             running.append(RunningJob(

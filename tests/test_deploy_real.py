@@ -642,3 +642,26 @@ def _reading(checks: Any) -> Any:
         return checks.read()
     except ClusterPermissionError:
         return None
+
+
+@pytest.mark.usefixtures("deployed")
+def test_the_grants_for_users_jobs_are_these_and_only_in_the_namespace_bound(
+        kube_control_plane):
+    kube = kube_control_plane
+    if _get(kube, "namespace", "research") is None:
+        kube.create_namespace("research")
+    kube.kubectl("apply", "--server-side", f"--field-manager={FIELD_MANAGER}", "-f",
+                 str(DEPLOY / "native-jobs-rbac.yaml"))
+    try:
+        may = [("get", "jobs.batch"), ("list", "jobs.batch"), ("patch", "jobs.batch"),
+               ("list", "pods"), ("patch", "pods/status"), ("create", "events")]
+        may_not = [("create", "jobs.batch"), ("delete", "jobs.batch"), ("update", "jobs.batch"),
+                   ("delete", "pods"), ("create", "pods"), ("get", "secrets"),
+                   ("patch", "pods")]
+        assert {g: _can_i(kube, DAEMON, *g, "research") for g in may + may_not} == {
+            **dict.fromkeys(may, True), **dict.fromkeys(may_not, False)}
+        # a namespace without the RoleBinding: nothing of it
+        assert not _can_i(kube, DAEMON, "patch", "jobs.batch", "default")
+    finally:
+        kube.kubectl("delete", "-f", str(DEPLOY / "native-jobs-rbac.yaml"), "--wait=false",
+                     check=False)

@@ -123,9 +123,32 @@ def _controller(settings, job_store, cluster, signals, forecast, estimate, *, dr
 def _external_units(settings, estimate, *, dry_run: bool, kubeconfig: str | None,
                     context: str | None) -> list:
     """The units that live outside the store: Kueue's Workloads on idlegpu's admission
-    checks (``cluster.kueue``)."""
+    checks (``cluster.kueue``) and users' own suspended Jobs (``cluster.native_jobs``)."""
     kueue = _kueue(settings, estimate, dry_run=dry_run, kubeconfig=kubeconfig, context=context)
-    return [kueue] if kueue is not None else []
+    native = _native_jobs(settings, estimate, dry_run=dry_run, kubeconfig=kubeconfig,
+                          context=context)
+    return [source for source in (kueue, native) if source is not None]
+
+
+def _native_jobs(settings, estimate, *, dry_run: bool, kubeconfig: str | None,
+                 context: str | None):
+    """Users' suspended Jobs with ``idlegpu.io/queue: <pool>`` (``cluster.native_jobs``)."""
+    c = settings.cluster
+    if not c.native_jobs.namespaces:
+        return None
+    from idlegpu.scheduler.adapters.kubernetes.native import NativeJobs
+    from idlegpu.scheduler.controller.native import NativeAdmission
+    from idlegpu.scheduler.native_jobs import native_unit_spec
+
+    source = NativeJobs.from_config(
+        kubeconfig or c.kubeconfig, context or c.context, c.in_cluster,
+        namespaces=c.native_jobs.namespaces, queue=settings.pool.name,
+        allowed_registries=settings.admission.allowed_registries,
+        max_gpus=settings.admission.max_gpus_per_job, pool_gpus=settings.pool.total_gpus,
+        node_selector=dict(c.node_selector), tolerations=list(c.tolerations),
+        grace_seconds=settings.admission.grace_seconds)
+    return NativeAdmission(source, lambda job: job.runtime_s or estimate(native_unit_spec(job)),
+                           team_of=c.native_jobs.teams, dry_run=dry_run)
 
 
 def _kueue(settings, estimate, *, dry_run: bool, kubeconfig: str | None, context: str | None):

@@ -28,6 +28,8 @@ class PassReport:
     notices_closed: list[tuple[str, str]] = field(default_factory=list)
     """``(unit, outcome)`` of the notices that ended this pass (answered, missed, cut, ended)."""
     deleted: list[str] = field(default_factory=list)
+    refused: list[tuple[str, str]] = field(default_factory=list)
+    """``(unit, why)`` of users' Jobs refused this pass (the rules a request is held to)."""
     checks_written: list[tuple[str, str]] = field(default_factory=list)
     """``(Kueue Workload unit, state)`` of the admission-check entries written this pass."""
     errors: list[str] = field(default_factory=list)
