@@ -111,8 +111,8 @@ def test_a_workload_that_fits_is_ready_one_that_does_not_waits_with_its_start(da
     states = {name: (state, message) for name, state, message in source.writes}
     assert states["short"][0] == "Ready" and "fits the forecast" in states["short"][1]
     assert states["long"][0] == "Pending" and states["long"][1].startswith("waits: ")
-    assert states["huge"] == ("Rejected", "needs 64 GPUs; the pool has 32 in all: it can "
-                              "never fit")
+    assert states["huge"] == ("Rejected",
+                              "needs 64 GPUs; the pool has 32 in all: it can never fit")
     assert source.active[CHECK][0] is True
     namespace = PENDING["metadata"]["namespace"]
     assert (f"kueue/{namespace}/short", "Ready") in report.checks_written
@@ -178,7 +178,7 @@ def test_a_dry_run_writes_no_check(daemon):
 
 
 def test_changes_of_state_are_written_first_and_messages_a_bounded_number_a_pass(daemon):
-    build, signals, free, store = daemon
+    build, signals, free, _ = daemon
     free["values"] = np.zeros(288)  # the pool is full: everything waits
     source = MemoryKueue(*[_workload(f"w{i:02d}", 4, 3600) for i in range(12)],
                          _workload("huge", 64, 3600))

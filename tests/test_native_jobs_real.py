@@ -84,7 +84,7 @@ def test_users_suspended_jobs_are_admitted_stopped_resumed_and_refused(
     create(_job("off-registry", image="docker.io/someone/miner:1"))
     create(_job("elsewhere"), elsewhere)
 
-    report = daemon.until(lambda r: job("train")["spec"]["suspend"] is False,
+    daemon.until(lambda r: job("train")["spec"]["suspend"] is False,
                           what="the queued Job unsuspended")
     admitted = job("train")
     assert ADMITTED_ANNOTATION in admitted["metadata"]["annotations"]
