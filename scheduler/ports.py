@@ -7,6 +7,7 @@ tests and the simulator use in-memory fakes. Times are passed in, never read ins
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -14,7 +15,14 @@ from typing import TYPE_CHECKING, Protocol
 
 from idlegpu.forecast.errors import PermanentError
 from idlegpu.scheduler.admission_checks import CheckUpdate, KueueReading
-from idlegpu.scheduler.types import JobState, NodeView, NoticeOutcome, ServingSignals, UnitSpec
+from idlegpu.scheduler.types import (
+    ExternalUnit,
+    JobState,
+    NodeView,
+    NoticeOutcome,
+    ServingSignals,
+    UnitSpec,
+)
 
 if TYPE_CHECKING:  # the rows the store returns (annotations only: no SQLAlchemy here)
     from idlegpu.scheduler.adapters.store.rows import (
@@ -219,6 +227,10 @@ class JobStore(Protocol):
     # -- the daemon's upkeep
     def record_daemon_status(self, status: DaemonStatus) -> None:
         """Write one daemon replica's status."""
+
+    def record_external(self, units: Sequence[ExternalUnit], now: datetime,
+                        origins: Sequence[str]) -> int:
+        """What a pass saw of the units outside the store (Kueue Workloads, users' Jobs)."""
 
     def drop_ended_specs(self, before: datetime, now: datetime, *, batch: int = 500,
                          max_batches: int = 20) -> int:

@@ -642,3 +642,37 @@ class NodeView:
                                  memory_requested=node.memory_requested + memory)
                          if (gpus or cpu or memory) else node)
         return replace(self, nodes=tuple(nodes))
+
+
+EXTERNAL_ORIGINS: tuple[str, ...] = ("kueue", "job")
+"""Where a unit outside the store comes from: a Kueue Workload, a user's own Job."""
+EXTERNAL_STATES: tuple[str, ...] = ("waiting", "admitted", "running", "stopping", "refused",
+                                    "ended")
+"""``admitted``: idlegpu said yes, the Workload has not started (Kueue, or another check)."""
+
+
+@dataclass(frozen=True)
+class ExternalUnit:
+    """A unit that lives outside the job store (a Kueue Workload on idlegpu's admission check,
+    a user's own suspended Job) as the daemon's last pass saw it: what ``idlegpu queue``, the
+    job API and the console list beside the stored units, and what the monthly report counts
+    (the store keeps when each held its GPUs)."""
+
+    id: str
+    """``kueue/<namespace>/<name>`` or ``job/<namespace>/<name>``."""
+    origin: str
+    """One of ``EXTERNAL_ORIGINS``."""
+    namespace: str
+    name: str
+    team: str
+    gpus: int
+    state: str
+    """One of ``EXTERNAL_STATES``."""
+    reason: str = ""
+    """Why it waits (or was refused, or stopped), as the policy or Kueue says it."""
+    start_at: datetime | None = None
+    """A waiting unit's estimated start, when the policy has one."""
+    stop_by: datetime | None = None
+    """A running unit's planned stop (its window's end), when it has one."""
+    since: datetime | None = None
+    """When a running unit was admitted."""

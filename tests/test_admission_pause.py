@@ -77,14 +77,15 @@ def test_a_v4_store_migrates_to_v5_with_its_data_and_tables_untouched(url, monke
     before = tables(url)
     monkeypatch.undo()
     with JobStore(url) as new:
-        assert new.schema_version() == store_mod.SCHEMA_VERSION == 7
+        assert new.schema_version() == store_mod.SCHEMA_VERSION == 8
         assert [u.state for u in new.request_units(rid)] == [JobState.QUEUED] * 4
         assert [e.action for e in new.audit_log()] == ["submit"]
         state = new.admission()
         assert not state.paused and state.since is None and state.by is None
         assert new.daemon_statuses() == [] and not new.session_ended("nobody")
     after = tables(url)
-    assert set(after) - set(before) == V5_TABLES | {"workload_reports"}  # v5 and v7
+    assert set(after) - set(before) == V5_TABLES | {  # v5, v7 and v8
+        "workload_reports", "external_units", "external_holds"}
     # v6 adds one column to one table; every other table is as it was
     assert after["api_submissions"] - before["api_submissions"] == {"stored_bytes"}
     before["api_submissions"].add("stored_bytes")
@@ -104,7 +105,7 @@ def test_a_v5_store_measures_its_api_requests_once_when_it_migrates_to_v6(url, m
                                  "body_sha256) VALUES ('old-1', 'token:mallory', 'x')"))
     monkeypatch.undo()
     with JobStore(url) as new:
-        assert new.schema_version() == 7
+        assert new.schema_version() == 8
         measured = new.quota_use("token:mallory", NOW)
         assert measured["live_units"] == 4
         # what the migration measured is what the store holds (the database's own text of it)
@@ -359,7 +360,7 @@ def test_the_daemon_writes_its_status_and_the_api_reads_it(setup, caplog):
         (replica,) = answer["replicas"]
         assert replica["last_reconcile_age_s"] == 60.0 and replica["last_backstop_age_s"] == 45.0
         assert replica["forecast_age_s"] == 1860.0 and replica["stale_after_s"] == 180
-        assert answer["store"]["schema_version"] == 7 and answer["store"]["answers"]
+        assert answer["store"]["schema_version"] == 8 and answer["store"]["answers"]
         assert answer["store"]["location"] is None  # where the store is: operators only
         assert read("olga").json()["store"]["location"] == store.location
         assert answer["admission"]["paused"] is False

@@ -116,6 +116,12 @@ def test_a_workload_that_fits_is_ready_one_that_does_not_waits_with_its_start(da
     assert source.active[CHECK][0] is True
     namespace = PENDING["metadata"]["namespace"]
     assert (f"kueue/{namespace}/short", "Ready") in report.checks_written
+    # the queue views' record: each Workload with its state and why it waits
+    shown = {u.name: u for u in daemon[3].external_units()}
+    assert {n: u.state for n, u in shown.items()} == {
+        "short": "admitted", "long": "waiting", "huge": "refused"}
+    assert shown["long"].reason.startswith("waits: ") and shown["long"].origin == "kueue"
+    assert shown["short"].stop_by is not None or "stops by" not in states["short"][1]
 
 
 def test_kueue_unreadable_admits_none_of_its_workloads_and_keeps_what_runs(daemon):

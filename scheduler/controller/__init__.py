@@ -203,11 +203,14 @@ class Controller(Reconciler):
         # without a view of the cluster nothing is admitted (never blind); stops still go out
         overruns = self._overrun_model()
         waiting = (self._waiting(now, overruns) if seen and not admission.paused else [])
+        read_ok: list[ExternalUnits] = []
         for source in self.external:
             readable = source.read(report)
             source.settle(self._stopping)
-            if readable and seen and not admission.paused:
-                waiting += source.units(now)[0]
+            if readable:
+                read_ok.append(source)
+                if seen and not admission.paused:
+                    waiting += source.units(now)[0]
         nodes: NodeView | None = None
         if waiting and self._nodes_readable:
             read = self._read_nodes(now, report)
@@ -223,7 +226,20 @@ class Controller(Reconciler):
             active = self._can_decide(now, report, paused)
             for source in self.external:
                 source.activate(active, report)
+            self._record_external(now, report, read_ok)
         return report
+
+    def _record_external(self, now: datetime, report: PassReport,
+                         read_ok: list[ExternalUnits]) -> None:
+        """What the queue views show of the external units read this pass, and when they
+        hold GPUs (the report's accounting)."""
+        if self.dry_run or not read_ok:
+            return
+        views = [v for source in read_ok for v in source.views(report.plan, self._stopping)]
+        try:
+            self.store.record_external(views, now, [s.origin for s in read_ok])
+        except IdlegpuError as exc:
+            report.errors.append(f"external units not recorded: {exc}")
 
     def _can_decide(self, now: datetime, report: PassReport, paused: str
                     ) -> tuple[bool, str, str]:

@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import Protocol
 
 from idlegpu.scheduler.controller.report import PassReport
-from idlegpu.scheduler.types import Plan, RunningJob, WaitingJob
+from idlegpu.scheduler.types import ExternalUnit, Plan, RunningJob, WaitingJob
 
 
 def is_external(unit_id: str) -> bool:
@@ -24,6 +24,9 @@ def is_external(unit_id: str) -> bool:
 
 class ExternalUnits(Protocol):
     """One source of external units, pass by pass."""
+
+    origin: str
+    """``kueue`` or ``job`` (``types.EXTERNAL_ORIGINS``)."""
 
     def read(self, report: PassReport) -> bool:
         """Read the source (reconcile passes); False: unreadable this pass (reported), so
@@ -43,3 +46,7 @@ class ExternalUnits(Protocol):
 
     def activate(self, active: tuple[bool, str, str], report: PassReport) -> None:
         """Say whether idlegpu can decide now (``check_active``), where the source shows it."""
+
+    def views(self, plan: Plan, stopping: Mapping[str, int]) -> list[ExternalUnit]:
+        """Its units as the queue views show them: state, why they wait (the plan's
+        reasons), estimated starts and planned stops."""

@@ -25,6 +25,7 @@ from typing import Any
 from idlegpu.forecast.errors import IdlegpuError
 from idlegpu.scheduler.admission_checks import (
     READY,
+    REJECTED,
     RETRY,
     CheckedWorkload,
     CheckUpdate,
@@ -34,7 +35,7 @@ from idlegpu.scheduler.admission_checks import (
 )
 from idlegpu.scheduler.controller.report import PassReport
 from idlegpu.scheduler.ports import AdmissionCheckSource
-from idlegpu.scheduler.types import Plan, RunningJob, WaitingJob
+from idlegpu.scheduler.types import Action, ExternalUnit, Plan, RunningJob, WaitingJob
 
 log = logging.getLogger("idlegpu.controller")
 
@@ -47,6 +48,8 @@ def _unit(update: CheckUpdate) -> str:
 
 class KueueAdmission:
     """One AdmissionCheckSource in the controller's passes (module docstring)."""
+
+    origin = "kueue"
 
     def __init__(self, source: AdmissionCheckSource,
                  runtime: Callable[[CheckedWorkload], float], *, pool_gpus: int, tz: Any,
@@ -174,3 +177,32 @@ class KueueAdmission:
             if active[0] != (self.reading.active.get(check) or (None,))[0]:
                 log.info("admission check %s: Active=%s (%s)", check, active[0], active[2])
             self.reading = replace(self.reading, active={**self.reading.active, check: active})
+
+    def views(self, plan: Plan, stopping: Mapping[str, int]) -> list[ExternalUnit]:
+        if self.reading is None:
+            return []
+        by_id = {d.job_id: d for d in plan.decisions}
+        out = []
+        for w in self.reading.workloads:
+            d = by_id.get(w.id)
+            team = self.team_of.get(w.namespace, w.namespace)
+            if w.finished:
+                state, reason = "ended", "finished"
+            elif w.state == REJECTED:
+                state, reason = "refused", w.message
+            elif w.id in stopping or w.state == RETRY:
+                state, reason = "stopping", w.message
+            elif w.state == READY:  # admitted by Kueue, or about to be (another check)
+                state, reason = ("running" if w.admitted else "admitted"), w.message
+            elif not w.quota_reserved:
+                state, reason = "waiting", ("waits for Kueue's quota (its ClusterQueue has "
+                                            "none free)")
+            else:
+                state, reason = "waiting", w.message or (d.reason if d else "")
+            out.append(ExternalUnit(
+                id=w.id, origin=self.origin, namespace=w.namespace, name=w.name, team=team,
+                gpus=w.gpus, state=state, reason=reason,
+                start_at=d.start_at if d is not None and state == "waiting" else None,
+                stop_by=d.stop_by if d is not None and d.action is Action.ADMIT else None,
+                since=w.admitted_at if state in ("running", "stopping") else None))
+        return out

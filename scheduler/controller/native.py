@@ -18,7 +18,7 @@ from idlegpu.forecast.errors import IdlegpuError
 from idlegpu.scheduler.controller.report import PassReport
 from idlegpu.scheduler.native_jobs import NativeJob, native_units
 from idlegpu.scheduler.ports import StopKind
-from idlegpu.scheduler.types import Action, Plan, RunningJob, WaitingJob
+from idlegpu.scheduler.types import Action, ExternalUnit, Plan, RunningJob, WaitingJob
 
 log = logging.getLogger("idlegpu.controller")
 
@@ -41,6 +41,8 @@ class NativeSource(Protocol):
 class NativeAdmission:
     """One NativeSource in the controller's passes (module docstring)."""
 
+    origin = "job"
+
     def __init__(self, source: NativeSource, runtime: Callable[[NativeJob], float], *,
                  team_of: Mapping[str, str] | None = None, dry_run: bool = False) -> None:
         """``runtime(job)``: the seconds it is planned with (its own, else the model's)."""
@@ -49,6 +51,7 @@ class NativeAdmission:
         self.team_of = dict(team_of or {})
         self.dry_run = dry_run
         self.jobs: list[NativeJob] = []
+        self._refused: dict[str, tuple[NativeJob, str]] = {}  # refused this pass
         self._runtimes: dict[str, float] = {}
         self._logged: set[str] = set()
 
@@ -73,6 +76,7 @@ class NativeAdmission:
                 self._logged.add(where)
                 log.warning("Job %s cannot be queued: %s", where, why)
             report.errors.append(f"job/{where}: not a unit: {why}")
+        self._refused = {job.id: (job, reason) for job, reason in reading.to_refuse}
         self.jobs = [j for j in reading.jobs if j.id not in refused]
         present = {j.id for j in self.jobs}
         self._runtimes = {k: v for k, v in self._runtimes.items() if k in present}
@@ -142,3 +146,30 @@ class NativeAdmission:
 
     def activate(self, active: tuple[bool, str, str], report: PassReport) -> None:
         """Nothing to show: a user's Job simply stays suspended while idlegpu cannot decide."""
+
+    def views(self, plan: Plan, stopping: Mapping[str, int]) -> list[ExternalUnit]:
+        by_id = {d.job_id: d for d in plan.decisions}
+        out = []
+        for job, reason in self._refused.values():
+            out.append(self._view(job, "refused", reason))
+        for job in self.jobs:
+            d = by_id.get(job.id)
+            if job.finished:
+                out.append(self._view(job, "ended", "finished"))
+            elif job.refused:
+                out.append(self._view(job, "refused", job.refused))
+            elif job.id in stopping or (job.suspended and job.active):
+                out.append(self._view(job, "stopping", d.reason if d else ""))
+            elif job.ours and not job.suspended:
+                out.append(self._view(job, "running", "", since=job.admitted_at,
+                                      stop_by=d.stop_by if d else None))
+            elif job.suspended:
+                out.append(self._view(job, "waiting", d.reason if d else "",
+                                      start_at=d.start_at if d else None))
+        return out
+
+    def _view(self, job: NativeJob, state: str, reason: str, **times: datetime | None
+              ) -> ExternalUnit:
+        return ExternalUnit(id=job.id, origin=self.origin, namespace=job.namespace,
+                            name=job.name, team=self.team_of.get(job.namespace, job.namespace),
+                            gpus=job.gpus, state=state, reason=reason, **times)

@@ -38,6 +38,9 @@ queries: nothing below the schema-migration lock is dialect-specific SQL.
   notice of a planned stop (sent, deadline, reason, delivered to the pods, the shrink it
   precedes, its outcome) with its acknowledgement, and the step, path and time of the
   checkpoints and progress the workload reported through the job API.
+- ``external_units``, ``external_holds`` (version 8, Kubernetes-native submission): the Kueue
+  Workloads and users' own Jobs the daemon admits, as its last pass saw them (origin, team,
+  GPUs, state, why it waits and its estimated start), and one row per time each held GPUs.
 
 **Transitions** are one transaction each and compare-and-set: the unit row is read, the
 expected state checked, then ``UPDATE units ... WHERE id = ? AND state = ? AND version = ?``;
@@ -108,6 +111,7 @@ from idlegpu.scheduler.adapters.store.errors import (
     TransitionRefusedError,
     UnknownJobError,
 )
+from idlegpu.scheduler.adapters.store.external import ExternalMixin
 from idlegpu.scheduler.adapters.store.identities import AUDIT_LOGGER, IdentitiesMixin
 from idlegpu.scheduler.adapters.store.notices import REPORT_EVERY_S, NoticesMixin
 from idlegpu.scheduler.adapters.store.operators import (
@@ -212,7 +216,7 @@ __all__ = [
 ]
 
 
-class JobStore(IdentitiesMixin, OperatorsMixin, NoticesMixin):
+class JobStore(IdentitiesMixin, OperatorsMixin, NoticesMixin, ExternalMixin):
     """Job requests, units, attempts and events in a SQL database (see the package doc).
 
     ``JobStore("sqlite:///idlegpu.db")`` creates or upgrades the schema at open; use it as a

@@ -330,6 +330,42 @@ def _v7_workload_reports(conn: Connection) -> None:
     _V7_MD.create_all(conn)
 
 
+_V8_MD = sa.MetaData()
+EXTERNAL_UNITS = sa.Table(
+    "external_units", _V8_MD,
+    sa.Column("id", sa.String(320), primary_key=True),  # kueue/<ns>/<name>, job/<ns>/<name>
+    sa.Column("origin", sa.String(16), nullable=False),
+    sa.Column("namespace", sa.String(63), nullable=False),
+    sa.Column("name", sa.String(253), nullable=False),
+    sa.Column("team", sa.String(63), nullable=False),
+    sa.Column("gpus", sa.Integer, nullable=False),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("reason", sa.Text, nullable=False),
+    sa.Column("start_at", UTCDateTime),
+    sa.Column("stop_by", UTCDateTime),
+    sa.Column("since", UTCDateTime),
+    sa.Column("updated_at", UTCDateTime, nullable=False),
+    sa.Index("ix_external_units_origin", "origin"),
+)
+EXTERNAL_HOLDS = sa.Table(
+    "external_holds", _V8_MD,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("unit_id", sa.String(320), nullable=False),
+    sa.Column("origin", sa.String(16), nullable=False),
+    sa.Column("team", sa.String(63), nullable=False),
+    sa.Column("gpus", sa.Integer, nullable=False),
+    sa.Column("started_at", UTCDateTime, nullable=False),
+    sa.Column("ended_at", UTCDateTime),  # NULL: holds its GPUs still
+    sa.Index("ix_external_holds_open", "unit_id", "ended_at"),
+    sa.Index("ix_external_holds_started_at", "started_at"),
+)
+
+
+def _v8_external(conn: Connection) -> None:
+    # new tables only (units outside the store: Kueue Workloads, users' own Jobs)
+    _V8_MD.create_all(conn)
+
+
 Migration = tuple[str, Callable[[Connection], None]]
 MIGRATIONS: list[Migration] = [
     ("initial schema: requests, units, unit_deps, attempts, events", _v1_initial),
@@ -344,6 +380,8 @@ MIGRATIONS: list[Migration] = [
      _v6_stored_bytes),
     ("workload_reports: checkpoint notices, their acknowledgements, workloads' progress",
      _v7_workload_reports),
+    ("external_units, external_holds: Kueue Workloads and users' Jobs, and their GPU time",
+     _v8_external),
 ]
 """Applied in order at open, all pending ones in one transaction; version N = MIGRATIONS[N-1].
 Append only."""
