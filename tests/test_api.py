@@ -8,7 +8,7 @@ import json
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -471,3 +471,25 @@ def test_proxy_headers_from_an_untrusted_address_are_ignored(start_api):
     both = api.client(token, **{"X-Remote-User": "root@corp"})
     assert both.get("/v1/whoami").json()["user"] == "alice"
     assert not api.store.find_units()
+
+
+def test_the_queue_shows_kueue_workloads_and_users_jobs_to_their_team(api):
+    from idlegpu.scheduler.types import ExternalUnit
+
+    start = api.clock.at + timedelta(hours=3)
+    api.store.record_external([
+        ExternalUnit(id="kueue/alignment/job-rm-1", origin="kueue", namespace="alignment",
+                     name="job-rm-1", team="alignment", gpus=8, state="waiting",
+                     reason="waits: needs 8 GPUs for 9.0 h", start_at=start),
+        ExternalUnit(id="job/vision/train", origin="job", namespace="vision", name="train",
+                     team="vision", gpus=4, state="running", since=api.clock.at),
+    ], api.clock.at, ["kueue", "job"])
+    alice = api.as_member("alice", "alignment")
+    team = alice.get("/v1/units").json()
+    (workload,) = team["external"]
+    assert workload["origin"] == "kueue-workload" and workload["state"] == "waiting"
+    assert workload["reason"] == "waits: needs 8 GPUs for 9.0 h"
+    assert datetime.fromisoformat(workload["estimated_start"]) == start
+    assert alice.get("/v1/units", params={"scope": "mine"}).json()["external"] == []
+    everyone = alice.get("/v1/units", params={"scope": "all"}).json()["external"]
+    assert {u["id"] for u in everyone} == {"kueue/alignment/job-rm-1", "job/vision/train"}

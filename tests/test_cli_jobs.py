@@ -166,3 +166,45 @@ def test_the_queue_shows_a_checkpoint_notice_under_way(tmp_path, cli):
     (listed,) = json.loads(out)
     assert datetime.fromisoformat(listed["notice_deadline"]) == now + timedelta(hours=1,
                                                                                minutes=10)
+
+
+def test_queue_lists_kueue_workloads_and_users_jobs_beside_requests(tmp_path, cli):
+    """The units outside the store, as the daemon's last pass recorded them, with their
+    origin, why they wait and their estimated start."""
+    import json
+    from datetime import datetime, timedelta
+
+    from idlegpu.scheduler.adapters.store import JobStore
+    from idlegpu.scheduler.types import ExternalUnit
+
+    store = f"sqlite:///{tmp_path / 'jobs.db'}"
+    code, _, err = cli(["submit", str(EXAMPLES / "eval-sweep.yaml"), "--store", store,
+                        "--now", NOW])
+    assert code == 0, err
+    now = datetime.fromisoformat(NOW)
+    with JobStore(store) as jobs:
+        jobs.record_external([
+            ExternalUnit(id="kueue/nlp/job-long-5f2a1", origin="kueue", namespace="nlp",
+                         name="job-long-5f2a1", team="nlp", gpus=8, state="waiting",
+                         reason="waits: needs 8 GPUs for 9.0 h; first fits Thu 21:40"),
+            ExternalUnit(id="job/vision/train", origin="job", namespace="vision",
+                         name="train", team="vision", gpus=4, state="waiting",
+                         reason="needs 4 GPUs for 2.0 h", start_at=now + timedelta(hours=3)),
+            ExternalUnit(id="job/vision/miner", origin="job", namespace="vision",
+                         name="miner", team="vision", gpus=1, state="refused",
+                         reason="spec.template.spec.containers[0].image: not from an allowed "
+                                "registry"),
+        ], now, ["kueue", "job"])
+    code, out, _ = cli(["queue", "--store", store, "--config", str(REPO / "idlegpu.yaml"),
+                        "--output", "wide"])
+    assert code == 0
+    flat = " ".join(out.split())
+    assert "Kueue Workload" in flat and "first fits Thu 21:40" in flat
+    assert "estimated start Wed 21:00" in flat  # 18:00 + 3 h in the pool's zone
+    assert "refused: spec.template.spec.containers[0].image" in flat
+    assert "1 waiting (Kueue Workload)" in flat and "1 refused (Job)" in flat
+    code, out, _ = cli(["queue", "--store", store, "--output", "json"])
+    listed = json.loads(out)
+    assert {row["origin"] for row in listed} == {"request", "Kueue Workload", "Job"}
+    (train,) = [row for row in listed if row["unit"] == "job/vision/train"]
+    assert datetime.fromisoformat(train["start_at"]) == now + timedelta(hours=3)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import re
 import tempfile
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -414,3 +414,36 @@ def test_a_units_page_shows_its_checkpoint_notice_and_what_its_workload_reported
     assert "notice answered in time: stopped at the acknowledgement" in timeline
     assert not browser.find_elements(By.CSS_SELECTOR, "#timeline img")
     assert browser.find_element(By.ID, "unit-progress").text.startswith("step 900 at Wed 28 Jan")
+
+
+def test_the_queue_lists_kueue_workloads_and_users_jobs_to_their_team(console_server, browser):
+    from idlegpu.scheduler.types import ExternalUnit
+
+    store = console_server.store
+    store.record_external([
+        ExternalUnit(id="kueue/alignment/job-rm-1", origin="kueue", namespace="alignment",
+                     name="job-rm-1", team="alignment", gpus=8, state="waiting",
+                     reason="waits: needs 8 GPUs for 9.0 h; first fits Thu 21:40"),
+        ExternalUnit(id="job/vision/<b>train</b>", origin="job", namespace="vision",
+                     name="<b>train</b>", team="vision", gpus=4, state="refused",
+                     reason="spec.template.spec.containers[0].image: <script>x</script>"),
+    ], datetime.now(UTC), ["kueue", "job"])
+    try:
+        login(browser, console_server.url, console_server.tokens["alice"], "/queue?scope=all")
+        rows = {r.get_attribute("data-unit"): r for r in
+                browser.find_elements(By.CSS_SELECTOR, "#external tbody tr[data-unit]")}
+        assert set(rows) == {"kueue/alignment/job-rm-1", "job/vision/<b>train</b>"}
+        workload = rows["kueue/alignment/job-rm-1"]
+        assert workload.find_element(By.CSS_SELECTOR, "td.origin").text == "Kueue Workload"
+        assert "first fits Thu 21:40" in workload.find_element(By.CSS_SELECTOR,
+                                                               "td.reason").text
+        # a hostile name and reason are text, never markup
+        refused = rows["job/vision/<b>train</b>"]
+        assert "<script>x</script>" in refused.find_element(By.CSS_SELECTOR, "td.reason").text
+        browser.get(console_server.url + "/queue?scope=team")
+        assert [r.get_attribute("data-unit") for r in browser.find_elements(
+            By.CSS_SELECTOR, "#external tbody tr[data-unit]")] == ["kueue/alignment/job-rm-1"]
+        browser.get(console_server.url + "/queue?scope=mine")
+        assert browser.find_elements(By.CSS_SELECTOR, "#external") == []
+    finally:
+        store.record_external([], datetime.now(UTC), ["kueue", "job"])

@@ -91,3 +91,12 @@ def cancel_json(ctx: ApiContext, who: Identity, target: str, kind: str,
     result = submissions.cancel(ctx.store, who, target, ctx.clock.now(), reason, kind=kind)
     return {"target": target, "cancelled": list(result.cancelled),
             "to_stop": list(result.to_stop), "unchanged": list(result.unchanged)}
+
+
+def external_json(unit: Any, tz: Any) -> dict[str, Any]:
+    """A unit outside the store (a Kueue Workload, a user's Job) as the queue shows it."""
+    return {"id": unit.id, "origin": "kueue-workload" if unit.origin == "kueue" else "job",
+            "namespace": unit.namespace, "name": unit.name, "team": unit.team,
+            "gpus": unit.gpus, "state": unit.state, "reason": unit.reason,
+            "estimated_start": iso(unit.start_at, tz), "stop_by": iso(unit.stop_by, tz),
+            "since": iso(unit.since, tz)}

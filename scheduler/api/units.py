@@ -15,6 +15,7 @@ from idlegpu.scheduler.api.answers import (
     ApiContext,
     cancel_json,
     cancel_reason,
+    external_json,
     iso,
     unit_json,
 )
@@ -56,7 +57,14 @@ def unit_routes(ctx: ApiContext) -> APIRouter:
         rows = store.find_units(
             states=wanted, team=who.team if scope == "team" else None,
             principal=who.principal if scope == "mine" else None, limit=limit)
-        return {"scope": scope, "count": len(rows), "units": [unit_json(r, tz) for r in rows]}
+        # Kueue's Workloads and users' own Jobs: submitted by nobody here ("mine" has none),
+        # seen by the team they belong to
+        external = [] if scope == "mine" else [
+            u for u in store.external_units()
+            if (scope == "all" or u.team == who.team)
+            and (wanted is None or u.state != "ended")][:limit]
+        return {"scope": scope, "count": len(rows), "units": [unit_json(r, tz) for r in rows],
+                "external": [external_json(u, tz) for u in external]}
 
     @router.get(f"/{API_VERSION}/units/{{unit_id}}",
              summary="One unit with its attempts, preemptions and checkpoints")

@@ -47,6 +47,25 @@ QUEUE_DATA = (
     Column("notice_deadline", "notice_deadline"))
 
 
+ORIGIN_COLUMN = Column("origin", "origin")
+EXTERNAL_DATA = (Column("reason", "reason"), Column("start_at", "start_at"),
+                 Column("stop_by", "stop_by"))
+
+
+def _external_row(unit, tz) -> dict:
+    """A unit outside the store (a Kueue Workload, a user's Job) as a queue row: its state
+    says why it waits and when it should start, as the daemon's last pass saw it."""
+    state = unit.state
+    if unit.reason:
+        state += f": {unit.reason}"
+    if unit.start_at is not None and "first fits" not in unit.reason:
+        state += f" (estimated start {unit.start_at.astimezone(tz):%a %H:%M})"
+    return {"unit": unit.id, "origin": "Kueue Workload" if unit.origin == "kueue" else "Job",
+            "request": "", "team": unit.team, "step": "", "gpus": unit.gpus, "state": state,
+            "tries": "", "done": "", "estimate": "", "submitted": None,
+            "reason": unit.reason, "start_at": unit.start_at, "stop_by": unit.stop_by}
+
+
 @app.command(short_help="Queue a job request file.")
 def submit(
     file: Annotated[Path, typer.Argument(help="Job request, YAML (see examples/jobs/).")],
@@ -132,7 +151,8 @@ def queue(
         rows = job_store.queue(include_terminal=all_units)
         notices = {n.unit_id: n for n in job_store.open_notices()}
         notice_counts = job_store.notice_counts()
-    if not rows:
+        external = [u for u in job_store.external_units() if all_units or u.state != "ended"]
+    if not rows and not external:
         console.print("the queue is empty" + ("" if all_units else " (--all shows ended units)"))
         return
     listed = []
@@ -158,13 +178,23 @@ def queue(
             "estimate_s": estimate.seconds, "estimate_source": estimate.source,
             "submitted": row.submitted_at,
             "notice_deadline": notice.deadline if notice is not None else None})
-    emit(console, listed, QUEUE_COLUMNS if output in ("table", "wide") else QUEUE_DATA,
-         output, title=f"job queue ({len(rows)} unit(s))", tz=tz)
+    columns = QUEUE_COLUMNS if output in ("table", "wide") else QUEUE_DATA
+    if external:  # the units outside the store, with where they come from
+        for row in listed:
+            row["origin"] = "request"
+        listed += [_external_row(unit, tz) for unit in external]
+        columns = (*columns[:1], ORIGIN_COLUMN, *columns[1:],
+                   *(EXTERNAL_DATA if output not in ("table", "wide") else ()))
+    emit(console, listed, columns, output,
+         title=f"job queue ({len(rows) + len(external)} unit(s))", tz=tz)
     if output not in ("table", "wide"):
         return
     counts: dict[str, int] = {}
     for row in rows:
         counts[row.state.value] = counts.get(row.state.value, 0) + 1
+    for unit in external:
+        origin = "Kueue Workload" if unit.origin == "kueue" else "Job"
+        counts[f"{unit.state} ({origin})"] = counts.get(f"{unit.state} ({origin})", 0) + 1
     console.print(", ".join(f"{n} {s}" for s, n in counts.items())
                   + "; tries = admissions/preemptions; estimate source: history, model, user, "
                     "default (a guess)")

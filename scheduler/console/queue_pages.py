@@ -72,6 +72,18 @@ def add_pages(pages: Pages) -> None:
                 "cancellable": who.may_cancel(row.team)})
         return out, meta
 
+    def external_rows(who: Identity, scope: str) -> list[dict[str, Any]]:
+        """Kueue's Workloads and users' own Jobs, as the daemon's last pass saw them (nobody
+        here submitted them: "mine" has none; a team sees its own)."""
+        if scope == "mine":
+            return []
+        return [{"id": u.id, "origin": "Kueue Workload" if u.origin == "kueue" else "Job",
+                 "team": u.team, "state": u.state, "gpus": u.gpus,
+                 "start_text": local(u.start_at) if u.start_at is not None else "",
+                 "reason": u.reason}
+                for u in store.external_units()[:QUEUE_LIMIT]
+                if u.state != "ended" and (scope == "all" or u.team == who.team)]
+
     @app.get("/queue", include_in_schema=False)
     async def queue_page(request: Request, scope: str = "team", sort: str = "start",
                          q: str = "", state: str = "", page: int = 1) -> Response:
@@ -83,6 +95,7 @@ def add_pages(pages: Pages) -> None:
         sort = sort if sort in SORTS else "start"
         started = time.perf_counter()
         units, meta = await run_in_threadpool(queue_rows, who, scope)
+        external = await run_in_threadpool(external_rows, who, scope)
         states = sorted({u["state"] for u in units})
         if state:
             units = [u for u in units if u["state"] == state]
@@ -104,7 +117,8 @@ def add_pages(pages: Pages) -> None:
         query = {"scope": scope, "sort": sort, "q": q, "state": state}
         link = lambda n: "/queue?" + urlencode({**query, "page": n})
         response = render("queue.html", request, who, session,
-                          units=units[first:first + PAGE_ROWS], scope=scope, sort=sort, q=q,
+                          units=units[first:first + PAGE_ROWS], external=external,
+                          scope=scope, sort=sort, q=q,
                           state=state, states=states, meta=meta, total=total,
                           first=first + 1 if total else 0,
                           last=min(total, first + PAGE_ROWS), page=number, pages=pages,
