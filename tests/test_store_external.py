@@ -60,3 +60,29 @@ def test_passes_are_recorded_where_they_changed_and_gpu_time_is_counted(store):
                           ["kueue", "job"])
     assert store.external_gpu_seconds(T0 + 3 * H, T0 + 7 * H) == {
         ("kueue", "nlp"): 1 * 3600 * 4, ("job", "nlp"): (2 + 1) * 3600 * 8}
+
+
+def test_the_monthly_report_counts_their_gpu_hours_by_team_and_origin(tmp_path):
+    from idlegpu.scheduler.reports import build_report
+    from idlegpu.scheduler.reports.runs import runs_from_store
+
+    with JobStore(f"sqlite:///{tmp_path / 'jobs.db'}") as store:
+        workload = _unit("eval", "running", since=T0)
+        job = _unit("train", "running", origin="job", gpus=8, since=T0)
+        store.record_external([workload, job], T0, ["kueue", "job"])
+        # the Workload finishes after 2 h; the Job is stopped after 3 h (waiting again)
+        store.record_external([replace(workload, state="ended"), job], T0 + 2 * H,
+                              ["kueue", "job"])
+        store.record_external([replace(job, state="waiting")], T0 + 3 * H, ["kueue", "job"])
+        assert {h.unit_id: h.outcome for h in store.external_holds()} == {
+            "kueue/research/eval": "finished", "job/research/train": "stopped"}
+        runs = runs_from_store(store, T0 + 24 * H)
+    kinds = dict(zip(runs["kind"], zip(runs["gpu_hours"], runs["lost_gpu_hours"],
+                                       strict=True), strict=True))
+    assert kinds == {"kueue-workload": (8.0, 0.0), "kubernetes-job": (24.0, 24.0)}
+    report = build_report(runs, "2026-01", tz="Asia/Seoul", price=3000.0)
+    kinds = report.kinds.set_index("kind")
+    assert kinds.loc["kueue-workload", "jobs_finished"] == 1
+    assert kinds.loc["kueue-workload", "savings"] == 8.0 * 3000.0  # its useful GPU-hours
+    assert kinds.loc["kubernetes-job", "preemptions"] == 1
+    assert kinds.loc["kubernetes-job", "savings"] == 0.0  # stopped: lost whole

@@ -156,7 +156,35 @@ def runs_from_store(store: Any, now: datetime) -> pd.DataFrame:
                 "start": att.admitted_at, "end": end, "outcome": outcome,
                 "gpu_hours": held_s / 3600, "lost_gpu_hours": lost_s / 3600,
             })
+    rows += _external_runs(store, now)
     return validate_runs(pd.DataFrame(rows, columns=list(RUN_COLUMNS)), source="store")
+
+
+EXTERNAL_KINDS = {"kueue": "kueue-workload", "job": "kubernetes-job"}
+"""The run table's ``kind`` of units outside the store."""
+
+
+def _external_runs(store: Any, now: datetime) -> list[dict[str, Any]]:
+    """One run per hold of a Kueue Workload or a user's Job. idlegpu sees none of their
+    checkpoints, so a hold that was stopped counts as lost whole (as the policy plans them);
+    one that disappeared from the listing between two passes counts as finished: it held
+    its GPUs to the end as far as anyone can tell."""
+    holds = getattr(store, "external_holds", None)
+    if holds is None:
+        return []
+    rows = []
+    for hold in holds():
+        end = hold.ended_at or now
+        held_s = hold.gpus * max(0.0, (end - hold.started_at).total_seconds())
+        outcome = ("running" if hold.ended_at is None else
+                   "preempted" if hold.outcome == "stopped" else "finished")
+        lost_s = held_s if outcome == "preempted" else 0.0
+        rows.append({
+            "job_id": hold.unit_id, "team": hold.team,
+            "kind": EXTERNAL_KINDS.get(hold.origin, hold.origin), "gpus": hold.gpus,
+            "start": hold.started_at, "end": end, "outcome": outcome,
+            "gpu_hours": held_s / 3600, "lost_gpu_hours": lost_s / 3600})
+    return rows
 
 
 def notices_from_store(store: Any, month: Month, tz: str) -> dict[str, float]:

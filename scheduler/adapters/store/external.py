@@ -6,6 +6,7 @@ the monthly report."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 
 import sqlalchemy as sa
@@ -24,6 +25,26 @@ def _row_unit(r: sa.Row) -> ExternalUnit:
     return ExternalUnit(id=r.id, origin=r.origin, namespace=r.namespace, name=r.name,
                         team=r.team, gpus=r.gpus, state=r.state, reason=r.reason,
                         start_at=r.start_at, stop_by=r.stop_by, since=r.since)
+
+
+def _end_of(unit: ExternalUnit | None) -> str:
+    """How a hold ended, from what the pass saw of its unit."""
+    if unit is None:
+        return "gone"
+    return "finished" if unit.state == "ended" else "stopped"
+
+
+@dataclass(frozen=True)
+class ExternalHold:
+    """One time a unit outside the store held its GPUs (``ended_at`` None: it still does)."""
+
+    unit_id: str
+    origin: str
+    team: str
+    gpus: int
+    started_at: datetime
+    ended_at: datetime | None
+    outcome: str | None
 
 
 class ExternalMixin(StoreBase):
@@ -71,10 +92,12 @@ class ExternalMixin(StoreBase):
             if starts:
                 conn.execute(sa.insert(EXTERNAL_HOLDS), starts)
             ends = sorted(open_holds - holding)
-            if ends:
-                conn.execute(sa.update(EXTERNAL_HOLDS).where(
-                    EXTERNAL_HOLDS.c.unit_id.in_(ends), EXTERNAL_HOLDS.c.ended_at.is_(None))
-                    .values(ended_at=now))
+            for outcome in ("finished", "stopped", "gone"):
+                ids = [k for k in ends if _end_of(seen.get(k)) == outcome]
+                if ids:
+                    conn.execute(sa.update(EXTERNAL_HOLDS).where(
+                        EXTERNAL_HOLDS.c.unit_id.in_(ids), EXTERNAL_HOLDS.c.ended_at.is_(None))
+                        .values(ended_at=now, outcome=outcome))
             written = len(inserts) + len(updates) + len(gone) + len(starts) + len(ends)
         return written
 
@@ -84,6 +107,17 @@ class ExternalMixin(StoreBase):
             return [_row_unit(r) for r in conn.execute(
                 sa.select(EXTERNAL_UNITS).order_by(EXTERNAL_UNITS.c.updated_at,
                                                    EXTERNAL_UNITS.c.id))]
+
+    def external_holds(self, since: datetime | None = None) -> list[ExternalHold]:
+        """Every hold (that had not ended before ``since``), oldest first."""
+        query = sa.select(EXTERNAL_HOLDS).order_by(EXTERNAL_HOLDS.c.started_at,
+                                                    EXTERNAL_HOLDS.c.id)
+        if since is not None:
+            query = query.where(sa.or_(EXTERNAL_HOLDS.c.ended_at.is_(None),
+                                       EXTERNAL_HOLDS.c.ended_at > _aware(since)))
+        with self._tx(write=False) as conn:
+            return [ExternalHold(r.unit_id, r.origin, r.team, r.gpus, r.started_at, r.ended_at,
+                                 r.outcome) for r in conn.execute(query)]
 
     def external_gpu_seconds(self, start: datetime, end: datetime
                              ) -> dict[tuple[str, str], float]:

@@ -356,6 +356,9 @@ EXTERNAL_HOLDS = sa.Table(
     sa.Column("gpus", sa.Integer, nullable=False),
     sa.Column("started_at", UTCDateTime, nullable=False),
     sa.Column("ended_at", UTCDateTime),  # NULL: holds its GPUs still
+    # finished (seen ended), stopped (seen waiting again: stopped by idlegpu or Kueue), gone
+    # (no longer listed: deleted, or finished and removed between two passes)
+    sa.Column("outcome", sa.String(16)),
     sa.Index("ix_external_holds_open", "unit_id", "ended_at"),
     sa.Index("ix_external_holds_started_at", "started_at"),
 )
