@@ -180,8 +180,8 @@ def queue(
             "notice_deadline": notice.deadline if notice is not None else None})
     columns = QUEUE_COLUMNS if output in ("table", "wide") else QUEUE_DATA
     if external:  # the units outside the store, with where they come from
-        for row in listed:
-            row["origin"] = "request"
+        for listed_row in listed:
+            listed_row["origin"] = "request"
         listed += [_external_row(unit, tz) for unit in external]
         columns = (*columns[:1], ORIGIN_COLUMN, *columns[1:],
                    *(EXTERNAL_DATA if output not in ("table", "wide") else ()))
