@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -328,3 +329,54 @@ def test_the_daemon_admits_holds_and_evicts_kueue_workloads_through_a_night(
                  what="the evicted Job admitted again the next night")
     assert _entry(_workload(kueue, namespace, "fits"), check)["state"] == "Ready"
     assert daemon.now() > REPLAY_START
+
+
+def test_run_once_serves_the_checks_and_the_jobs_its_config_names(
+        kueue: KueueManager, kube_namespace: str, node_sim, cli, tmp_path) -> None:
+    """``idlegpu run --once`` with ``cluster.kueue`` and ``cluster.native_jobs`` in the config,
+    replaying an evening of the sample pool against the real Kueue: the check goes Active,
+    the Workload that fits is Ready, and a user's suspended Job is unsuspended."""
+    import yaml
+
+    repo = Path(__file__).resolve().parents[1]
+    node_sim(nodes=1, gpus=8)
+    tag = kube_namespace[-6:]
+    queue, check = f"once-{tag}", f"idlegpu-once-{tag}"
+    _queues(kueue, kube_namespace, queue, [check], gpus=8)
+    _kueue_job(kueue, kube_namespace, "fits", queue, gpus=4, runtime_s=3600)
+    settings = yaml.safe_load((repo / "idlegpu.yaml").read_text())
+    settings["cluster"].update(
+        kubeconfig=kueue.plane.kubeconfig, namespace=kube_namespace,
+        kueue={"admission_checks": [check]},
+        native_jobs={"namespaces": [kube_namespace]})
+    config = tmp_path / "idlegpu.yaml"
+    config.write_text(yaml.safe_dump(settings))
+    kueue.apply({
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": "own", "namespace": kube_namespace,
+                     "labels": {"idlegpu.io/queue": settings["pool"]["name"]},
+                     "annotations": {"idlegpu.io/runtime-estimate": "1h"}},
+        "spec": {"suspend": True, "backoffLimit": 0, "template": {"spec": {
+            "restartPolicy": "Never", "securityContext": {"runAsNonRoot": True,
+                                                          "runAsUser": 1000},
+            "tolerations": [{"operator": "Exists"}],
+            "containers": [{"name": "main", "image": "registry.example.com/research/eval:1",
+                            "securityContext": {"allowPrivilegeEscalation": False,
+                                                "capabilities": {"drop": ["ALL"]}},
+                            "resources": {"limits": {"nvidia.com/gpu": "2"}}}]}}}})
+    once = ["run", "--once", "--config", str(config),
+            "--store", f"sqlite:///{tmp_path / 'jobs.db'}", "--now", "2026-01-28T20:00:00+09:00",
+            "--history", str(repo / "data/sample/history.parquet")]
+    code, out, err = cli(once)  # the check goes Active: Kueue starts reserving quota
+    assert code == 0, err
+    assert _condition(kueue.get("admissioncheck", check), "Active")["status"] == "True"
+    _wait("its quota reserved", lambda: (_condition(_workload(kueue, kube_namespace, "fits")
+                                                    or {}, "QuotaReserved") or {}).get(
+        "status") == "True", timeout=60)
+    code, out, err = cli(once)
+    assert code == 0, err
+    assert _entry(_workload(kueue, kube_namespace, "fits"), check)["state"] == "Ready", out
+    assert kueue.get("job", "own", kube_namespace)["spec"]["suspend"] is False, out
+    flat = " ".join(out.split())
+    assert f"kueue/{kube_namespace}/job-fits-" in flat  # ids whole, never cut
+    assert "1 Kueue admission-check entry written" in flat

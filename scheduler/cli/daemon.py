@@ -31,7 +31,10 @@ from idlegpu.scheduler.cli.common import (
     err_console,
 )
 from idlegpu.scheduler.clock import ReplayClock, WallClock
-from idlegpu.scheduler.output import plain
+from idlegpu.scheduler.output import Column, emit, plain
+
+ONCE_COLUMNS = (Column("decision", "decision"), Column("unit", "unit", identifier=True),
+                Column("gpus", "GPUs", right=True), Column("why", "why"))
 
 
 @app.command(short_help="The admission daemon (or one pass with --once).")
@@ -174,8 +177,6 @@ def _run_once(settings, job_store, controller, forecast, estimator, cluster, mom
     """``run --once``: one forecast and reconcile pass at ``moment``, its decisions as a
     table; with ``--dry-run`` the manifests alone on stdout (kubectl apply -f -), the rest on
     stderr."""
-    from rich.table import Table
-
     from idlegpu.scheduler.service.operations import paused_reason
 
     out = err_console if dry_run else console
@@ -183,13 +184,10 @@ def _run_once(settings, job_store, controller, forecast, estimator, cluster, mom
         forecast.refresh(moment)
         report = controller.reconcile_once(moment)
     local = moment.astimezone(settings.pool.tz)
-    table = Table(title=f"One pass at {local:%a %Y-%m-%d %H:%M} "
-                  f"({settings.pool.timezone})", title_justify="left")
-    for col in ("decision", "unit", "GPUs", "why"):
-        table.add_column(col, justify="right" if col == "GPUs" else "left")
-    for d in report.plan.decisions:
-        table.add_row(d.action.value, plain(d.job_id), str(d.gpus), plain(d.reason))
-    out.print(table)
+    # (ids whole, never cut: a Kueue Workload's or a user's Job's is namespace/name)
+    emit(out, [{"decision": d.action.value, "unit": d.job_id, "gpus": d.gpus,
+                "why": d.reason} for d in report.plan.decisions], ONCE_COLUMNS, "table",
+         title=f"One pass at {local:%a %Y-%m-%d %H:%M} ({settings.pool.timezone})")
     for error in report.errors:
         err_console.print(_warning(str(error)))
     _say_runtime_model(estimator)
@@ -199,10 +197,13 @@ def _run_once(settings, job_store, controller, forecast, estimator, cluster, mom
     if dry_run:
         sys.stdout.write(manifest_stream(getattr(cluster, "last_manifests", [])))
         sys.stdout.flush()
+    checks = (f", {len(report.checks_written)} Kueue admission-check entr"
+              f"{'y' if len(report.checks_written) == 1 else 'ies'} "
+              f"{'would be ' if dry_run else ''}written" if report.checks_written else "")
     out.print(
         f"{len(report.created)} Job(s) {'would be ' if dry_run else ''}created, "
         f"{len(report.stopped)} stopped, {len(report.recreated)} recreated after a "
-        f"restart; store: {redact(_store_url(settings, store))}"
+        f"restart{checks}; store: {redact(_store_url(settings, store))}"
     )
 
 
