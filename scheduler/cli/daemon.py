@@ -31,7 +31,7 @@ from idlegpu.scheduler.cli.common import (
     err_console,
 )
 from idlegpu.scheduler.clock import ReplayClock, WallClock
-from idlegpu.scheduler.output import Column, emit, plain
+from idlegpu.scheduler.output import Column, emit
 
 ONCE_COLUMNS = (Column("decision", "decision"), Column("unit", "unit", identifier=True),
                 Column("gpus", "GPUs", right=True), Column("why", "why"))
