@@ -43,6 +43,10 @@ the Job gives no ``kueue.x-k8s.io/max-exec-time-seconds``, as in a request ("2h"
 STEP_LABEL = "idlegpu.io/step"
 """On a Job's pod template: the runtime family's step (default: the pod set's name), so runs of
 one image and step share their runtime history as requests' units do."""
+CHECKPOINTABLE_ANNOTATION = "idlegpu.io/checkpointable"
+"""On a Job's pod template: ``"true"`` when the workload saves its progress on SIGTERM (Kueue's
+eviction gives its pods their grace period) and resumes from it when admitted again; it may
+then be planned on the likely free GPUs and stopped at its window's end (``Retry``)."""
 STOP_BY_ANNOTATION = "idlegpu.io/stop-by"
 """What ``podSetUpdates`` put on an admitted Workload's pods: when its window closes."""
 
@@ -84,6 +88,8 @@ class CheckedWorkload:
     """The pod sets' names (what ``podSetUpdates`` name)."""
     state_since: str = ""
     """The entry's ``lastTransitionTime`` as Kueue holds it (kept when only the message moves)."""
+    checkpointable: bool = False
+    """The pod template's ``idlegpu.io/checkpointable: "true"``."""
 
     @property
     def id(self) -> str:
@@ -163,7 +169,7 @@ def checked_workload(obj: Mapping[str, Any], checks: Sequence[str]) -> CheckedWo
         count = _whole(pod_set.get("count", 1), f"spec.podSets[{n}].count")
         gpus += count * _pod_gpus(pod_set.get("template") or {}, f"spec.podSets[{n}].template")
         pods += count
-    image, step, estimate_s, pod_sets = _family(spec.get("podSets") or ())
+    image, step, estimate_s, pod_sets, checkpointable = _family(spec.get("podSets") or ())
     max_exec = spec.get("maximumExecutionTimeSeconds")
     if max_exec is not None and (not isinstance(max_exec, int) or max_exec <= 0):
         raise WorkloadError(f"spec.maximumExecutionTimeSeconds: expected a positive whole "
@@ -185,13 +191,16 @@ def checked_workload(obj: Mapping[str, Any], checks: Sequence[str]) -> CheckedWo
         max_exec_s=float(max_exec) if max_exec is not None else None,
         image=image, step=step, runtime_estimate_s=estimate_s, pod_sets=pod_sets,
         state_since=str(entry.get("lastTransitionTime") or ""),
+        checkpointable=checkpointable,
     )
 
 
-def _family(pod_sets: Sequence[Any]) -> tuple[str, str, float | None, tuple[str, ...]]:
-    """The first pod set's image, step and runtime annotation, and every pod set's name."""
+def _family(pod_sets: Sequence[Any]
+            ) -> tuple[str, str, float | None, tuple[str, ...], bool]:
+    """The first pod set's image, step, runtime annotation and whether it checkpoints, and
+    every pod set's name."""
     names: list[str] = []
-    image, step, estimate_s = "", "main", None
+    image, step, estimate_s, checkpointable = "", "main", None, False
     for n, pod_set in enumerate(pod_sets):
         name = pod_set.get("name") if isinstance(pod_set, Mapping) else None
         if not isinstance(name, str) or not name:
@@ -205,14 +214,16 @@ def _family(pod_sets: Sequence[Any]) -> tuple[str, str, float | None, tuple[str,
         first = containers[0] if containers and isinstance(containers[0], Mapping) else {}
         image = str(first.get("image") or "")[:512]
         step = str((meta.get("labels") or {}).get(STEP_LABEL) or name)[:63]
-        text = (meta.get("annotations") or {}).get(RUNTIME_ANNOTATION)
+        annotations = meta.get("annotations") or {}
+        checkpointable = str(annotations.get(CHECKPOINTABLE_ANNOTATION, "")).lower() == "true"
+        text = annotations.get(RUNTIME_ANNOTATION)
         if text is not None:
             try:
                 estimate_s = parse_duration(str(text)[:40])
             except ValueError as exc:
                 raise WorkloadError(f"spec.podSets[0].template.metadata.annotations"
                                     f"[{RUNTIME_ANNOTATION}]: {exc}") from None
-    return image, step, estimate_s, tuple(names)
+    return image, step, estimate_s, tuple(names), checkpointable
 
 
 def _since(text: str) -> datetime | None:
@@ -229,8 +240,9 @@ def policy_units(workloads: Sequence[CheckedWorkload], now: datetime,
     ``Pending`` with its quota reserved (Kueue's quota first), and holds its GPUs from the
     moment its check is ``Ready`` (admitted or about to be). ``runtime_s`` maps a unit id to the seconds it is planned with (its
     ``max_exec_s``, an idlegpu annotation of its Job, or the runtime model: the caller's
-    choice); a unit without one is left out (it cannot be planned). Workloads cannot
-    checkpoint for idlegpu (it cannot see their checkpoints): each is planned whole.
+    choice); a unit without one is left out (it cannot be planned). A Workload is planned
+    whole unless its pod template says it checkpoints (``idlegpu.io/checkpointable``): idlegpu
+    cannot see its checkpoints, so a stopped one restarts its remaining time in full.
     ``team_of`` maps a namespace to its team (default: the namespace)."""
     teams = team_of or {}
     queue: list[WaitingJob] = []
@@ -249,11 +261,12 @@ def policy_units(workloads: Sequence[CheckedWorkload], now: datetime,
             started = w.admitted_at or _since(w.state_since) or now
             running.append(RunningJob(
                 id=w.id, team=team, gpus=w.gpus, priority=w.priority, started_at=started,
-                checkpointable=False, kind="kueue",
+                checkpointable=w.checkpointable, kind="kueue",
                 remaining_s=max(0.0, seconds - (now - started).total_seconds())))
         elif w.state == PENDING and w.quota_reserved and not w.admitted:
             queue.append(WaitingJob(
-                id=w.id, team=team, gpus=w.gpus, runtime_s=seconds, checkpointable=False,
+                id=w.id, team=team, gpus=w.gpus, runtime_s=seconds,
+                checkpointable=w.checkpointable,
                 priority=w.priority, submitted_at=w.created_at, kind="kueue", nodes=nodes))
     return queue, running
 
@@ -265,8 +278,9 @@ def workload_unit_spec(w: CheckedWorkload) -> UnitSpec:
     return UnitSpec(
         step=w.step, step_index=0, member=0, image=w.image, command=(), args=(), env=(),
         parameters=(), gpus=w.gpus, cpu=0.0, memory="0", runtime_estimate_s=w.runtime_estimate_s,
-        checkpointable=False, checkpoint_interval_s=None, resume_args=(), priority=w.priority,
-        deadline=None, max_preemptions=None, output=None, depends_on=(), kind="kueue")
+        checkpointable=w.checkpointable, checkpoint_interval_s=None, resume_args=(),
+        priority=w.priority, deadline=None, max_preemptions=None, output=None, depends_on=(),
+        kind="kueue")
 
 
 def planned_runtime_s(w: CheckedWorkload, estimate: Callable[[UnitSpec], float]) -> float:
@@ -404,7 +418,7 @@ def check_active(*, forecast_age_s: float | None, max_forecast_age_s: float,
     return True, "Active", "the forecast and the live signals are fresh"
 
 
-__all__ = ["CHECK_CONTROLLER", "CHECK_STATES", "RUNTIME_ANNOTATION", "STEP_LABEL",
-           "STOP_BY_ANNOTATION", "CheckUpdate", "CheckedWorkload", "KueueReading",
+__all__ = ["CHECKPOINTABLE_ANNOTATION", "CHECK_CONTROLLER", "CHECK_STATES", "RUNTIME_ANNOTATION",
+           "STEP_LABEL", "STOP_BY_ANNOTATION", "CheckUpdate", "CheckedWorkload", "KueueReading",
            "WorkloadError", "active_apply", "check_active", "check_updates", "checked_workload",
            "entry_apply", "planned_runtime_s", "policy_units", "workload_unit_spec"]

@@ -170,3 +170,23 @@ def test_a_ready_workload_not_admitted_yet_holds_its_gpus_and_a_stop_takes_the_r
                   PolicySettings(headroom_gpus=8, pool_gpus=80))
     (update,) = check_updates([ready], plan.decisions, 80, SEOUL)
     assert update.state == "Pending" and update.message.startswith("waits: ")
+
+
+def test_a_workload_that_checkpoints_is_stopped_at_its_windows_end_one_that_does_not_runs_on():
+    now = datetime(2026, 12, 6, 23, 44, 23, tzinfo=UTC)
+    obj = real("admitted")
+    saves = copy.deepcopy(obj)
+    saves["spec"]["podSets"][0]["template"].setdefault("metadata", {}).setdefault(
+        "annotations", {})["idlegpu.io/checkpointable"] = "true"
+    plain_w, saving = checked_workload(obj, CHECKS), checked_workload(saves, CHECKS)
+    assert plain_w is not None and saving is not None
+    assert saving.checkpointable and not plain_w.checkpointable
+    # the window closes in 10 minutes (the forecast's ramp), nobody needs the GPUs yet
+    profile = _profile(now, [8.0, 8.0] + [0.0] * 22)
+    signals = ServingSignals(observed_at=now, idle_gpus=8, service_gpus=64, gpus_short=0)
+    settings = PolicySettings(headroom_gpus=8, pool_gpus=80, grace_s=600)
+    for w, stopped in ((saving, True), (plain_w, False)):
+        _, running = policy_units([w], now, {w.id: 7200.0})
+        plan = decide(now, profile, running, [], signals, {}, settings)
+        updates = check_updates([w], plan.decisions, 80, SEOUL)
+        assert [u.state for u in updates] == (["Retry"] if stopped else []), plan.decisions
