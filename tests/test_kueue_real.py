@@ -329,6 +329,11 @@ def test_the_daemon_admits_holds_and_evicts_kueue_workloads_through_a_night(
                  what="the evicted Job admitted again the next night")
     assert _entry(_workload(kueue, namespace, "fits"), check)["state"] == "Ready"
     assert daemon.now() > REPLAY_START
+    # another team's flood of Workloads is not read into memory: the listing is bounded
+    from idlegpu.scheduler.adapters.kubernetes import ClusterUnavailableError
+
+    with pytest.raises(ClusterUnavailableError, match="more than 2 workloads"):
+        KueueChecks(kueue.plane.api_client(), checks=[check], max_objects=2, page=1).read()
 
 
 def test_run_once_serves_the_checks_and_the_jobs_its_config_names(

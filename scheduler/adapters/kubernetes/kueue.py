@@ -36,6 +36,7 @@ import kubernetes
 
 from idlegpu.scheduler.adapters.kubernetes.calls import ApiCaller, _server_time
 from idlegpu.scheduler.adapters.kubernetes.credentials import load_client_configuration
+from idlegpu.scheduler.adapters.kubernetes.errors import ClusterUnavailableError
 from idlegpu.scheduler.adapters.kubernetes.names import _iso
 from idlegpu.scheduler.admission_checks import (
     CHECK_CONTROLLER,
@@ -76,8 +77,12 @@ class KueueChecks(ApiCaller):
         max_backoff_s: float = 30.0,
         request_timeout_s: float = 30.0,
         page: int = 500,
+        max_objects: int = 50_000,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
+        """``max_objects``: the most Workloads (or AdmissionChecks) one listing reads; beyond
+        it the listing fails (reported, nothing of Kueue admitted that pass) rather than
+        hold the daemon's memory hostage to another team's flood of objects."""
         if not checks:
             raise ValueError("name at least one AdmissionCheck to serve")
         self.checks = tuple(dict.fromkeys(checks))
@@ -89,6 +94,7 @@ class KueueChecks(ApiCaller):
         self.max_backoff_s = max_backoff_s
         self.request_timeout_s = request_timeout_s
         self.page = int(page)
+        self.max_objects = int(max_objects)
         self._sleep = sleep
         self.namespace = None
         self._warned: set[str] = set()
@@ -156,6 +162,10 @@ class KueueChecks(ApiCaller):
             body = self._call("list", lambda more=more, **kw: self.api.list_cluster_custom_object(
                 GROUP, VERSION, plural, limit=self.page, **more, **kw), f"{plural}.{GROUP}")
             items.extend(i for i in body.get("items") or () if isinstance(i, dict))
+            if len(items) > self.max_objects:
+                raise ClusterUnavailableError(
+                    f"more than {self.max_objects:,} {plural}.{GROUP} in the cluster: not "
+                    f"read (raise KueueChecks' max_objects if that many are expected)")
             token = (body.get("metadata") or {}).get("continue")
             if not token:
                 return items

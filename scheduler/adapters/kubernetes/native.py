@@ -42,6 +42,7 @@ from idlegpu.scheduler.adapters.kubernetes.client import KubernetesCluster
 from idlegpu.scheduler.adapters.kubernetes.credentials import load_client_configuration
 from idlegpu.scheduler.adapters.kubernetes.errors import (
     ClusterRejectedError,
+    ClusterUnavailableError,
     UnsafeManifestError,
     _NotFound,
 )
@@ -102,8 +103,11 @@ class NativeJobs(ApiCaller):
         retries: int = 3,
         backoff_s: float = 0.5,
         request_timeout_s: float = 30.0,
+        max_jobs: int = 10_000,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
+        """``max_jobs``: the most queued Jobs one namespace may hold; beyond it that pass reads
+        none (reported), so one namespace's flood cannot exhaust the daemon."""
         if not namespaces:
             raise ValueError("name at least one namespace whose Jobs may queue")
         self.api_client = api_client
@@ -120,6 +124,7 @@ class NativeJobs(ApiCaller):
         self.retries = int(retries)
         self.backoff_s = backoff_s
         self.request_timeout_s = request_timeout_s
+        self.max_jobs = int(max_jobs)
         self._sleep = sleep
         self._stoppers = {ns: KubernetesCluster(
             api_client, namespace=ns, grace_seconds=grace_seconds, retries=retries,
@@ -141,10 +146,7 @@ class NativeJobs(ApiCaller):
         unreadable: list[tuple[str, str]] = []
         objects: dict[str, dict[str, Any]] = {}
         for namespace in self.namespaces:
-            self.namespace = namespace
-            body = self._call("list", lambda ns=namespace, **kw: self.batch.list_namespaced_job(
-                ns, label_selector=self.selector, **kw))
-            for obj in body.get("items") or ():
+            for obj in self._jobs_of(namespace):
                 meta = obj.get("metadata") or {}
                 where = f"{meta.get('namespace')}/{meta.get('name')}"[:300]
                 try:
@@ -162,6 +164,24 @@ class NativeJobs(ApiCaller):
         self.namespace = None
         self._objects = objects
         return NativeReading(jobs=jobs, to_refuse=to_refuse, unreadable=unreadable)
+
+    def _jobs_of(self, namespace: str) -> list[dict[str, Any]]:
+        """The queued Jobs of one namespace, 500 a page, at most ``max_jobs``."""
+        self.namespace = namespace
+        items: list[dict[str, Any]] = []
+        token = None
+        while True:
+            more: dict[str, Any] = {"_continue": token} if token else {}
+            body = self._call("list", lambda more=more, **kw: self.batch.list_namespaced_job(
+                namespace, label_selector=self.selector, limit=500, **more, **kw))
+            items.extend(i for i in body.get("items") or () if isinstance(i, dict))
+            if len(items) > self.max_jobs:
+                raise ClusterUnavailableError(
+                    f"more than {self.max_jobs:,} Jobs queued in namespace {namespace}: not "
+                    f"read (each namespace may queue at most {self.max_jobs:,})")
+            token = (body.get("metadata") or {}).get("continue")
+            if not token:
+                return items
 
     def problems(self, job: NativeJob, obj: dict[str, Any]) -> list[str]:
         """Why the Job may not run here (empty: it may queue)."""
