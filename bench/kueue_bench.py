@@ -148,7 +148,8 @@ def main() -> None:
 
         source = KueueChecks(plane.api_client(), checks=[CHECK], request_timeout_s=120)
         cluster = KubernetesCluster(plane.api_client(), namespace="idlegpu-jobs")
-        with JobStore(f"sqlite:///{Path(tmp) / 'empty.db'}") as empty:
+        with JobStore(f"sqlite:///{Path(tmp) / 'empty.db'}") as empty, \
+                JobStore(f"sqlite:///{Path(tmp) / 'requests.db'}") as store:
             kueue = KueueAdmission(source, lambda w: planned_runtime_s(w, lambda s: 3600.0),
                                    pool_gpus=512, tz=ZoneInfo("Asia/Seoul"))
             checks = Controller(empty, cluster, Signals(), lambda now: profile,
@@ -162,15 +163,7 @@ def main() -> None:
             while checks.reconcile_once(at).checks_written:
                 passes += 1
             telling_s = time.perf_counter() - began
-            steady_written: list[int] = []
-
-            def steady() -> None:
-                steady_written.append(len(checks.reconcile_once(at).checks_written))
-
-            steady_ms = timed(steady, args.repeat)
-            read_ms = timed(source.read, args.repeat)
             deferred = len(first.plan.decisions)
-        with JobStore(f"sqlite:///{Path(tmp) / 'requests.db'}") as store:
             for i in range(args.workloads):
                 req = validate_request(request(i))
                 store.submit(req.name, req.team, req.kind, request(i), expand_units(req),
@@ -178,7 +171,15 @@ def main() -> None:
             requests = Controller(store, cluster, Signals(), lambda now: profile,
                                   lambda spec: float(spec.runtime_estimate_s), settings)
             requests.reconcile_once(at)
-            baseline_ms = timed(lambda: requests.reconcile_once(at), args.repeat)
+            # the three interleaved, round by round: the machine's noise falls on all three
+            steady_written: list[int] = []
+            steady_ms, read_ms, baseline_ms = [], [], []
+            for _ in range(args.repeat):
+                began = time.perf_counter()
+                steady_written.append(len(checks.reconcile_once(at).checks_written))
+                steady_ms.append((time.perf_counter() - began) * 1000)
+                read_ms += timed(source.read, 1)
+                baseline_ms += timed(lambda: requests.reconcile_once(at), 1)
     med = statistics.median
     print(f"\nfirst pass: {first_ms:,.0f} ms ({written:,} check entries written, "
           f"{deferred:,} decisions); every Workload told why it waits after {passes} passes, "
