@@ -77,6 +77,7 @@ import pandas as pd
 
 from idlegpu.scheduler.config import Settings
 from idlegpu.scheduler.policy import decide, policy_settings
+from idlegpu.scheduler.reports import useful as useful_of
 from idlegpu.scheduler.simulate.choices import (
     _CLAIRVOYANT_NOW,
     _CLAIRVOYANT_PLANS,
@@ -530,8 +531,6 @@ class _Simulation:
         # one definition of each figure, the report's, from the run table the report reads
         # (idlegpu.scheduler.reports.useful): a report on runs_<policy>.csv gives the same
         # numbers
-        from idlegpu.scheduler.reports import useful as useful_of
-
         pool = self.pool
         useful = float(useful_of(frame).sum()) if len(frame) else 0.0
         lost = float(frame["lost_gpu_hours"].sum()) if len(frame) else 0.0
