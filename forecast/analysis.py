@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pandas as pd
 
-from idlegpu.forecast import plots
 from idlegpu.forecast.calendar import hourly_by_day_kind
 from idlegpu.forecast.capacity import (
     FREE,
@@ -66,6 +65,8 @@ class PoolAnalysis:
 
     def write(self, out: Path) -> list[Path]:
         """Charts (PNG) and tables (CSV) into ``out``; returns the files written."""
+        from idlegpu.forecast import plots  # matplotlib: loaded for a chart
+
         out.mkdir(parents=True, exist_ok=True)
         pool = self.settings.pool
         capacity = pool.lendable_gpus

@@ -2,8 +2,9 @@
 import-linter see the dependency graph (issue 26). A function may import one of them only when
 that module needs an optional extra: it imports, at its top (itself or through the project's
 other modules), a package that only an extra of pyproject.toml brings (the command's
-``EXTRAS``: the job store's sqlalchemy, the Kubernetes client, FastAPI...). A base install then
-still runs what needs none, and a command that needs one names it (tests/test_install_extras.py).
+``EXTRAS``: the job store's sqlalchemy, the Kubernetes client, FastAPI...), or matplotlib for a
+chart. A base install then still runs what needs no extra, and a command that needs one names
+it (tests/test_install_extras.py).
 ``idlegpu`` keeps its start fast without hidden imports: the root loads a command's module only
 when that command runs (idlegpu.scheduler.cli.registry). And no import cycle between modules."""
 
@@ -24,6 +25,9 @@ from idlegpu.scheduler.cli.common import EXTRAS
 
 REPO = Path(__file__).resolve().parents[1]
 FOLDERS = {"forecast": "idlegpu.forecast", "scheduler": "idlegpu.scheduler"}
+# what a function may load on demand: the packages of the extras, and matplotlib, which only a
+# chart needs (a third of a second: `idlegpu plan --help` would wait for it)
+ON_DEMAND = frozenset(EXTRAS) | {"matplotlib"}
 # function-level imports of a module that needs no extra, each with its reason: none
 ALLOWED: dict[tuple[str, str], str] = {}
 
@@ -100,11 +104,11 @@ def _top_level_graph() -> nx.DiGraph:
 
 
 def _extras_needed(module: str) -> frozenset[str]:
-    """The optional packages ``module`` imports at its top, itself or through the project's
-    modules it (and, for a submodule, its packages) imports there."""
+    """The packages of ``ON_DEMAND`` that ``module`` imports at its top, itself or through the
+    project's modules it (and, for a submodule, its packages) imports there."""
     graph = _top_level_graph()
     reached = nx.descendants(graph, module) | {module} if module in graph else {module}
-    return frozenset(name.split(".")[0] for name in reached if name.split(".")[0] in EXTRAS)
+    return frozenset(name.split(".")[0] for name in reached if name.split(".")[0] in ON_DEMAND)
 
 
 def _function_level_imports() -> list[tuple[str, int, str, str]]:
@@ -124,6 +128,7 @@ def test_the_project_imports_its_modules_at_the_top_but_for_the_extras():
 def test_the_rule_sees_the_extras_and_a_hidden_import(tmp_path):
     assert _extras_needed("idlegpu.scheduler.adapters.store") >= {"sqlalchemy"}
     assert _extras_needed("idlegpu.scheduler.server") >= {"fastapi"}
+    assert _extras_needed("idlegpu.forecast.plots") == {"matplotlib"}
     assert not _extras_needed("idlegpu.scheduler.plan")  # the analyst's install runs plan
     path = tmp_path / "hidden.py"
     path.write_text("def f():\n    from idlegpu.scheduler.plan import tonight\n")

@@ -11,7 +11,6 @@ import typer
 from rich.markup import escape
 from rich.text import Text
 
-from idlegpu.forecast import plots
 from idlegpu.forecast.backtest import (
     CALIBRATED,
     CUTOFF,
@@ -129,6 +128,8 @@ def forecast_cmd(
     ] = None,
 ) -> None:
     """Forecast every series of a history as quantiles: unique_id, ds, model, q0.5, q0.9, ..."""
+    from idlegpu.forecast import plots  # matplotlib: loaded for a chart
+
     if model not in MODEL_NAMES:
         raise typer.BadParameter(f"choose one of {', '.join(MODEL_NAMES)}", param_hint="--model")
     qs = _parse_quantiles(quantiles)
@@ -175,6 +176,8 @@ def windows(
 ) -> None:
     """The coming idle windows: when, how many GPUs, for how long, with what confidence."""
     from rich.table import Table
+
+    from idlegpu.forecast import plots  # matplotlib: loaded for a chart
 
     if not 0.5 <= confidence < 1:
         raise typer.BadParameter("use a confidence from 0.5 to 0.99", param_hint="--confidence")

@@ -12,7 +12,6 @@ import typer
 from rich.markup import escape
 from rich.text import Text
 
-from idlegpu.forecast import plots
 from idlegpu.forecast.capacity import FREE, pool_usage
 from idlegpu.forecast.errors import HistoryError
 from idlegpu.forecast.redact import redact
@@ -236,6 +235,8 @@ def _print_policies(table, curves, settings, out: Path, *, start, end, requests:
     """The policies' chart (policies.png, returned) and their metrics side by side."""
     from rich.table import Table
 
+    from idlegpu.forecast import plots  # matplotlib: loaded for a chart
+
     chart = plots.policy_chart(
         table, curves, out / "policies.png",
         title=f"{settings.pool.name}: {units} job units, "
@@ -324,6 +325,8 @@ def _frontier(frame, settings, sim_jobs, confidences, rows, out: Path, *, start,
     import pandas as pd
     from rich.progress import Progress
     from rich.table import Table
+
+    from idlegpu.forecast import plots  # matplotlib: loaded for a chart
 
     references = {name: metrics for name, metrics in rows.items() if name != "forecast"}
     with Progress(console=err_console, transient=True) as progress:
@@ -556,6 +559,8 @@ def _largest_window(windows) -> str:
 
 def _free_gpu_chart(settings, frame, moment, span, confidence, free, table, out, tz,
                     likely=None) -> None:
+    from idlegpu.forecast import plots  # matplotlib: loaded for a chart
+
     actual = pool_usage(frame[frame["ds"] < moment], settings)[FREE]
     curves = {}  # the promise last: the chart shades it
     if likely is not None:
