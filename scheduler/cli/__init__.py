@@ -40,7 +40,7 @@ class _Package(ModuleType):
             old = self.__dict__.get(name)
             for module_name, module in list(sys.modules.items()):
                 if (module_name.startswith(f"{__name__}.") and module is not None
-                        and module.__dict__.get(name, value) is old):
+                        and name in module.__dict__ and module.__dict__[name] is old):
                     setattr(module, name, value)
         super().__setattr__(name, value)
 
