@@ -65,7 +65,7 @@ class PoolAnalysis:
 
     def write(self, out: Path) -> list[Path]:
         """Charts (PNG) and tables (CSV) into ``out``; returns the files written."""
-        from idlegpu.forecast import plots
+        from idlegpu.forecast import plots  # matplotlib: loaded for a chart
 
         out.mkdir(parents=True, exist_ok=True)
         pool = self.settings.pool

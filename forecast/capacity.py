@@ -20,6 +20,7 @@ import pandas as pd
 from idlegpu.forecast.calendar import wall_clock
 from idlegpu.forecast.config import Settings
 from idlegpu.forecast.errors import ConfigError, HistoryError
+from idlegpu.forecast.models.base import quantile_column
 from idlegpu.forecast.schema import (
     DS,
     REPLICAS,
@@ -282,8 +283,6 @@ def forecast_pool_usage(
     at least confidence ``c``. ``quantiles`` plans the services it names with their own, wider,
     quantile instead (a service whose forecasts have lately been covering less than promised).
     """
-    from idlegpu.forecast.models.base import quantile_column
-
     for q in {confidence, *(quantiles or {}).values()}:
         column = quantile_column(q)
         if column not in forecast.columns:

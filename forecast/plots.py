@@ -9,6 +9,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from idlegpu.forecast.capacity import FREE
+from idlegpu.forecast.models.base import quantile_column
 
 DPI = 110
 
@@ -112,8 +113,6 @@ def forecast_chart(
     max_panels: int = 8,
 ) -> Path:
     """Per series: recent history, the median forecast and the band between the outer quantiles."""
-    from idlegpu.forecast.models.base import quantile_column
-
     uids = list(dict.fromkeys(forecast["unique_id"]))[:max_panels]
     fig = Figure(figsize=(12, 2.4 * len(uids)), layout="constrained")
     axes = fig.subplots(len(uids), 1, squeeze=False, sharex=True)[:, 0]

@@ -23,6 +23,7 @@ from pydantic_settings import BaseSettings
 from pydantic_settings.exceptions import SettingsError
 
 from idlegpu.forecast.errors import ConfigError
+from idlegpu.forecast.redact import is_secret_field, redact
 
 ENV_PREFIX = "IDLEGPU_"
 
@@ -166,8 +167,6 @@ def format_validation_error(exc: ValidationError, root: type[BaseModel], *,
     (or, for a value from the environment, its variable: ``env`` maps config paths to variable
     names). The value of a secret field (``bearer_token``, a password...) is never shown, and
     credentials in any other value (a URL's password) are masked."""
-    from idlegpu.forecast.redact import is_secret_field, redact
-
     parts = []
     for err in exc.errors():
         loc = ".".join(str(p) for p in err["loc"]) or "(top level)"

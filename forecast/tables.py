@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
-FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+from idlegpu.forecast.cells import FORMULA_STARTS, safe_text
 
 
 def iso_time(value: object, tz: str | None = None) -> object:
@@ -32,13 +32,6 @@ def iso_time(value: object, tz: str | None = None) -> object:
         if tz is not None:
             stamp = stamp.tz_convert(tz)
         return stamp.floor("s").isoformat()
-    return value
-
-
-def safe_text(value: object) -> object:
-    """A text cell that cannot run as a spreadsheet formula."""
-    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
-        return "'" + value
     return value
 
 

@@ -26,6 +26,7 @@ from functools import lru_cache
 
 import pandas as pd
 
+from idlegpu.forecast.models.base import quantile_column
 from idlegpu.forecast.schema import DS, REPLICAS, UNIQUE_ID, Y, series_id
 
 WINDOW = timedelta(days=7)
@@ -192,8 +193,6 @@ def planned_quantiles(coverage: Mapping[str, ServiceCoverage]) -> dict[str, floa
 def promise_of(forecast: pd.DataFrame, made_at: datetime, services: Sequence[str],
                quantile: float) -> Promise:
     """The promise of a tidy replica forecast (``unique_id, ds, q...``) at ``quantile``."""
-    from idlegpu.forecast.models.base import quantile_column
-
     column = quantile_column(quantile)
     curves = {}
     for service in services:

@@ -48,10 +48,20 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from idlegpu.forecast.errors import IdlegpuError
 from idlegpu.forecast.redact import RedactingFilter
+from idlegpu.forecast.sources.prometheus import fetch_history
+from idlegpu.scheduler.adapters.store import DaemonStatus
 from idlegpu.scheduler.clock import Clock, as_clock, real_seconds, refresh_due, report_due
 from idlegpu.scheduler.controller import Controller, PassReport
-from idlegpu.scheduler.reports import held_and_lost
-from idlegpu.scheduler.types import Action, FreeProfile
+from idlegpu.scheduler.refresh import Refresher
+from idlegpu.scheduler.reports import (
+    Month,
+    build_report,
+    held_and_lost,
+    notices_from_store,
+    runs_from_store,
+    write_report,
+)
+from idlegpu.scheduler.types import NIGHT_HOURS, Action, FreeProfile
 
 if TYPE_CHECKING:
     from idlegpu.scheduler.refresh import Refresh
@@ -274,8 +284,6 @@ class Daemon:
         """This replica's status into the store after a pass (``report``; None: a standby's
         tick), for ``GET /v1/daemon``. One write; a failure is logged and counted, never
         raised: the pass has been applied whatever its status says."""
-        from idlegpu.scheduler.adapters.store import DaemonStatus
-
         if report is not None:
             if kind == "reconcile":
                 self.last_reconcile = report.now
@@ -614,8 +622,6 @@ class ForecastProvider:
     HISTORY = timedelta(days=35)
 
     def __init__(self, settings, frame=None) -> None:
-        from idlegpu.scheduler.refresh import Refresher
-
         self.settings = settings
         self.frame = frame
         self.profile: FreeProfile | None = None
@@ -626,8 +632,6 @@ class ForecastProvider:
         """Refresh the profile; returns the ``Refresh`` (with the coverage scores)."""
         frame = self.frame
         if frame is None:
-            from idlegpu.forecast.sources.prometheus import fetch_history
-
             frame = fetch_history(self.settings, now - self.HISTORY, now)
         result = self.refresher.refresh(frame, now)
         profile = result.profile
@@ -646,8 +650,6 @@ def night_only(profile, tz: str):
     import numpy as np
     import pandas as pd
 
-    from idlegpu.scheduler.types import NIGHT_HOURS, FreeProfile
-
     times = pd.date_range(profile.start, periods=len(profile.free),
                           freq=f"{profile.step_s}s").tz_convert(tz)
     night = (times.hour >= NIGHT_HOURS[0]) | (times.hour < NIGHT_HOURS[1])
@@ -660,14 +662,6 @@ def write_last_month_report(settings, store, now: datetime):
     """Last month's report (with the two months before it for comparison) from the store's
     attempts, into ``daemon.reports_dir/YYYY-MM/``; returns the files written."""
     from pathlib import Path
-
-    from idlegpu.scheduler.reports import (
-        Month,
-        build_report,
-        notices_from_store,
-        runs_from_store,
-        write_report,
-    )
 
     local = now.astimezone(settings.pool.tz)
     month = Month(local.year, local.month).shift(-1)

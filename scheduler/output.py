@@ -28,6 +28,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from idlegpu.forecast.cells import safe_text
+
 FORMATS = ("table", "wide", "csv", "json")
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
@@ -156,8 +158,6 @@ def _machine(rows: Sequence[Mapping[str, Any]], columns: Sequence[Column], outpu
     if output == "json":
         data = [{c.key: _data(r.get(c.key), tz) for c in columns} for r in rows]
         return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
-    from idlegpu.forecast.tables import safe_text
-
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow([c.key for c in columns])

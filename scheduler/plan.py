@@ -21,8 +21,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from idlegpu.scheduler.policy import MAX_RESERVATION_ATTEMPTS, decide
+from idlegpu.forecast.capacity import idle_windows, windows_frame
+from idlegpu.scheduler.policy import MAX_RESERVATION_ATTEMPTS, decide, policy_settings
 from idlegpu.scheduler.queue_view import overruns_of, running_jobs, waiting_jobs
+from idlegpu.scheduler.runtime import RuntimeEstimator
 from idlegpu.scheduler.types import (
     Action,
     FreeProfile,
@@ -400,8 +402,6 @@ def planning_estimate(settings, runs=None) -> Callable[[Any], float]:
     """Seconds the admitter plans a unit with: the runtime estimator (past runs of the same
     family at the configured quantile, a model on parameters, the user's estimate times the
     safety factor, else a 4-hour guess); ``runs``: a table of past runs (``load_runs``)."""
-    from idlegpu.scheduler.runtime import RuntimeEstimator
-
     return RuntimeEstimator.from_config(runs, settings.admission).seconds
 
 
@@ -430,9 +430,6 @@ def tonight(settings, refreshed: Refresh, queue: Sequence[WaitingJob], *,
     windows of that stretch. ``profile``: the one to plan on, when not the refresh's own (the
     daemon's night-only profile)."""
     import pandas as pd
-
-    from idlegpu.forecast.capacity import idle_windows, windows_frame
-    from idlegpu.scheduler.policy import policy_settings
 
     profile = profile or refreshed.profile
     start = start or profile.start

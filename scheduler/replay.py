@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from idlegpu.forecast.capacity import FREE
+from idlegpu.forecast.models import model_for
 from idlegpu.forecast.scenarios import FREE_MEDIAN, forecast_levels, pool_forecast_usage
 from idlegpu.forecast.schema import (
     DS,
@@ -136,8 +137,6 @@ def forecast_pool_free(history: pd.DataFrame, settings: Settings, now: datetime,
     it still covers the horizon, but by no more than ``max_forecast_age`` (no forecast is
     trusted older than that): beyond, the pool's free GPUs are NaN, a hole the policy admits
     nothing into."""
-    from idlegpu.forecast.models import model_for
-
     replicas = metric_rows(history, REPLICAS)
     past = replicas[replicas[DS] < pd.Timestamp(now)]
     lag, _ = _forecast_lag(past, settings)

@@ -1,15 +1,19 @@
 """The idlegpu command as a user meets it: help, sample, analyze and one-line errors."""
 
+import importlib
 import subprocess
 import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
+import typer.main
 from matplotlib.image import imread
+from typer.core import TyperGroup
 
 from idlegpu.forecast.sources import read_history
 from idlegpu.scheduler.cli import main
+from idlegpu.scheduler.cli.registry import COMMANDS
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "data" / "sample" / "history.parquet"
@@ -121,3 +125,28 @@ def test_export_openmetrics_of_a_history(tmp_path, cli):
     assert 'kube_deployment_status_replicas{namespace="inference",deployment="chat"} 5.0 1759277100' in text
     # the counter starts at 0 one step early and adds rate x 300 s per step: 0, 3000, 9000
     assert 'vllm:prompt_tokens_total{model_name="chat"} 9000.0 1759277100' in text
+
+
+def _built_commands(module: str) -> dict:
+    built = typer.main.get_command(importlib.import_module(f"idlegpu.scheduler.cli.{module}").app)
+    return dict(built.commands) if isinstance(built, TyperGroup) else {built.name: built}
+
+
+def test_the_registry_lists_every_command_with_its_own_short_help():
+    listed = {}
+    for module in dict.fromkeys(module for module, _ in COMMANDS.values()):
+        for name, command in _built_commands(module).items():
+            listed[name] = (module, command.short_help)
+    assert listed == COMMANDS
+
+
+def test_idlegpu_help_loads_no_command_module_nor_pandas():
+    code = ("import sys\nfrom idlegpu.scheduler.cli import main\ntry:\n    main(['--help'])\n"
+            "except SystemExit:\n    pass\n"
+            "print(' '.join(m for m in sys.modules if m.startswith(('idlegpu', 'pandas'))))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True)
+    loaded = set(done.stdout.split("\n")[-2].split())
+    assert "idlegpu.scheduler.cli.registry" in loaded
+    modules = {f"idlegpu.scheduler.cli.{module}" for module, _ in COMMANDS.values()}
+    assert not loaded & (modules | {"idlegpu.scheduler.cli.inputs", "pandas"})

@@ -68,8 +68,10 @@ def test_analyze_refuses_negative_replicas_instead_of_counting_them_idle(tmp_pat
     frame = pd.read_parquet(SAMPLE)
     replicas = frame["unique_id"] == "chat/replicas"
     frame.loc[frame.index[replicas][:100], "y"] = -5.0
-    path = tmp_path / "negative.csv"
-    frame.to_csv(path, index=False)
+    # parquet: the same 849,395 rows as a CSV, written in 0.1 s instead of 10 (read_history
+    # validates what it read, whatever the format)
+    path = tmp_path / "negative.parquet"
+    frame.to_parquet(path, index=False)
     done = subprocess.run([sys.executable, "-m", "idlegpu.scheduler.cli", "analyze",
                            "-c", str(CONFIG), "-H", str(path)], capture_output=True, text=True,
                           timeout=300, check=False)

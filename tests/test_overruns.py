@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from test_simulate import at, job, pool
 
-import idlegpu.scheduler.simulate as sim
+import idlegpu.scheduler.simulate.engine as sim  # its decide(), patched to spy on it
 from idlegpu.scheduler.types import Overruns
 
 E = 3600.0

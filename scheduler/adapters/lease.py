@@ -47,6 +47,8 @@ import kubernetes
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
+from idlegpu.scheduler.adapters.kubernetes import load_client_configuration
+
 log = logging.getLogger(__name__)
 
 JITTER = 1.2  # acquire retries wait retry_period * (1 + random() * JITTER), as client-go's
@@ -141,8 +143,6 @@ class LeaderElector:
                     in_cluster: bool = False, **kw: Any) -> LeaderElector:
         """Build from a kubeconfig file and context, or the pod's service account (as
         ``KubernetesCluster.from_config``)."""
-        from idlegpu.scheduler.adapters.kubernetes import load_client_configuration
-
         return cls(kubernetes.client.ApiClient(
             load_client_configuration(kubeconfig, context, in_cluster)), **kw)
 

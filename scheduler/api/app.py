@@ -34,6 +34,7 @@ from idlegpu.scheduler.api.forecasts import Forecasts
 from idlegpu.scheduler.api.operators import operator_routes
 from idlegpu.scheduler.api.reads import Reads, add_read_routes
 from idlegpu.scheduler.api.requests import request_routes
+from idlegpu.scheduler.api.tokenreview import PodUnits, TokenReviewer
 from idlegpu.scheduler.api.units import unit_routes
 from idlegpu.scheduler.clock import Clock, as_clock
 from idlegpu.scheduler.config import Settings
@@ -75,12 +76,8 @@ def add_api(app: FastAPI, settings: Settings, store: JobStore, *,
     now = as_clock(clock)
     tz = settings.pool.tz  # every time in an answer carries the pool zone's offset
     if api.token_review.enabled and reviewer is None:
-        from idlegpu.scheduler.api.tokenreview import TokenReviewer
-
         reviewer = TokenReviewer.from_config(api.token_review)
     if api.token_review.enabled and pods is None:
-        from idlegpu.scheduler.api.tokenreview import PodUnits
-
         pods = PodUnits.lazily(api.token_review)
     authenticator = Authenticator(api, store, reviewer,
                                   workload_namespace=settings.cluster.namespace)

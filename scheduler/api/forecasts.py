@@ -32,6 +32,7 @@ from idlegpu.forecast.errors import IdlegpuError
 from idlegpu.forecast.redact import redact
 from idlegpu.forecast.schema import DS, REPLICAS, metric_rows
 from idlegpu.forecast.sources.prometheus import fetch_history
+from idlegpu.scheduler.daemon import ForecastProvider
 from idlegpu.scheduler.service.errors import FORECAST_RETRY_AFTER_S, ForecastUnavailable
 from idlegpu.scheduler.types import FreeProfile
 
@@ -74,8 +75,6 @@ class Forecasts:
     def __init__(self, settings, frame: pd.DataFrame | None = None, *,
                  stale_after: timedelta = STALE_AFTER,
                  fetch: Callable[[datetime, datetime], pd.DataFrame] | None = None) -> None:
-        from idlegpu.scheduler.daemon import ForecastProvider
-
         self.settings = settings
         self.frame = frame
         self.stale_after = stale_after

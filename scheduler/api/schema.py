@@ -11,6 +11,8 @@ from fastapi import FastAPI, Path
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel, Field
 
+from idlegpu.scheduler.specs import JobRequest
+
 ID_PATTERN = r"^[a-z0-9][a-z0-9-]{0,159}$"
 """A request id (``<name slug>-<8 hex>``) or a unit id (``<request id>-<step>-<member>``)."""
 MONTH_PATTERN = r"^[0-9]{4}-(0[1-9]|1[0-2])$"
@@ -83,8 +85,6 @@ REQUEST_BODY = {"requestBody": {"required": True, "content": {
 def install_openapi(app: FastAPI) -> None:
     """The app's OpenAPI document with ``JobRequest`` (and the models it uses) under
     ``components.schemas``."""
-    from idlegpu.scheduler.specs import JobRequest
-
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
             document = get_openapi(title=app.title, version=app.version,

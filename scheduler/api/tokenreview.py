@@ -14,6 +14,15 @@ import threading
 import time
 from typing import Any, Self
 
+from idlegpu.scheduler.adapters.kubernetes import (
+    ANN_UNIT_ID,
+    JOB_NAME_LABEL,
+    LABEL_ATTEMPT,
+    MANAGED_BY,
+    MANAGER,
+    job_name,
+    load_client_configuration,
+)
 from idlegpu.scheduler.api.auth import SERVICE_ACCOUNT_PREFIX, ApiError, PodRef
 from idlegpu.scheduler.config import TokenReviewConfig
 
@@ -67,8 +76,6 @@ class TokenReviewer:
     @classmethod
     def from_config(cls, config: TokenReviewConfig) -> TokenReviewer:
         import kubernetes
-
-        from idlegpu.scheduler.adapters.kubernetes import load_client_configuration
 
         configuration = load_client_configuration(config.kubeconfig, config.context,
                                                   config.in_cluster)
@@ -146,8 +153,6 @@ class PodUnits:
     def from_config(cls, config: TokenReviewConfig) -> PodUnits:
         import kubernetes
 
-        from idlegpu.scheduler.adapters.kubernetes import load_client_configuration
-
         configuration = load_client_configuration(config.kubeconfig, config.context,
                                                   config.in_cluster)
         return cls(kubernetes.client.ApiClient(configuration),
@@ -177,15 +182,6 @@ class PodUnits:
     def _look_up(self, pod: PodRef) -> tuple[str, int] | None:
         from kubernetes.client.exceptions import ApiException
         from urllib3.exceptions import HTTPError
-
-        from idlegpu.scheduler.adapters.kubernetes import (
-            ANN_UNIT_ID,
-            JOB_NAME_LABEL,
-            LABEL_ATTEMPT,
-            MANAGED_BY,
-            MANAGER,
-            job_name,
-        )
 
         try:
             found = self._api.read_namespaced_pod(pod.name, pod.namespace,

@@ -15,23 +15,37 @@ from typing import Annotated, Optional
 import typer
 
 from idlegpu.forecast.redact import RedactingFilter, redact
+from idlegpu.forecast.sources import read_history
+from idlegpu.scheduler.admission_checks import planned_runtime_s
 from idlegpu.scheduler.cli.common import (
     DEFAULT_CONFIG,
     ConfigOption,
     NowOption,
     StoreOption,
-    _load_settings,
     _now,
-    _planning_estimate,
-    _say_runtime_model,
-    _store_url,
     _warning,
-    app,
     console,
     err_console,
 )
+from idlegpu.scheduler.cli.inputs import (
+    _load_settings,
+    _planning_estimate,
+    _say_runtime_model,
+    _store_url,
+)
+from idlegpu.scheduler.cli.registry import command_group
 from idlegpu.scheduler.clock import ReplayClock, WallClock
+from idlegpu.scheduler.controller import Controller
+from idlegpu.scheduler.controller.kueue import KueueAdmission
+from idlegpu.scheduler.controller.native import NativeAdmission
+from idlegpu.scheduler.native_jobs import native_unit_spec
 from idlegpu.scheduler.output import Column, emit
+from idlegpu.scheduler.policy import policy_settings
+from idlegpu.scheduler.replay import HistorySignals
+from idlegpu.scheduler.specs import recheck_unit
+
+# this module's commands: the root loads it when one of them runs (registry.COMMANDS)
+app = command_group()
 
 ONCE_COLUMNS = (Column("decision", "decision"), Column("unit", "unit", identifier=True),
                 Column("gpus", "GPUs", right=True), Column("why", "why"))
@@ -76,8 +90,6 @@ def run(
     moment = _now(now)
     frame = None
     if history is not None:
-        from idlegpu.forecast.sources import read_history
-
         frame = read_history(history)
     job_store = JobStore(_store_url(settings, store))
     cluster = _cluster(settings, dry_run=dry_run, kubeconfig=kubeconfig, context=context,
@@ -105,9 +117,6 @@ def run(
 def _controller(settings, job_store, cluster, signals, forecast, estimate, *, dry_run: bool,
                 external=()):
     """The reconcile pass of ``run``, with the config's policy, timeouts and rechecks."""
-    from idlegpu.scheduler.controller import Controller
-    from idlegpu.scheduler.policy import policy_settings
-
     return Controller(job_store, cluster, signals, forecast, estimate,
                       policy_settings(settings.admission, settings.pool.headroom_gpus,
                                       settings.pool.total_gpus),
@@ -140,8 +149,6 @@ def _native_jobs(settings, estimate, *, dry_run: bool, kubeconfig: str | None,
     if not c.native_jobs.namespaces:
         return None
     from idlegpu.scheduler.adapters.kubernetes.native import NativeJobs
-    from idlegpu.scheduler.controller.native import NativeAdmission
-    from idlegpu.scheduler.native_jobs import native_unit_spec
 
     source = NativeJobs.from_config(
         kubeconfig or c.kubeconfig, context or c.context, c.in_cluster,
@@ -160,8 +167,6 @@ def _kueue(settings, estimate, *, dry_run: bool, kubeconfig: str | None, context
     if not c.kueue.admission_checks:
         return None
     from idlegpu.scheduler.adapters.kubernetes.kueue import KueueChecks
-    from idlegpu.scheduler.admission_checks import planned_runtime_s
-    from idlegpu.scheduler.controller.kueue import KueueAdmission
 
     source = KueueChecks.from_config(
         kubeconfig or c.kubeconfig, context or c.context, c.in_cluster,
@@ -259,8 +264,6 @@ def _instance(settings, job_store) -> str:
 def _admission_recheck(settings):
     """The daemon's own admission rules on each stored unit, right before its Job is made:
     whatever config the submitter ran with, nothing gets past the daemon's."""
-    from idlegpu.scheduler.specs import recheck_unit
-
     def recheck(row) -> None:
         recheck_unit(row.spec, row.team, settings.admission)
 
@@ -360,8 +363,6 @@ def _cluster(settings, *, dry_run: bool, kubeconfig: str | None, context: str | 
 
 def _signal_source(settings, frame):
     if frame is not None:
-        from idlegpu.scheduler.replay import HistorySignals
-
         return HistorySignals(frame, settings)
     from idlegpu.scheduler.adapters.vllm import PrometheusSignals
 

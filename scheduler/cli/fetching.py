@@ -7,7 +7,20 @@ from typing import Annotated, Optional
 
 import typer
 
-from idlegpu.scheduler.cli.common import ConfigOption, _load_settings, app, console, parse_time
+from idlegpu.forecast.sources import write_history
+from idlegpu.forecast.sources.prometheus import fetch_history
+from idlegpu.scheduler.cli.common import (
+    ConfigOption,
+    console,
+    parse_time,
+)
+from idlegpu.scheduler.cli.inputs import (
+    _load_settings,
+)
+from idlegpu.scheduler.cli.registry import command_group
+
+# this module's commands: the root loads it when one of them runs (registry.COMMANDS)
+app = command_group()
 
 
 @app.command(short_help="Pull the pool's history from Prometheus.")
@@ -27,9 +40,6 @@ def fetch(
     ] = None,
 ) -> None:
     """Pull the pool's history from Prometheus into a tidy history file."""
-    from idlegpu.forecast.sources import write_history
-    from idlegpu.forecast.sources.prometheus import fetch_history
-
     settings = _load_settings(config)
     t0 = parse_time(start, name="--start")
     t1 = parse_time(end, name="--end")

@@ -11,6 +11,26 @@ import typer
 from rich.markup import escape
 from rich.text import Text
 
+from idlegpu.forecast.backtest import (
+    CALIBRATED,
+    CUTOFF,
+    backtest,
+    daily_cutoffs,
+    score,
+    series_calibration,
+    window_quality,
+)
+from idlegpu.forecast.capacity import (
+    FREE,
+    forecast_pool_usage,
+    idle_windows,
+    pool_usage,
+    windows_frame,
+)
+from idlegpu.forecast.models import MODEL_NAMES, model_for, served_summary, validate_quantiles
+from idlegpu.forecast.scenarios import forecast_levels, pool_forecast_usage
+from idlegpu.forecast.schema import REPLICAS, metric_rows
+from idlegpu.forecast.tables import write_csv
 from idlegpu.scheduler.cli.common import (
     DEFAULT_CONFIG,
     ConfigOption,
@@ -18,17 +38,22 @@ from idlegpu.scheduler.cli.common import (
     HistoryOption,
     NowOption,
     _check,
+    console,
+    err_console,
+)
+from idlegpu.scheduler.cli.inputs import (
     _check_horizon,
     _check_services,
     _history_until,
     _load_settings,
     _optional_config,
     _parse_horizon,
-    app,
-    console,
-    err_console,
 )
+from idlegpu.scheduler.cli.registry import command_group
 from idlegpu.scheduler.output import plain
+
+# this module's commands: the root loads it when one of them runs (registry.COMMANDS)
+app = command_group()
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -42,8 +67,6 @@ ModelOption = Annotated[
 
 
 def _parse_quantiles(text: str) -> list[float]:
-    from idlegpu.forecast.models import validate_quantiles
-
     try:
         return list(validate_quantiles([float(part) for part in text.split(",") if part.strip()]))
     except ValueError as exc:
@@ -53,8 +76,6 @@ def _parse_quantiles(text: str) -> list[float]:
 def _fit_predict_with_progress(name, settings, history, horizon, quantiles):
     import pandas as pd
     from rich.progress import Progress
-
-    from idlegpu.forecast.models import model_for
 
     groups = list(history.groupby("unique_id", sort=True, observed=True))
     frames = []
@@ -71,8 +92,6 @@ def _print_served(forecast, title: str = "What forecasts each series") -> None:
     """``auto``'s choice per series (in the order of lead time) and its backtest skill against
     the better seasonal naive; nothing for models that do not choose."""
     from rich.table import Table
-
-    from idlegpu.forecast.models import served_summary
 
     summary = served_summary(forecast)
     if summary.empty:
@@ -109,8 +128,7 @@ def forecast_cmd(
     ] = None,
 ) -> None:
     """Forecast every series of a history as quantiles: unique_id, ds, model, q0.5, q0.9, ..."""
-    from idlegpu.forecast.models import MODEL_NAMES
-    from idlegpu.forecast.tables import write_csv
+    from idlegpu.forecast import plots  # matplotlib: loaded for a chart
 
     if model not in MODEL_NAMES:
         raise typer.BadParameter(f"choose one of {', '.join(MODEL_NAMES)}", param_hint="--model")
@@ -132,8 +150,6 @@ def forecast_cmd(
     )
     _print_served(result)
     if plot is not None:
-        from idlegpu.forecast import plots
-
         tz = settings.pool.timezone if settings else "UTC"
         plots.forecast_chart(frame, result, plot, tz=tz, quantiles=qs)
         console.print(f"chart: {plot}")
@@ -161,18 +177,7 @@ def windows(
     """The coming idle windows: when, how many GPUs, for how long, with what confidence."""
     from rich.table import Table
 
-    from idlegpu.forecast import plots
-    from idlegpu.forecast.capacity import (
-        FREE,
-        forecast_pool_usage,
-        idle_windows,
-        pool_usage,
-        windows_frame,
-    )
-    from idlegpu.forecast.models import MODEL_NAMES
-    from idlegpu.forecast.scenarios import forecast_levels, pool_forecast_usage
-    from idlegpu.forecast.schema import REPLICAS, metric_rows
-    from idlegpu.forecast.tables import write_csv
+    from idlegpu.forecast import plots  # matplotlib: loaded for a chart
 
     if not 0.5 <= confidence < 1:
         raise typer.BadParameter("use a confidence from 0.5 to 0.99", param_hint="--confidence")
@@ -254,18 +259,6 @@ def backtest_cmd(
     import pandas as pd
     from rich.progress import Progress
     from rich.table import Table
-
-    from idlegpu.forecast.backtest import (
-        CALIBRATED,
-        CUTOFF,
-        backtest,
-        daily_cutoffs,
-        score,
-        series_calibration,
-        window_quality,
-    )
-    from idlegpu.forecast.models import MODEL_NAMES, model_for
-    from idlegpu.forecast.tables import write_csv
 
     names = [m.strip() for m in models.split(",") if m.strip()]
     unknown = [m for m in names if m not in MODEL_NAMES]

@@ -9,17 +9,26 @@ from typing import Annotated, Optional
 import typer
 from rich.text import Text
 
+from idlegpu.forecast.analysis import analyze_pool, job_size_label, job_size_summary
+from idlegpu.forecast.sources import read_history, write_history
+from idlegpu.forecast.sources.openmetrics import write_openmetrics
+from idlegpu.forecast.synthetic import SAMPLE_POOL, generate_pool_history
 from idlegpu.scheduler.cli.common import (
     DEFAULT_CONFIG,
     ConfigOption,
     HistoryOption,
     _check,
-    _check_services,
-    _load_settings,
-    app,
     console,
 )
+from idlegpu.scheduler.cli.inputs import (
+    _check_services,
+    _load_settings,
+)
+from idlegpu.scheduler.cli.registry import command_group
 from idlegpu.scheduler.output import plain
+
+# this module's commands: the root loads it when one of them runs (registry.COMMANDS)
+app = command_group()
 
 SAMPLE_HISTORY = "history.parquet"
 
@@ -35,9 +44,6 @@ def sample(
     ] = None,
 ) -> None:
     """Regenerate the bundled sample pool history (deterministic: same seed, same bytes)."""
-    from idlegpu.forecast.sources import write_history
-    from idlegpu.forecast.synthetic import SAMPLE_POOL, generate_pool_history
-
     with console.status("generating the sample pool history..."):
         frame = generate_pool_history(SAMPLE_POOL, seed=seed)
         path = write_history(frame, out / SAMPLE_HISTORY)
@@ -46,8 +52,6 @@ def sample(
         f"({SAMPLE_POOL.start} to {SAMPLE_POOL.end}, {SAMPLE_POOL.timezone}) to {path}"
     )
     if openmetrics is not None:
-        from idlegpu.forecast.sources.openmetrics import write_openmetrics
-
         with console.status("writing OpenMetrics..."):
             write_openmetrics(frame, None, openmetrics)
         console.print(f"wrote OpenMetrics for promtool backfill to {openmetrics}")
@@ -59,9 +63,6 @@ def export_openmetrics(
     out: Annotated[Path, typer.Option(help="OpenMetrics text file to write.")],
 ) -> None:
     """Write a history as OpenMetrics text, for `promtool tsdb create-blocks-from openmetrics`."""
-    from idlegpu.forecast.sources import read_history
-    from idlegpu.forecast.sources.openmetrics import write_openmetrics
-
     frame = read_history(history)
     write_openmetrics(frame, None, out)
     console.print(f"wrote {len(frame):,} samples to {out}")
@@ -79,9 +80,6 @@ def analyze(
     ] = 8.0,
 ) -> None:
     """Where and when the pool's GPUs sit idle: tables on screen, charts and CSVs in --out."""
-    from idlegpu.forecast.analysis import analyze_pool
-    from idlegpu.forecast.sources import read_history
-
     _check(min_hours > 0, "use a number of hours above 0", "--min-hours")
     settings = _load_settings(config)
     frame = _check_services(read_history(history), settings)
@@ -152,8 +150,6 @@ def _print_analysis(result) -> None:
 def _print_job_sizes(result) -> None:
     """Idle GPU-hours usable by 1-, 4-, 8-GPU and multi-node jobs on the pool's nodes."""
     from rich.table import Table
-
-    from idlegpu.forecast.analysis import job_size_label, job_size_summary
 
     nodes = result.nodes
     if nodes is None:

@@ -21,14 +21,29 @@ from idlegpu.scheduler.cli.common import (
     TokenFileOption,
     _check,
     _now,
-    _optional_config,
-    _store_url,
-    app,
     console,
     markup_console,
     markup_err_console,
 )
+from idlegpu.scheduler.cli.inputs import (
+    _optional_config,
+    _store_url,
+)
+from idlegpu.scheduler.cli.registry import command_group
+from idlegpu.scheduler.cli.remote import (
+    print_admission,
+    remote_admission,
+    remote_cancel,
+    remote_queue,
+    remote_submit,
+)
+from idlegpu.scheduler.config import AdmissionConfig
 from idlegpu.scheduler.output import FORMATS, Column, emit, plain
+from idlegpu.scheduler.runtime import RuntimeEstimator, load_runs
+from idlegpu.scheduler.specs import format_duration, load_request
+
+# this module's commands: the root loads it when one of them runs (registry.COMMANDS)
+app = command_group()
 
 QUEUE_COLUMNS = (
     Column("unit", "unit", identifier=True), Column("request", "request", identifier=True,
@@ -82,8 +97,6 @@ def submit(
     them in the job store, or (--server) through the job API, which checks it against the
     server's config and decides its team and time."""
     if server:
-        from idlegpu.scheduler.cli.remote import remote_submit
-
         _check(now is None and store is None, "--server decides the time and the store; drop "
                "--now and --store", "--server")
         return remote_submit(markup_console, markup_err_console, server, token_file, file,
@@ -91,8 +104,6 @@ def submit(
     from idlegpu.scheduler.adapters.store import JobStore
     from idlegpu.scheduler.service import submissions
     from idlegpu.scheduler.service.identity import cli_identity
-    from idlegpu.scheduler.specs import load_request
-
     settings = _optional_config(config)
     request = load_request(file, settings.admission if settings is not None else None,
                            nodes=settings.pool.nodes if settings is not None else ())
@@ -131,18 +142,12 @@ def queue(
     (or, with --server, the units the job API shows you)."""
     _check(output in FORMATS, f"use one of {', '.join(FORMATS)}", "--output")
     if server:
-        from idlegpu.scheduler.cli.remote import remote_queue
-
         _check(scope in ("mine", "team", "all"), "use mine, team or all", "--scope")
         settings = _optional_config(config)
         tz = settings.pool.tz if settings is not None else timezone.utc
         return remote_queue(markup_console, markup_err_console, server, token_file, scope,
                             all_units, tz, output)
     from idlegpu.scheduler.adapters.store import JobStore
-    from idlegpu.scheduler.config import AdmissionConfig
-    from idlegpu.scheduler.runtime import RuntimeEstimator, load_runs
-    from idlegpu.scheduler.specs import format_duration
-
     settings = _optional_config(config)
     admission = settings.admission if settings is not None else AdmissionConfig()
     tz = settings.pool.tz if settings is not None else timezone.utc
@@ -221,8 +226,6 @@ def cancel(
     daemon at its next pass (they checkpoint if they can). With --server, through the job API
     (members cancel their team's work, operators anyone's)."""
     if server:
-        from idlegpu.scheduler.cli.remote import remote_cancel
-
         _check(now is None and store is None, "--server decides the time and the store; drop "
                "--now and --store", "--server")
         return remote_cancel(markup_console, markup_err_console, server, token_file, job_id,
@@ -256,8 +259,6 @@ def _admission(action: str, config: Path | None, store: str | None, server: str 
                token_file: Path | None, reason: str | None = None) -> None:
     """`idlegpu admission ACTION`: on the store of the config (or --store), or through the
     job API (--server); both audited, both idempotent."""
-    from idlegpu.scheduler.cli.remote import print_admission, remote_admission
-
     if server:
         _check(store is None, "--server decides the store; drop --store", "--server")
         return remote_admission(markup_console, markup_err_console, server, token_file,

@@ -12,8 +12,12 @@ import typer
 from rich.markup import escape
 from rich.text import Text
 
+from idlegpu.forecast.capacity import FREE, pool_usage
 from idlegpu.forecast.errors import HistoryError
 from idlegpu.forecast.redact import redact
+from idlegpu.forecast.schema import infer_step
+from idlegpu.forecast.sources import read_history
+from idlegpu.forecast.tables import iso_time, write_csv
 from idlegpu.scheduler.cli.common import (
     DEFAULT_CONFIG,
     ConfigOption,
@@ -24,6 +28,15 @@ from idlegpu.scheduler.cli.common import (
     ServerOption,
     TokenFileOption,
     _check,
+    _warning,
+    console,
+    err_console,
+    markup_console,
+    markup_err_console,
+    parse_time,
+)
+from idlegpu.scheduler.cli.forecasting import _print_served
+from idlegpu.scheduler.cli.inputs import (
     _check_horizon,
     _check_services,
     _history_until,
@@ -32,15 +45,9 @@ from idlegpu.scheduler.cli.common import (
     _planning_estimate,
     _say_runtime_model,
     _store_url,
-    _warning,
-    app,
-    console,
-    err_console,
-    markup_console,
-    markup_err_console,
-    parse_time,
 )
-from idlegpu.scheduler.cli.forecasting import _print_served
+from idlegpu.scheduler.cli.registry import command_group
+from idlegpu.scheduler.cli.remote import remote_plan
 from idlegpu.scheduler.output import (
     FORMATS,
     PLAN_START_COLUMNS,
@@ -49,6 +56,23 @@ from idlegpu.scheduler.output import (
     emit,
     plain,
 )
+from idlegpu.scheduler.plan import store_queue, tonight
+from idlegpu.scheduler.refresh import Refresher
+from idlegpu.scheduler.reports import useful
+from idlegpu.scheduler.simulate import (
+    PLACEMENTS,
+    POLICIES,
+    delay_events,
+    lost_work,
+    simulate_policies,
+    trace_jobs,
+)
+from idlegpu.scheduler.simulate import sweep as sweep_policies
+from idlegpu.scheduler.specs import SpecError, load_trace, parse_duration
+from idlegpu.scheduler.types import JobState
+
+# this module's commands: the root loads it when one of them runs (registry.COMMANDS)
+app = command_group()
 
 
 @app.command(short_help="Compare admission policies on a history and a job trace.")
@@ -98,10 +122,6 @@ def simulate(
     """Replay the pool history and a job trace through the admission policy, for each of
     night (fixed 20:00-08:00), reactive, forecast (ours), oracle (ours on the actual future) and
     clairvoyant (the reference: the actual future, and every unit stops without loss)."""
-    from idlegpu.forecast.sources import read_history
-    from idlegpu.scheduler.simulate import PLACEMENTS, POLICIES, trace_jobs
-    from idlegpu.scheduler.specs import load_trace
-
     names = [p.strip() for p in policies.split(",") if p.strip()]
     unknown = [p for p in names if p not in POLICIES]
     if unknown:
@@ -163,8 +183,6 @@ def _run_policies(frame, settings, sim_jobs, names, start, end, workers: int | N
     process may use), with a progress line per policy (and the forecast's evening refits)."""
     from rich.progress import Progress
 
-    from idlegpu.scheduler.simulate import simulate_policies
-
     if workers is None:
         workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
             os.cpu_count() or 1)
@@ -194,10 +212,6 @@ def _policy_tables(results, settings, out: Path):
     work and service delays."""
     import pandas as pd
 
-    from idlegpu.forecast.tables import write_csv
-    from idlegpu.scheduler.reports import useful
-    from idlegpu.scheduler.simulate import lost_work
-
     rows, cumulative, losses, delays = {}, {}, [], []
     for name, result in results.items():
         rows[name] = result.metrics
@@ -221,7 +235,7 @@ def _print_policies(table, curves, settings, out: Path, *, start, end, requests:
     """The policies' chart (policies.png, returned) and their metrics side by side."""
     from rich.table import Table
 
-    from idlegpu.forecast import plots
+    from idlegpu.forecast import plots  # matplotlib: loaded for a chart
 
     chart = plots.policy_chart(
         table, curves, out / "policies.png",
@@ -244,9 +258,6 @@ def _print_delays_and_losses(names, frame, settings, losses, delays, out: Path) 
     """lost.csv and delays.csv, and per policy the service's waits (those that began with a
     rise beyond the headroom) and the work lost by cause."""
     import pandas as pd
-
-    from idlegpu.forecast.tables import write_csv
-    from idlegpu.scheduler.simulate import delay_events
 
     lost = pd.concat(losses, ignore_index=True)
     lost = lost[["policy", *[c for c in lost.columns if c != "policy"]]]
@@ -296,8 +307,6 @@ def _confidences(text: str) -> list[float]:
 
 def _duration_s(text: str, option: str, example: str) -> float:
     """A duration option's seconds (0 and up to a day), or a clear error naming the option."""
-    from idlegpu.scheduler.specs import SpecError, parse_duration
-
     if text.strip() == "0":
         return 0.0
     try:
@@ -317,9 +326,7 @@ def _frontier(frame, settings, sim_jobs, confidences, rows, out: Path, *, start,
     from rich.progress import Progress
     from rich.table import Table
 
-    from idlegpu.forecast import plots
-    from idlegpu.forecast.tables import write_csv
-    from idlegpu.scheduler.simulate import sweep as sweep_policies
+    from idlegpu.forecast import plots  # matplotlib: loaded for a chart
 
     references = {name: metrics for name, metrics in rows.items() if name != "forecast"}
     with Progress(console=err_console, transient=True) as progress:
@@ -377,17 +384,10 @@ def plan(
     With -o csv or json, stdout is the plan's rows (plan.csv's) and nothing else."""
     import pandas as pd
 
-    from idlegpu.forecast.schema import infer_step
-    from idlegpu.forecast.tables import write_csv
-    from idlegpu.scheduler.plan import tonight
-    from idlegpu.scheduler.refresh import Refresher
-
     _check(queue_days > 0, "use a number of days above 0", "--queue-days")
     _check(output in FORMATS, f"use one of {', '.join(FORMATS)}", "--output")
     span = _parse_horizon(horizon)
     if server:
-        from idlegpu.scheduler.cli.remote import remote_plan
-
         _check(history is None and jobs is None and store is None and runs is None
                and now is None, "the server plans from its own history, queue and clock; "
                "drop --history, --jobs, --store, --runs and --now", "--server")
@@ -457,9 +457,6 @@ def _queue_of_trace(jobs: Path, settings, estimate, start, queue_days: float) ->
     plan's start; nothing runs yet."""
     import pandas as pd
 
-    from idlegpu.scheduler.simulate import trace_jobs
-    from idlegpu.scheduler.specs import load_trace
-
     entries = [e for e in load_trace(jobs, settings.admission)
                if start - pd.Timedelta(days=queue_days) <= e.submit_at <= start]
     units = trace_jobs(entries, estimate)
@@ -474,14 +471,10 @@ def _queue_of_store(settings, store: str | None, estimate, start) -> _PlanQueue:
     """``plan`` on the job store: what already runs holds its GPUs, and fair share counts what
     teams used lately."""
     from idlegpu.scheduler.adapters.store import JobStore
-    from idlegpu.scheduler.plan import store_queue
-
     later: list = []
     with JobStore(_store_url(settings, store)) as job_store:
         queue, running, usage = store_queue(job_store, settings, estimate, start)
         if not queue and not running:  # say why the plan is empty
-            from idlegpu.scheduler.types import JobState
-
             later = [u for u in job_store.find_units(states=(JobState.QUEUED,))
                      if u.submitted_at > start]
     # a PostgreSQL URL carries its password
@@ -545,8 +538,6 @@ def _print_plan(planned, refreshed, queued: _PlanQueue, out: Path, *, start, tz:
 
 def _say_why_empty(queued: _PlanQueue, local, tz: str) -> None:
     """An empty plan from the store: its units were all queued later, or there are none."""
-    from idlegpu.forecast.tables import iso_time
-
     if queued.later:
         first = min(u.submitted_at for u in queued.later)
         console.print(f"The queue was empty at {iso_time(local)}: the store's "
@@ -568,8 +559,7 @@ def _largest_window(windows) -> str:
 
 def _free_gpu_chart(settings, frame, moment, span, confidence, free, table, out, tz,
                     likely=None) -> None:
-    from idlegpu.forecast import plots
-    from idlegpu.forecast.capacity import FREE, pool_usage
+    from idlegpu.forecast import plots  # matplotlib: loaded for a chart
 
     actual = pool_usage(frame[frame["ds"] < moment], settings)[FREE]
     curves = {}  # the promise last: the chart shades it

@@ -9,16 +9,38 @@ from typing import Annotated, Optional
 import typer
 from rich.markup import escape
 
+from idlegpu.forecast.sources import read_history
 from idlegpu.scheduler.cli.common import (
     OptionalConfig,
     _now,
-    _optional_config,
-    _store_url,
-    app,
     console,
     err_console,
 )
+from idlegpu.scheduler.cli.inputs import (
+    _optional_config,
+    _store_url,
+)
+from idlegpu.scheduler.cli.registry import command_group
+from idlegpu.scheduler.config import ReportConfig
 from idlegpu.scheduler.output import plain
+from idlegpu.scheduler.reports import (
+    Month,
+    build_report,
+    forecast_check,
+    format_gpus,
+    format_hours,
+    format_money,
+    format_share,
+    idle_by_day,
+    job_size_idle,
+    notices_from_store,
+    read_runs,
+    runs_from_store,
+    write_report,
+)
+
+# this module's commands: the root loads it when one of them runs (registry.COMMANDS)
+app = command_group()
 
 
 @app.command(short_help="Monthly report: useful GPU-hours, GPU equivalents, savings.")
@@ -46,24 +68,6 @@ def report(
     """Monthly report of the harvested GPUs: Markdown, HTML, summary.csv and charts in --out,
     from a run table (--runs) or the job store's attempts (--store)."""
     from rich.progress import Progress
-
-    from idlegpu.forecast.sources import read_history
-    from idlegpu.scheduler.config import ReportConfig
-    from idlegpu.scheduler.reports import (
-        Month,
-        build_report,
-        forecast_check,
-        format_gpus,
-        format_hours,
-        format_money,
-        format_share,
-        idle_by_day,
-        job_size_idle,
-        notices_from_store,
-        read_runs,
-        runs_from_store,
-        write_report,
-    )
 
     if runs is not None and store is not None:
         raise typer.BadParameter("give --runs or --store, not both", param_hint="--runs")

@@ -14,20 +14,28 @@ from typing import Annotated
 import typer
 
 from idlegpu.forecast.errors import ConfigError
+from idlegpu.forecast.sources import read_history
+from idlegpu.forecast.tables import iso_time
 from idlegpu.scheduler.cli.common import (
     DEFAULT_CONFIG,
     OptionalConfig,
     StoreOption,
-    _load_settings,
     _now,
-    _optional_config,
-    _store_url,
-    app,
     console,
     err_console,
 )
+from idlegpu.scheduler.cli.inputs import (
+    _load_settings,
+    _optional_config,
+    _store_url,
+)
+from idlegpu.scheduler.cli.registry import command_group
 from idlegpu.scheduler.clock import ReplayClock
 from idlegpu.scheduler.output import Column, emit
+from idlegpu.scheduler.specs import SpecError, parse_duration
+
+# this module's commands: the root loads it when one of them runs (registry.COMMANDS)
+app = command_group()
 
 token_app = typer.Typer(help="Tokens of the job API (idlegpu serve): create, list, revoke.",
                         no_args_is_help=True, rich_markup_mode=None)
@@ -82,7 +90,6 @@ def serve(
             clock = ReplayClock(_now(now))
         forecasts = None
         if history is not None:
-            from idlegpu.forecast.sources import read_history
             from idlegpu.scheduler.api.forecasts import Forecasts
 
             forecasts = Forecasts(settings, read_history(history))
@@ -101,8 +108,6 @@ def serve(
 
 
 def _expiry(text: str) -> timedelta | None:
-    from idlegpu.scheduler.specs import SpecError, parse_duration
-
     if text.strip().lower() in ("never", "none"):
         return None
     try:
@@ -153,8 +158,6 @@ def token_create(
                        action="token.create", target=name, address=where,
                        detail={"team": team, "role": role,
                                "expires_at": expires_at.isoformat() if expires_at else None}))
-    from idlegpu.forecast.tables import iso_time
-
     zone = settings.pool.timezone if settings is not None else "UTC"
     until = f"until {iso_time(expires_at, zone)}" if expires_at else "with no expiry"
     err_console.print(f"token {name} for team {team} ({role}), valid {until}; it is shown "
@@ -173,8 +176,6 @@ def token_list(config: OptionalConfig = None, store: StoreOption = None) -> None
     if not rows:
         console.print("no tokens; `idlegpu token create --team T --name N` makes one")
         return
-    from idlegpu.forecast.tables import iso_time
-
     when = _now(None)
     zone = settings.pool.timezone if settings is not None else "UTC"  # the CLI's one rule
     listed = [{"name": r.name, "team": r.team, "role": r.role,

@@ -13,6 +13,7 @@ from fastapi import Request
 from fastapi.responses import RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
+from idlegpu.scheduler.adapters.kubernetes import job_name
 from idlegpu.scheduler.adapters.store import UnknownJobError
 from idlegpu.scheduler.console.pages import Pages, notice_text
 from idlegpu.scheduler.service import submissions
@@ -29,18 +30,13 @@ def _unit_detail(pages: Pages, unit_id: str) -> dict[str, Any]:
     store = pages.store
     row = store.unit(unit_id)
     request_row = store.request(row.request_id)
-    job_name: Callable[[str, int], str] | None
-    try:
-        from idlegpu.scheduler.adapters.kubernetes import job_name
-    except ImportError:  # pragma: no cover - the kubernetes client is a dependency
-        job_name = None
     timeline = _attempts_timeline(row.id, store.attempts(unit_id),
                                   store.events(unit_id=unit_id), job_name)
     notices, progress = _notices_timeline(store.workload_reports(unit_id), pages.local)
     timeline += notices
     timeline.sort(key=lambda t: t["at"])
     plan = None if row.state.is_terminal() else pages.reads.unit_plan(row.id)
-    current = (job_name(row.id, row.attempts) if job_name and row.attempts
+    current = (job_name(row.id, row.attempts) if row.attempts
                and row.state.holds_gpus() else None)
     return {"unit": row, "request_row": request_row, "timeline": timeline, "plan": plan,
             "siblings": store.request_units(row.request_id), "job_name": current,

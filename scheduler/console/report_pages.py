@@ -40,8 +40,19 @@ from fastapi.responses import FileResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from idlegpu.forecast.calendar import local_hour
-from idlegpu.scheduler.service.errors import ServiceError
+from idlegpu.forecast.errors import IdlegpuError, TemporaryError
+from idlegpu.forecast.sources.prometheus import fetch_history
 from idlegpu.scheduler.console.pages import Pages
+from idlegpu.scheduler.daemon import ForecastProvider
+from idlegpu.scheduler.reports import (
+    forecast_check_days,
+    format_change,
+    format_gpus,
+    format_hours,
+    format_money,
+    format_share,
+)
+from idlegpu.scheduler.service.errors import ServiceError
 
 log = logging.getLogger("idlegpu.console")
 
@@ -166,14 +177,6 @@ def report_blocks(text: str) -> list[dict[str, Any]]:
 def headline(summary: Path, month: str) -> list[dict[str, str]]:
     """The month's figures from the report's ``summary.csv``, written as the report writes
     them (``idlegpu.scheduler.reports`` format_*); empty without the file or the month in it."""
-    from idlegpu.scheduler.reports import (
-        format_change,
-        format_gpus,
-        format_hours,
-        format_money,
-        format_share,
-    )
-
     if not summary.is_file():
         return []
     frame = pd.read_csv(summary, dtype={"month": str})
@@ -301,9 +304,6 @@ class AccuracyChecks:
                     self.waiting.popleft()
 
     def _compute(self, state: Accuracy) -> None:
-        from idlegpu.forecast.errors import IdlegpuError, TemporaryError
-        from idlegpu.scheduler.reports import forecast_check_days
-
         started = time.monotonic()
         now = self.now()
 
@@ -314,8 +314,6 @@ class AccuracyChecks:
             tz = self.settings.pool.timezone
             hour = self.settings.daemon.forecast_refresh_hour
             first_at = local_hour(state.first, hour, tz)
-            from idlegpu.scheduler.daemon import ForecastProvider
-
             frame = self.history(first_at - ForecastProvider.HISTORY, now)
             state.check = forecast_check_days(frame, self.settings, state.first, state.last,
                                               on_step=step)
@@ -343,8 +341,6 @@ def history_of(reads: Any, settings: Any) -> Callable[[datetime, datetime], pd.D
             if forecasts.fetch is not None:
                 frame = forecasts.fetch(start, end)
             else:
-                from idlegpu.forecast.sources.prometheus import fetch_history
-
                 frame = fetch_history(settings, start, end)
         return frame[frame["ds"] <= pd.Timestamp(end)]
 
@@ -355,8 +351,6 @@ def accuracy_view(state: Accuracy, settings: Any, local: Callable[..., str]) -> 
     """What the accuracy part of a page shows: the pooled and per-service figures, each
     evening's coverage per service (a table and an SVG chart), written as the report writes
     them (``format_share``)."""
-    from idlegpu.scheduler.reports import format_hours, format_share
-
     tz = settings.pool.timezone
     hour = settings.daemon.forecast_refresh_hour
     evening = lambda d: local(pd.Timestamp(local_hour(d, hour, tz)))

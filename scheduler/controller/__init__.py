@@ -69,6 +69,7 @@ from idlegpu.scheduler.ports import (
     StopKind,
 )
 from idlegpu.scheduler.queue_view import overruns_of, running_jobs, waiting_jobs
+from idlegpu.scheduler.specs import resize_unit
 from idlegpu.scheduler.types import (
     Action,
     Decision,
@@ -577,7 +578,6 @@ class Controller(Reconciler):
             report.errors.append(f"{decision.job_id}: not admitted ({exc})")
             return
         if self.dry_run and decision.gpus < row.gpus:
-            from idlegpu.scheduler.specs import resize_unit
             row = replace(row, spec=resize_unit(row.spec, decision.gpus))
         if decision.node:
             cpu, memory = pod_requests(row.attempt_spec)

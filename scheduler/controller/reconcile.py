@@ -24,6 +24,7 @@ from idlegpu.scheduler.ports import (
     JobStore,
     StopKind,
 )
+from idlegpu.scheduler.specs import memory_per_node, quantity_bytes
 from idlegpu.scheduler.types import JobState
 
 
@@ -63,8 +64,6 @@ def unit_pods(spec) -> int:
 def pod_requests(spec) -> tuple[float | None, int | None]:
     """CPU cores and memory bytes one pod of a unit requests (None: not readable; a
     multi-node unit shares its totals evenly over its pods)."""
-    from idlegpu.scheduler.specs import quantity_bytes
-
     pods = unit_pods(spec)
     try:
         memory = int(quantity_bytes(spec.memory)) // pods
@@ -230,8 +229,6 @@ class Reconciler:
             if job.stop_kind is StopKind.UNSCHEDULED and self._unplaceable(row):
                 pods = unit_pods(row.spec)
                 if pods > 1:
-                    from idlegpu.scheduler.specs import memory_per_node
-
                     text = (f"its {pods} pods were never all placed in "
                             f"{self.max_unscheduled_attempts} attempts in a row (each pod asks "
                             f"{row.spec.gpus_per_node} GPUs, cpu {row.spec.cpu_per_node:g}, "

@@ -10,9 +10,8 @@ from typing import Any
 import pandas as pd
 
 from idlegpu.scheduler.config import Settings
-from idlegpu.scheduler import simulate as simulator  # simulator.simulate: read when called,
-# as the package imports this module (to name what is here) before it defines simulate()
 from idlegpu.scheduler.simulate.choices import CLAIRVOYANT, POLICIES
+from idlegpu.scheduler.simulate.engine import simulate
 from idlegpu.scheduler.simulate.jobs import SimJob
 from idlegpu.scheduler.simulate.results import SimResult
 
@@ -52,7 +51,7 @@ def simulate_policies(
                 hooks = {"on_step": lambda k, n, name=name: on_progress(name, "steps", k + 1, n),
                          "on_refresh": lambda k, n, name=name: on_progress(
                              name, "refreshes", k, n)}
-            out[name] = simulator.simulate(history, settings, jobs, name, start=start,
+            out[name] = simulate(history, settings, jobs, name, start=start,
                                            end=end, **hooks, **options)
         return out
     import multiprocessing
@@ -100,7 +99,7 @@ def _simulate_one(history, settings, jobs, name: str, start, end, options) -> Si
             said[what] = mark
             _progress_queue.put((name, what, done, total))
 
-    return simulator.simulate(history, settings, jobs, name, start=start, end=end,
+    return simulate(history, settings, jobs, name, start=start, end=end,
                               on_step=lambda k, n: tell("steps", k + 1, n),
                               on_refresh=lambda k, n: tell("refreshes", k, n), **options)
 
@@ -143,7 +142,7 @@ def sweep(
     for n, confidence in enumerate(levels):
         admission = settings.admission.model_copy(update={"confidence": confidence})
         at = settings.model_copy(update={"admission": admission})
-        metrics = simulator.simulate(history, at, jobs, "forecast", start=start, end=end,
+        metrics = simulate(history, at, jobs, "forecast", start=start, end=end,
                                      forecast_cache=cache, **options).metrics
         rows.append({"policy": "forecast", "confidence": confidence,
                      **{k: metrics[k] for k in FRONTIER_METRICS}})
@@ -152,7 +151,7 @@ def sweep(
     if references is None:
         references = {}
         for n, name in enumerate(names):
-            references[name] = simulator.simulate(history, settings, jobs, name, start=start,
+            references[name] = simulate(history, settings, jobs, name, start=start,
                                                   end=end, **options).metrics
             if on_point:
                 on_point(len(levels) + n + 1, total)

@@ -50,6 +50,7 @@ from idlegpu.scheduler.adapters.kubernetes.names import (
 )
 from idlegpu.scheduler.adapters.kubernetes.security import check_pod_security
 from idlegpu.scheduler.ports import JobRejectedError
+from idlegpu.scheduler.specs import memory_per_node
 from idlegpu.scheduler.types import EnvFromSource, EnvKeyRef, UnitSpec, UnitVolume
 
 
@@ -305,8 +306,6 @@ def _resources(spec: UnitSpec, gang: bool) -> tuple[dict[str, str], dict[str, st
     """The container's ``limits`` and ``requests``: a gang's per node; GPUs and ephemeral
     storage when the unit asks for them."""
     if gang:
-        from idlegpu.scheduler.specs import memory_per_node
-
         resources = {"cpu": _quantity_cpu(spec.cpu_per_node),
                      "memory": memory_per_node(spec)}
     else:
