@@ -127,8 +127,9 @@ def joint_pool_usage(
         np.zeros(len(services)), correlation, size=scenarios, method="cholesky"
         if _positive_definite(correlation) else "eigh")
     u = ndtr(draws)  # scenarios x services, one rank per path for the whole horizon
-    # steps x scenarios: each step's scenarios contiguous, for the partial sorts below
-    total = np.zeros((len(index), scenarios), dtype=np.float32)
+    # scenarios x steps while adding up: each path's steps contiguous, so every path reads
+    # whole rows of a service's quantile grid (a row gather, not a column one)
+    total = np.zeros((scenarios, len(index)), dtype=np.float32)
     columns = [quantile_column(q) for q in levels]
     values = forecast[columns].to_numpy(dtype=np.float32)  # once: pandas is slow per service
     ids = forecast[UNIQUE_ID].to_numpy()
@@ -148,10 +149,12 @@ def joint_pool_usage(
         total += _interpolate(grid * service.gpus_per_replica, np.asarray(levels), u[:, k])
     # the confidence-quantile of the scenarios at each step ("higher": an actual scenario),
     # and the median, from one sort: the pool's GPUs are full of ties, where numpy's partial
-    # sort (introselect) is several times slower than its vectorised full sort
+    # sort (introselect) is several times slower than its vectorised full sort; each step's
+    # scenarios contiguous for it
     rank = min(scenarios - 1, int(np.ceil(confidence * (scenarios - 1))))
     middle = (scenarios - 1) // 2
-    ordered = np.sort(total, axis=1)
+    ordered = np.ascontiguousarray(total.T)
+    ordered.sort(axis=1)
     joint = ordered[:, rank].astype(float)
     median = ordered[:, middle].astype(float)
     joint = np.minimum(joint, summed[IN_USE].to_numpy())  # never worse than lockstep
@@ -222,15 +225,17 @@ def _positive_definite(matrix: np.ndarray) -> bool:
 
 
 def _interpolate(grid: np.ndarray, levels: np.ndarray, u: np.ndarray) -> np.ndarray:
-    """Each path's value at every step, steps x paths: the step's quantile function
+    """Each path's value at every step, paths x steps: the step's quantile function
     (``grid``: steps x levels) at the path's rank ``u`` (one per path), linear between
     levels, flat beyond."""
     position = np.interp(u, levels, np.arange(len(levels)))  # fractional level index per path
-    low = np.floor(position).astype(int)
-    high = np.minimum(low + 1, len(levels) - 1)
-    weight = (position - low).astype(np.float32)[None, :]
-    below = grid[:, low]  # steps x paths
-    return below + (grid[:, high] - below) * weight
+    low = np.floor(position).astype(np.intp)
+    weight = (position - low).astype(np.float32)[:, None]
+    by_level = np.ascontiguousarray(grid.T)  # levels x steps
+    # each level's rise to the next (none past the last): the same float32 difference of the
+    # two levels a path lies between, taken once per level rather than once per path
+    rise = by_level[np.minimum(np.arange(len(levels)) + 1, len(levels) - 1)] - by_level
+    return by_level[low] + rise[low] * weight
 
 
 __all__ = ["FREE_MEDIAN", "MARGINAL_LEVELS", "forecast_levels", "joint_pool_usage", "marginal_levels",
