@@ -262,10 +262,13 @@ class _Simulation:
         self.grace = timedelta(seconds=config.grace_s)
         self.grace_steps = int(np.ceil(config.grace_s / step_s))
         self.forecast_profiles: dict[datetime, FreeProfile] | None = None
+        self.profile_times: list[datetime] | None = None  # forecast_profiles' times, in order
         self.state = {j.id: _Job(j) for j in sorted(jobs, key=lambda j: (j.submit_at, j.id))}
         self.live: list[_Job] = []  # arrived and not finished
         self.runs = _Run()
         self.usage_log: list[tuple[datetime, str, float]] = []
+        self.usage_logged = False  # a unit finished since the sums below were made
+        self.usage_sums: dict[str, float] | None = None  # _team_usage's, of usage_log
         self.delays: list[tuple[datetime, float, float]] = []
         self.overruns = Overruns(quantile=settings.admission.runtime_quantile)  # learnt online
         self.last_seen: datetime | None = None  # the newest step with live signals
@@ -345,6 +348,7 @@ class _Simulation:
                     assert job.started_at is not None  # it ran (set when admitted)
                     self.usage_log.append((now, job.spec.team, job.gpus
                                            * (now - job.started_at).total_seconds() / 3600))
+                    self.usage_logged = True
                 elif job.spec.checkpointable and job.last_checkpoint_at is not None and (
                     now - job.last_checkpoint_at
                 ).total_seconds() >= job.spec.checkpoint_interval_s:
@@ -451,7 +455,10 @@ class _Simulation:
         morning)."""
         step_s = self.step_s
         if self.policy == "forecast":
-            self.profile = _latest(self.forecast_profiles, now) or self.profile
+            if self.profile_times is None:  # set before the first step, fixed from then on
+                self.profile_times = sorted(self.forecast_profiles or {})
+            self.profile = (_latest(self.forecast_profiles, now, self.profile_times)
+                            or self.profile)
         elif self.oracle and not self.present:
             i = self.pool.offset + k
             self.profile = FreeProfile(start=now, step_s=step_s,
@@ -471,12 +478,18 @@ class _Simulation:
         """GPU-hours of the units each team finished within the fair-share window."""
         usage_log = self.usage_log
         window_start = now - timedelta(days=self.settings.admission.fair_share_days)
+        changed = self.usage_logged
         while usage_log and usage_log[0][0] < window_start:
             usage_log.pop(0)
-        team_usage: dict[str, float] = {}
-        for _, team, hours in usage_log:
-            team_usage[team] = team_usage.get(team, 0.0) + hours
-        return team_usage
+            changed = True
+        if changed or self.usage_sums is None:
+            # summed again only when the log changed (a unit finished, or one left the
+            # window): the same sums, in the same order, not every step
+            team_usage: dict[str, float] = {}
+            for _, team, hours in usage_log:
+                team_usage[team] = team_usage.get(team, 0.0) + hours
+            self.usage_sums, self.usage_logged = team_usage, False
+        return dict(self.usage_sums)
 
     def _apply(self, decisions: Sequence[Decision], now: datetime) -> None:
         """Carry out the plan's decisions: stops, shrinks and admissions."""
