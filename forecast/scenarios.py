@@ -235,7 +235,11 @@ def _interpolate(grid: np.ndarray, levels: np.ndarray, u: np.ndarray) -> np.ndar
     # each level's rise to the next (none past the last): the same float32 difference of the
     # two levels a path lies between, taken once per level rather than once per path
     rise = by_level[np.minimum(np.arange(len(levels)) + 1, len(levels) - 1)] - by_level
-    return by_level[low] + rise[low] * weight
+    # in place (the same float32 products and sums): two passes over the paths, not four
+    out = rise[low]
+    out *= weight
+    out += by_level[low]
+    return out
 
 
 __all__ = ["FREE_MEDIAN", "MARGINAL_LEVELS", "forecast_levels", "joint_pool_usage", "marginal_levels",
