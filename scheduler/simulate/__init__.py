@@ -128,6 +128,7 @@ from idlegpu.scheduler.types import (
     Overruns,
     PolicySettings,
     ServingSignals,
+    WaitingJob,
 )
 
 
@@ -312,6 +313,10 @@ class _Simulation:
             profile = self._profile(k, now, service)
             if profile is None:
                 continue
+            if not running and cluster is None and self._nothing_fits(profile, queue):
+                if on_step:
+                    on_step(k, steps)
+                continue  # decide() could only defer: the same as calling it
             usage = self._team_usage(now)
             if cluster is None:
                 plan = decide(now, profile, running, queue, signals, usage, self.config)
@@ -473,6 +478,18 @@ class _Simulation:
                                        free=np.full(max(steps, 1), free_now if steps else 0.0),
                                        confidence=0.0, made_at=now)
         return self.profile
+
+    def _nothing_fits(self, profile: FreeProfile, queue: Sequence[WaitingJob]) -> bool:
+        """Whether no unit of ``queue`` can start on ``profile`` with nothing running: the
+        profile is the plain one the simulator made (no live correction, no median, which
+        may lift it) and holds fewer GPUs at every step than the smallest unit takes (the
+        night policy's day). decide() then only defers, which changes nothing here."""
+        if self.config.nowcast_half_life_s > 0 or profile.likely is not None or not queue:
+            return False
+        least = min(unit.min_gpus if unit.min_gpus is not None else unit.gpus
+                    for unit in queue)
+        # NaN (a hole) compares false: not skipped
+        return least >= 1 and bool(np.max(profile.free) < least)
 
     def _team_usage(self, now: datetime) -> dict[str, float]:
         """GPU-hours of the units each team finished within the fair-share window."""
