@@ -128,7 +128,8 @@ def in_use(promises: Iterable[Promise], start: datetime, end: datetime) -> dict[
             if (bounds is not None and isinstance(index, pd.DatetimeIndex)
                     and index.tz is not None and index.is_monotonic_increasing):
                 # a forecast's curve: by bisection
-                first, stop = np.searchsorted(index.values, bounds, side="left")
+                first, stop = np.searchsorted(index.tz_convert(None).to_numpy(), bounds,
+                                              side="left")
                 part = curve.iloc[first:stop]
             else:
                 part = curve[(curve.index >= lo) & (curve.index < hi)]
