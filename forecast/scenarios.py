@@ -67,8 +67,7 @@ def service_correlation(replicas: pd.DataFrame, services: Sequence[str], *,
     # only the last days count: cut before reshaping (the history of a long replay is months)
     stamps = rows[DS]
     rows = rows[stamps >= stamps.max() - pd.Timedelta(days=days)]
-    wide = rows.pivot_table(index=DS, columns=UNIQUE_ID, values=Y, aggfunc="last")
-    wide = wide.reindex(columns=ids)
+    wide = _wide_last(rows, ids)
     if len(wide.index) < 3:
         return out
     step = pd.Series(wide.index).diff().median()
@@ -87,6 +86,28 @@ def service_correlation(replicas: pd.DataFrame, services: Sequence[str], *,
             if np.isfinite(r):
                 out[i, j] = out[j, i] = r
     return _nearest_correlation(out)
+
+
+def _wide_last(rows: pd.DataFrame, ids: Sequence[str]) -> pd.DataFrame:
+    """``rows.pivot_table(index=DS, columns=UNIQUE_ID, values=Y, aggfunc="last")`` in the
+    columns ``ids``: one row per time with any value, the last value (in row order, NaN
+    skipped) of each series there. In numpy: pandas' pivot was most of a refresh's
+    correlation."""
+    values = rows[Y].to_numpy(dtype=float)
+    seen = ~np.isnan(values)
+    row, times = pd.factorize(pd.DatetimeIndex(rows[DS])[seen], sort=True)
+    codes, names = pd.factorize(rows[UNIQUE_ID])  # a few names: matched once each
+    position = {name: i for i, name in enumerate(ids)}
+    column = np.array([position[name] for name in names], dtype=np.int64)[codes][seen]
+    values = values[seen]
+    cell = row * len(ids) + column
+    # the last of a time's values per series: the first from the end
+    _, from_end = np.unique(cell[::-1], return_index=True)
+    last = len(cell) - 1 - from_end
+    grid = np.full((len(times), len(ids)), np.nan)
+    grid.reshape(-1)[cell[last]] = values[last]
+    return pd.DataFrame(grid, index=pd.DatetimeIndex(times, name=DS),
+                        columns=pd.Index(list(ids), name=UNIQUE_ID))
 
 
 def _nearest_correlation(matrix: np.ndarray) -> np.ndarray:
@@ -127,8 +148,9 @@ def joint_pool_usage(
         np.zeros(len(services)), correlation, size=scenarios, method="cholesky"
         if _positive_definite(correlation) else "eigh")
     u = ndtr(draws)  # scenarios x services, one rank per path for the whole horizon
-    # steps x scenarios: each step's scenarios contiguous, for the partial sorts below
-    total = np.zeros((len(index), scenarios), dtype=np.float32)
+    # scenarios x steps while adding up: each path's steps contiguous, so every path reads
+    # whole rows of a service's quantile grid (a row gather, not a column one)
+    total = np.zeros((scenarios, len(index)), dtype=np.float32)
     columns = [quantile_column(q) for q in levels]
     values = forecast[columns].to_numpy(dtype=np.float32)  # once: pandas is slow per service
     ids = forecast[UNIQUE_ID].to_numpy()
@@ -148,10 +170,12 @@ def joint_pool_usage(
         total += _interpolate(grid * service.gpus_per_replica, np.asarray(levels), u[:, k])
     # the confidence-quantile of the scenarios at each step ("higher": an actual scenario),
     # and the median, from one sort: the pool's GPUs are full of ties, where numpy's partial
-    # sort (introselect) is several times slower than its vectorised full sort
+    # sort (introselect) is several times slower than its vectorised full sort; each step's
+    # scenarios contiguous for it
     rank = min(scenarios - 1, int(np.ceil(confidence * (scenarios - 1))))
     middle = (scenarios - 1) // 2
-    ordered = np.sort(total, axis=1)
+    ordered = np.ascontiguousarray(total.T)
+    ordered.sort(axis=1)
     joint = ordered[:, rank].astype(float)
     median = ordered[:, middle].astype(float)
     joint = np.minimum(joint, summed[IN_USE].to_numpy())  # never worse than lockstep
@@ -222,15 +246,21 @@ def _positive_definite(matrix: np.ndarray) -> bool:
 
 
 def _interpolate(grid: np.ndarray, levels: np.ndarray, u: np.ndarray) -> np.ndarray:
-    """Each path's value at every step, steps x paths: the step's quantile function
+    """Each path's value at every step, paths x steps: the step's quantile function
     (``grid``: steps x levels) at the path's rank ``u`` (one per path), linear between
     levels, flat beyond."""
     position = np.interp(u, levels, np.arange(len(levels)))  # fractional level index per path
-    low = np.floor(position).astype(int)
-    high = np.minimum(low + 1, len(levels) - 1)
-    weight = (position - low).astype(np.float32)[None, :]
-    below = grid[:, low]  # steps x paths
-    return below + (grid[:, high] - below) * weight
+    low = np.floor(position).astype(np.intp)
+    weight = (position - low).astype(np.float32)[:, None]
+    by_level = np.ascontiguousarray(grid.T)  # levels x steps
+    # each level's rise to the next (none past the last): the same float32 difference of the
+    # two levels a path lies between, taken once per level rather than once per path
+    rise = by_level[np.minimum(np.arange(len(levels)) + 1, len(levels) - 1)] - by_level
+    # in place (the same float32 products and sums): two passes over the paths, not four
+    out = rise[low]
+    out *= weight
+    out += by_level[low]
+    return out
 
 
 __all__ = ["FREE_MEDIAN", "MARGINAL_LEVELS", "forecast_levels", "joint_pool_usage", "marginal_levels",

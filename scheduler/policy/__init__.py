@@ -68,6 +68,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -535,10 +536,24 @@ def nowcast(free: np.ndarray, i0: int, live_free: float, step_s: int,
     if half_life_s <= 0 or not 0 <= i0 < len(free) or not math.isfinite(free[i0]):
         return free
     gap = live_free - free[i0]
-    ahead = np.arange(len(free) - i0) * float(step_s)
     out = free.copy()
-    out[i0:] = free[i0:] + gap * np.exp2(-ahead / half_life_s)
+    out[i0:] = free[i0:] + gap * _decay(len(free) - i0, step_s, half_life_s)
     return out
+
+
+def _decay(steps: int, step_s: int, half_life_s: float) -> np.ndarray:
+    """``2 ** -(ahead / half_life_s)`` for the first ``steps`` steps ahead: each step's value
+    does not depend on how many are asked, so one curve of a power of two steps serves every
+    pass (decide() runs every step; the nowcast is of every remaining step of the profile)."""
+    return _decay_curve(1 << max(0, steps - 1).bit_length(), step_s, half_life_s)[:steps]
+
+
+@lru_cache(maxsize=32)
+def _decay_curve(steps: int, step_s: int, half_life_s: float) -> np.ndarray:
+    ahead = np.arange(steps) * float(step_s)
+    curve = np.exp2(-ahead / half_life_s)
+    curve.flags.writeable = False  # shared by every call
+    return curve
 
 
 def policy_settings(admission: AdmissionConfig, headroom_gpus: int = 0,

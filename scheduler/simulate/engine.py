@@ -54,6 +54,7 @@ from idlegpu.scheduler.types import (
     Overruns,
     PolicySettings,
     ServingSignals,
+    WaitingJob,
 )
 
 
@@ -188,10 +189,13 @@ class _Simulation:
         self.grace = timedelta(seconds=config.grace_s)
         self.grace_steps = int(np.ceil(config.grace_s / step_s))
         self.forecast_profiles: dict[datetime, FreeProfile] | None = None
+        self.profile_times: list[datetime] | None = None  # forecast_profiles' times, in order
         self.state = {j.id: _Job(j) for j in sorted(jobs, key=lambda j: (j.submit_at, j.id))}
         self.live: list[_Job] = []  # arrived and not finished
         self.runs = _Run()
         self.usage_log: list[tuple[datetime, str, float]] = []
+        self.usage_logged = False  # a unit finished since the sums below were made
+        self.usage_sums: dict[str, float] | None = None  # _team_usage's, of usage_log
         self.delays: list[tuple[datetime, float, float]] = []
         self.overruns = Overruns(quantile=settings.admission.runtime_quantile)  # learnt online
         self.last_seen: datetime | None = None  # the newest step with live signals
@@ -235,6 +239,10 @@ class _Simulation:
             profile = self._profile(k, now, service)
             if profile is None:
                 continue
+            if not running and cluster is None and self._nothing_fits(profile, queue):
+                if on_step:
+                    on_step(k, steps)
+                continue  # decide() could only defer: the same as calling it
             usage = self._team_usage(now)
             if cluster is None:
                 plan = decide(now, profile, running, queue, signals, usage, self.config)
@@ -271,6 +279,7 @@ class _Simulation:
                     assert job.started_at is not None  # it ran (set when admitted)
                     self.usage_log.append((now, job.spec.team, job.gpus
                                            * (now - job.started_at).total_seconds() / 3600))
+                    self.usage_logged = True
                 elif job.spec.checkpointable and job.last_checkpoint_at is not None and (
                     now - job.last_checkpoint_at
                 ).total_seconds() >= job.spec.checkpoint_interval_s:
@@ -377,7 +386,10 @@ class _Simulation:
         morning)."""
         step_s = self.step_s
         if self.policy == "forecast":
-            self.profile = _latest(self.forecast_profiles, now) or self.profile
+            if self.profile_times is None:  # set before the first step, fixed from then on
+                self.profile_times = sorted(self.forecast_profiles or {})
+            self.profile = (_latest(self.forecast_profiles, now, self.profile_times)
+                            or self.profile)
         elif self.oracle and not self.present:
             i = self.pool.offset + k
             self.profile = FreeProfile(start=now, step_s=step_s,
@@ -393,16 +405,34 @@ class _Simulation:
                                        confidence=0.0, made_at=now)
         return self.profile
 
+    def _nothing_fits(self, profile: FreeProfile, queue: Sequence[WaitingJob]) -> bool:
+        """Whether no unit of ``queue`` can start on ``profile`` with nothing running: the
+        profile is the plain one the simulator made (no live correction, no median, which
+        may lift it) and holds fewer GPUs at every step than the smallest unit takes (the
+        night policy's day). decide() then only defers, which changes nothing here."""
+        if self.config.nowcast_half_life_s > 0 or profile.likely is not None or not queue:
+            return False
+        least = min(unit.min_gpus if unit.min_gpus is not None else unit.gpus
+                    for unit in queue)
+        # NaN (a hole) compares false: not skipped
+        return least >= 1 and bool(np.max(profile.free) < least)
+
     def _team_usage(self, now: datetime) -> dict[str, float]:
         """GPU-hours of the units each team finished within the fair-share window."""
         usage_log = self.usage_log
         window_start = now - timedelta(days=self.settings.admission.fair_share_days)
+        changed = self.usage_logged
         while usage_log and usage_log[0][0] < window_start:
             usage_log.pop(0)
-        team_usage: dict[str, float] = {}
-        for _, team, hours in usage_log:
-            team_usage[team] = team_usage.get(team, 0.0) + hours
-        return team_usage
+            changed = True
+        if changed or self.usage_sums is None:
+            # summed again only when the log changed (a unit finished, or one left the
+            # window): the same sums, in the same order, not every step
+            team_usage: dict[str, float] = {}
+            for _, team, hours in usage_log:
+                team_usage[team] = team_usage.get(team, 0.0) + hours
+            self.usage_sums, self.usage_logged = team_usage, False
+        return dict(self.usage_sums)
 
     def _apply(self, decisions: Sequence[Decision], now: datetime) -> None:
         """Carry out the plan's decisions: stops, shrinks and admissions."""

@@ -3,6 +3,7 @@ over the simulated span, each refit seeing only the history before it."""
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -16,11 +17,15 @@ from idlegpu.scheduler.refresh import Refresher, same_forecasts
 from idlegpu.scheduler.types import FreeProfile
 
 
-def _latest(profiles: dict[datetime, FreeProfile] | None, now: datetime) -> FreeProfile | None:
+def _latest(profiles: dict[datetime, FreeProfile] | None, now: datetime,
+            made: Sequence[datetime] | None = None) -> FreeProfile | None:
+    """The newest of ``profiles`` made by ``now``. ``made``: their times in order, where the
+    caller keeps them (a simulation asks every step: a bisection, not a scan of them all)."""
     if not profiles:
         return None
-    made = [t for t in profiles if t <= now]
-    return profiles[max(made)] if made else None
+    made = sorted(profiles) if made is None else made
+    newest = bisect_right(made, now)
+    return profiles[made[newest - 1]] if newest else None
 
 
 def forecast_profiles_for(history: pd.DataFrame, settings: Settings, index: pd.DatetimeIndex,
