@@ -21,32 +21,29 @@ Workloads writes what moved.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from idlegpu.scheduler.kube_objects import (
+    CHECKPOINTABLE_ANNOTATION,
+    GPU_RESOURCE,
+    RUNTIME_ANNOTATION,
+    STEP_LABEL,
+    family_unit_spec,
+    rfc3339,
+    whole,
+)
 from idlegpu.scheduler.specs.quantities import parse_duration
 from idlegpu.scheduler.types import Action, Decision, RunningJob, UnitSpec, WaitingJob
 
 CHECK_CONTROLLER = "idlegpu.io/forecast"
 MAX_EXEC_LABEL = "kueue.x-k8s.io/max-exec-time-seconds"
-GPU_RESOURCE = "nvidia.com/gpu"
 
 PENDING, READY, RETRY, REJECTED = "Pending", "Ready", "Retry", "Rejected"
 CHECK_STATES = (PENDING, READY, RETRY, REJECTED)
 MAX_MESSAGE = 1024  # ours: a line a user reads in `kubectl get workload` (the CRD allows 32 Ki)
-RUNTIME_ANNOTATION = "idlegpu.io/runtime-estimate"
-"""On a Job's pod template (which Kueue copies into the Workload): the runtime to plan with when
-the Job gives no ``kueue.x-k8s.io/max-exec-time-seconds``, as in a request ("2h", "90m")."""
-STEP_LABEL = "idlegpu.io/step"
-"""On a Job's pod template: the runtime family's step (default: the pod set's name), so runs of
-one image and step share their runtime history as requests' units do."""
-CHECKPOINTABLE_ANNOTATION = "idlegpu.io/checkpointable"
-"""On a Job's pod template: ``"true"`` when the workload saves its progress on SIGTERM (Kueue's
-eviction gives its pods their grace period) and resumes from it when admitted again; it may
-then be planned on the likely free GPUs and stopped at its window's end (``Retry``)."""
 STOP_BY_ANNOTATION = "idlegpu.io/stop-by"
 """What ``podSetUpdates`` put on an admitted Workload's pods: when its window closes."""
 
@@ -98,15 +95,7 @@ class CheckedWorkload:
 
 
 def _time(text: Any, field: str) -> datetime:
-    if not isinstance(text, str):
-        raise WorkloadError(f"{field}: expected an RFC 3339 time, got {type(text).__name__}")
-    try:
-        parsed = datetime.fromisoformat(text)
-    except ValueError as exc:
-        raise WorkloadError(f"{field}: not an RFC 3339 time ({text[:40]!r})") from exc
-    if parsed.tzinfo is None:
-        raise WorkloadError(f"{field}: a time without its offset ({text[:40]!r})")
-    return parsed
+    return rfc3339(text, field, WorkloadError)
 
 
 def _condition(status: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
@@ -122,14 +111,7 @@ def _true(status: Mapping[str, Any], kind: str) -> bool:
 
 
 def _whole(value: Any, field: str) -> int:
-    """A count of GPUs or pods: a whole number (as Kubernetes quantities of GPUs are)."""
-    try:
-        number = float(str(value))
-    except ValueError as exc:
-        raise WorkloadError(f"{field}: not a number ({str(value)[:40]!r})") from exc
-    if not math.isfinite(number) or number < 0 or number != int(number):
-        raise WorkloadError(f"{field}: expected a whole number of GPUs, got {str(value)[:40]!r}")
-    return int(number)
+    return whole(value, field, WorkloadError)
 
 
 def _pod_gpus(template: Mapping[str, Any], where: str) -> int:
@@ -272,15 +254,10 @@ def policy_units(workloads: Sequence[CheckedWorkload], now: datetime,
 
 
 def workload_unit_spec(w: CheckedWorkload) -> UnitSpec:
-    """The Workload as a unit for the runtime model: its image and step are its family, its
-    ``idlegpu.io/runtime-estimate`` the user's estimate (what a request's ``runtime_estimate``
-    is). Nothing else of it is planned or run by idlegpu: Kueue's Job runs it."""
-    return UnitSpec(
-        step=w.step, step_index=0, member=0, image=w.image, command=(), args=(), env=(),
-        parameters=(), gpus=w.gpus, cpu=0.0, memory="0", runtime_estimate_s=w.runtime_estimate_s,
-        checkpointable=w.checkpointable, checkpoint_interval_s=None, resume_args=(),
-        priority=w.priority, deadline=None, max_preemptions=None, output=None, depends_on=(),
-        kind="kueue")
+    """The Workload as a unit for the runtime model (``kube_objects.family_unit_spec``)."""
+    return family_unit_spec(step=w.step, image=w.image, gpus=w.gpus,
+                            runtime_estimate_s=w.runtime_estimate_s,
+                            checkpointable=w.checkpointable, priority=w.priority, kind="kueue")
 
 
 def planned_runtime_s(w: CheckedWorkload, estimate: Callable[[UnitSpec], float]) -> float:

@@ -23,12 +23,20 @@ of N pods at once is a gang (one pod a node).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from idlegpu.scheduler.kube_objects import (
+    CHECKPOINTABLE_ANNOTATION,
+    GPU_RESOURCE,
+    RUNTIME_ANNOTATION,
+    STEP_LABEL,
+    family_unit_spec,
+    rfc3339,
+    whole,
+)
 from idlegpu.scheduler.specs.checks import check_image
 from idlegpu.scheduler.specs.quantities import parse_duration
 from idlegpu.scheduler.types import RunningJob, UnitSpec, WaitingJob
@@ -38,12 +46,6 @@ ADMITTED_ANNOTATION = "idlegpu.io/admitted-at"
 """Set by idlegpu when it unsuspends the Job (RFC 3339); removed when it suspends it."""
 REFUSED_ANNOTATION = "idlegpu.io/refused"
 """Set by idlegpu on a Job it will not run: the field at fault and the fix."""
-RUNTIME_ANNOTATION = "idlegpu.io/runtime-estimate"
-STEP_LABEL = "idlegpu.io/step"
-CHECKPOINTABLE_ANNOTATION = "idlegpu.io/checkpointable"
-"""``"true"``: the Job saves its progress on SIGTERM and resumes from it when unsuspended, so
-a stop loses at most the work since its last checkpoint (planned as such)."""
-GPU_RESOURCE = "nvidia.com/gpu"
 
 
 class NativeJobError(ValueError):
@@ -86,25 +88,11 @@ class NativeJob:
 
 
 def _time(text: Any, field: str) -> datetime:
-    if not isinstance(text, str):
-        raise NativeJobError(f"{field}: expected an RFC 3339 time")
-    try:
-        parsed = datetime.fromisoformat(text)
-    except ValueError as exc:
-        raise NativeJobError(f"{field}: not an RFC 3339 time ({text[:40]!r})") from exc
-    if parsed.tzinfo is None:
-        raise NativeJobError(f"{field}: a time without its offset ({text[:40]!r})")
-    return parsed
+    return rfc3339(text, field, NativeJobError)
 
 
 def _count(value: Any, field: str) -> int:
-    try:
-        number = float(str(value))
-    except ValueError as exc:
-        raise NativeJobError(f"{field}: not a number ({str(value)[:40]!r})") from exc
-    if not math.isfinite(number) or number < 0 or number != int(number):
-        raise NativeJobError(f"{field}: expected a whole number, got {str(value)[:40]!r}")
-    return int(number)
+    return whole(value, field, NativeJobError)
 
 
 def _container_gpus(pod: Mapping[str, Any]) -> int:
@@ -195,13 +183,10 @@ def job_problems(job: NativeJob, *, allowed_registries: Sequence[str], max_gpus:
 
 
 def native_unit_spec(job: NativeJob) -> UnitSpec:
-    """The Job as a unit for the runtime model (its image and step are its family)."""
-    return UnitSpec(
-        step=job.step, step_index=0, member=0, image=job.image, command=(), args=(), env=(),
-        parameters=(), gpus=job.gpus, cpu=0.0, memory="0", runtime_estimate_s=job.runtime_s,
-        checkpointable=job.checkpointable, checkpoint_interval_s=None, resume_args=(),
-        priority=job.priority, deadline=None, max_preemptions=None, output=None,
-        depends_on=(), kind="job")
+    """The Job as a unit for the runtime model (``kube_objects.family_unit_spec``)."""
+    return family_unit_spec(step=job.step, image=job.image, gpus=job.gpus,
+                            runtime_estimate_s=job.runtime_s,
+                            checkpointable=job.checkpointable, priority=job.priority, kind="job")
 
 
 def native_units(jobs: Sequence[NativeJob], now: datetime, runtime_s: Mapping[str, float],

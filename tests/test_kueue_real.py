@@ -18,20 +18,14 @@ import numpy as np
 import pytest
 from kube_harness import pool, priority_classes  # noqa: F401 (fixtures)
 from kueue_manager import KueueManager
+from polling import wait_for
 
 CHECK_CONTROLLER = "idlegpu.io/forecast"
 pytestmark = pytest.mark.slow  # a real Kueue beside the control plane: ~10 s to start
 
 
 def _wait(what: str, probe: Callable[[], Any], timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
+    return wait_for(what, probe, timeout)
 
 
 def _condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:

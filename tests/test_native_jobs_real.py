@@ -8,13 +8,13 @@ operator did not allow is never touched, whoever labels it."""
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pytest
 from kube_harness import pool, priority_classes  # noqa: F401 (fixtures)
+from polling import wait_for
 
 from idlegpu.scheduler.adapters.kubernetes.native import NativeJobs
 from idlegpu.scheduler.controller.native import NativeAdmission
@@ -26,14 +26,7 @@ REGISTRY = "registry.example.com/"
 
 
 def _wait(what: str, probe: Callable[[], Any], timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.3)
+    return wait_for(what, probe, timeout)
 
 
 def _job(name: str, *, gpus: int = 4, image: str = REGISTRY + "research/train:1.2",

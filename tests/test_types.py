@@ -15,7 +15,8 @@ REPO = Path(__file__).resolve().parents[1]
 # the pure core: forecast math and admission policy
 STRICT = ("idlegpu.forecast.models.*", "idlegpu.forecast.capacity", "idlegpu.scheduler.policy",
           "idlegpu.scheduler.policy.*", "idlegpu.scheduler.types",
-          "idlegpu.scheduler.admission_checks", "idlegpu.scheduler.native_jobs")
+          "idlegpu.scheduler.admission_checks", "idlegpu.scheduler.native_jobs",
+          "idlegpu.scheduler.kube_objects")
 
 
 def mypy(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:

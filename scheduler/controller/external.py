@@ -9,12 +9,43 @@ holds a ``/``, so the three never meet.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import logging
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
-from typing import Protocol
+from typing import Protocol, TypeVar
 
+from idlegpu.forecast.errors import IdlegpuError
 from idlegpu.scheduler.controller.report import PassReport
 from idlegpu.scheduler.types import ExternalUnit, Plan, RunningJob, WaitingJob
+
+log = logging.getLogger("idlegpu.controller")
+
+
+class _Unit(Protocol):
+    @property
+    def id(self) -> str: ...
+
+
+U = TypeVar("U", bound=_Unit)
+
+
+def planned_seconds(units: Iterable[U], cache: dict[str, float],
+                    runtime: Callable[[U], float]) -> dict[str, float]:
+    """Each unit's planned runtime (``runtime(unit)``, cached by id in ``cache``: a unit's
+    fields do not change while it waits); a unit whose runtime cannot be had is left out
+    (logged), so it is never planned blind."""
+    out: dict[str, float] = {}
+    for unit in units:
+        seconds = cache.get(unit.id)
+        if seconds is None:
+            try:
+                seconds = float(runtime(unit))
+            except (IdlegpuError, ValueError) as exc:
+                log.warning("no runtime for %s: %s", unit.id, exc)
+                continue
+            cache[unit.id] = seconds
+        out[unit.id] = seconds
+    return out
 
 
 def is_external(unit_id: str) -> bool:

@@ -33,6 +33,7 @@ from idlegpu.scheduler.admission_checks import (
     check_updates,
     policy_units,
 )
+from idlegpu.scheduler.controller.external import planned_seconds
 from idlegpu.scheduler.controller.report import PassReport
 from idlegpu.scheduler.ports import AdmissionCheckSource
 from idlegpu.scheduler.types import Action, ExternalUnit, Plan, RunningJob, WaitingJob
@@ -96,19 +97,8 @@ class KueueAdmission:
         """The Workloads as the policy's queue and running units (the last reading)."""
         if self.reading is None:
             return [], []
-        runtimes: dict[str, float] = {}
-        for w in self.reading.workloads:
-            if w.finished:
-                continue
-            seconds = self._runtimes.get(w.id)
-            if seconds is None:
-                try:
-                    seconds = float(self.runtime(w))
-                except (IdlegpuError, ValueError) as exc:
-                    log.warning("no runtime for Kueue Workload %s: %s", w.id, exc)
-                    continue
-                self._runtimes[w.id] = seconds
-            runtimes[w.id] = seconds
+        runtimes = planned_seconds((w for w in self.reading.workloads if not w.finished),
+                                   self._runtimes, self.runtime)
         return policy_units(self.reading.workloads, now, runtimes, self.team_of)
 
     def holding(self, stopping: Mapping[str, int]) -> int:

@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from idlegpu.forecast.errors import IdlegpuError
+from idlegpu.scheduler.controller.external import planned_seconds
 from idlegpu.scheduler.controller.report import PassReport
 from idlegpu.scheduler.native_jobs import NativeJob, native_units
 from idlegpu.scheduler.ports import StopKind
@@ -83,19 +84,8 @@ class NativeAdmission:
         return True
 
     def units(self, now: datetime) -> tuple[list[WaitingJob], list[RunningJob]]:
-        runtimes: dict[str, float] = {}
-        for job in self.jobs:
-            if job.finished or job.refused:
-                continue
-            seconds = self._runtimes.get(job.id)
-            if seconds is None:
-                try:
-                    seconds = float(self.runtime(job))
-                except (IdlegpuError, ValueError) as exc:
-                    log.warning("no runtime for Job %s: %s", job.id, exc)
-                    continue
-                self._runtimes[job.id] = seconds
-            runtimes[job.id] = seconds
+        runtimes = planned_seconds((j for j in self.jobs if not (j.finished or j.refused)),
+                                   self._runtimes, self.runtime)
         return native_units(self.jobs, now, runtimes, self.team_of)
 
     def holding(self, stopping: Mapping[str, int]) -> int:
