@@ -197,7 +197,7 @@ class NativeJobsConfig(StrictModel):
 
     namespaces: list[Annotated[str, Field(pattern=_DNS_SUBDOMAIN, max_length=63)]] = Field(
         default_factory=list, max_length=64)
-    """Where Jobs may queue (each needs the RoleBinding of deploy/native-jobs-rbac.yaml);
+    """Where Jobs may queue (each needs the RoleBinding of deploy/optional/native-jobs-rbac.yaml);
     empty: none (no Job is read)."""
     teams: dict[Annotated[str, Field(pattern=_DNS_SUBDOMAIN, max_length=63)],
                 Annotated[str, Field(min_length=1, max_length=63)]] = Field(

@@ -573,7 +573,7 @@ def test_a_privileged_pod_is_refused_in_idlegpu_jobs(kube_control_plane):
             or "privileged: Forbidden: disallowed by cluster policy" in proc.stderr), proc.stderr
 
 
-# --- the Kueue admission check's grants (deploy/kueue-rbac.yaml) ---------------------------
+# --- the Kueue admission check's grants (deploy/optional/kueue-rbac.yaml) ---------------------------
 
 
 @pytest.mark.slow  # the real Kueue's CRDs (its manager starts with them: ~10 s)
@@ -603,10 +603,10 @@ def test_the_kueue_check_controller_works_with_its_grants_and_nothing_more(
                 manager="kueue-admission", subresource="status", force=True)
     checks = KueueChecks(daemon_api, checks=[check], backoff_s=0.1)
     # before the grants: a 403 that names them
-    with pytest.raises(ClusterPermissionError, match="deploy/kueue-rbac.yaml"):
+    with pytest.raises(ClusterPermissionError, match="deploy/optional/kueue-rbac.yaml"):
         checks.read()
     kube.kubectl("apply", "--server-side", f"--field-manager={FIELD_MANAGER}", "-f",
-                 str(DEPLOY / "kueue-rbac.yaml"))
+                 str(DEPLOY / "optional" / "kueue-rbac.yaml"))
     try:
         reading = _wait_for("the grants in force", lambda: _reading(checks))
         assert reading.served == [check]
@@ -630,7 +630,7 @@ def test_the_kueue_check_controller_works_with_its_grants_and_nothing_more(
                                ("patch", "workloads.kueue.x-k8s.io/status")]:
             assert _can_i(kube, DAEMON, verb, resource, namespace), (verb, resource)
     finally:
-        kube.kubectl("delete", "-f", str(DEPLOY / "kueue-rbac.yaml"), "--wait=false",
+        kube.kubectl("delete", "-f", str(DEPLOY / "optional" / "kueue-rbac.yaml"), "--wait=false",
                      check=False)
         kube.delete_namespace(namespace)
 
@@ -651,7 +651,7 @@ def test_the_grants_for_users_jobs_are_these_and_only_in_the_namespace_bound(
     if _get(kube, "namespace", "research") is None:
         kube.create_namespace("research")
     kube.kubectl("apply", "--server-side", f"--field-manager={FIELD_MANAGER}", "-f",
-                 str(DEPLOY / "native-jobs-rbac.yaml"))
+                 str(DEPLOY / "optional" / "native-jobs-rbac.yaml"))
     try:
         may = [("get", "jobs.batch"), ("list", "jobs.batch"), ("patch", "jobs.batch"),
                ("list", "pods"), ("patch", "pods/status"), ("create", "events")]
@@ -663,5 +663,5 @@ def test_the_grants_for_users_jobs_are_these_and_only_in_the_namespace_bound(
         # a namespace without the RoleBinding: nothing of it
         assert not _can_i(kube, DAEMON, "patch", "jobs.batch", "default")
     finally:
-        kube.kubectl("delete", "-f", str(DEPLOY / "native-jobs-rbac.yaml"), "--wait=false",
+        kube.kubectl("delete", "-f", str(DEPLOY / "optional" / "native-jobs-rbac.yaml"), "--wait=false",
                      check=False)

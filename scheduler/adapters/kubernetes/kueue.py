@@ -20,7 +20,7 @@ the entry is ours to decide from then on. A ``Ready`` entry carries ``podSetUpda
 pool's nodeSelector and tolerations, and the window's end as the pods' ``idlegpu.io/stop-by``
 annotation, which Kueue puts on the pods when it admits the Workload.
 
-The grants (deploy/kueue-rbac.yaml): ``workloads`` and ``admissionchecks`` of
+The grants (deploy/optional/kueue-rbac.yaml): ``workloads`` and ``admissionchecks`` of
 ``kueue.x-k8s.io``: get, list; ``workloads/status`` and ``admissionchecks/status``: patch.
 Nothing else of Kueue's.
 """
@@ -61,7 +61,7 @@ _APPLY_PATCH = "application/apply-patch+yaml"
 class KueueChecks(ApiCaller):
     """The AdmissionChecks idlegpu serves and their Workloads (module docstring)."""
 
-    grants = ("the ClusterRole of deploy/kueue-rbac.yaml (workloads.kueue.x-k8s.io, "
+    grants = ("the ClusterRole of deploy/optional/kueue-rbac.yaml (workloads.kueue.x-k8s.io, "
               "admissionchecks.kueue.x-k8s.io: get, list; workloads/status, "
               "admissionchecks/status: patch)")
 

@@ -21,7 +21,7 @@ its pod template (a suspended Job that never ran may still change them). A stop 
 way idlegpu's own Jobs are stopped (``KubernetesCluster.stop``: the pods marked
 ``DisruptionTarget``, SIGTERM and the grace period), with the stop's kind and reason on it.
 
-The grants (deploy/native-jobs-rbac.yaml), in each allowed namespace: Jobs get, list, patch;
+The grants (deploy/optional/native-jobs-rbac.yaml), in each allowed namespace: Jobs get, list, patch;
 pods list, pods/status patch (the stop's marks); events create.
 """
 
@@ -85,7 +85,7 @@ class NativeReading:
 class NativeJobs(ApiCaller):
     """Users' suspended Jobs queued on idlegpu (module docstring)."""
 
-    grants = ("the Role of deploy/native-jobs-rbac.yaml in that namespace (jobs.batch: get, "
+    grants = ("the Role of deploy/optional/native-jobs-rbac.yaml in that namespace (jobs.batch: get, "
               "list, patch; pods: list; pods/status: patch; events: create)")
 
     def __init__(
