@@ -84,6 +84,24 @@ class ApiCaller:
             f"Kubernetes API unavailable: {verb} {resource} {self._where()} failed "
             f"after {attempts} attempt(s): {last[:300]}")
 
+    def _list_all(self, fn: Callable[..., Any], resource: str, *, page: int = 500,
+                  most: int | None = None, too_many: str = "") -> list[dict[str, Any]]:
+        """Every item of a list, ``page`` a page (each call retried as ``_call``); beyond
+        ``most`` items, ``ClusterUnavailableError`` saying ``too_many`` (a flood of someone
+        else's objects is refused, not read into memory)."""
+        items: list[dict[str, Any]] = []
+        token = None
+        while True:
+            more: dict[str, Any] = {"_continue": token} if token else {}
+            body = self._call("list", lambda more=more, **kw: fn(limit=page, **more, **kw),
+                              resource)
+            items.extend(i for i in body.get("items") or () if isinstance(i, dict))
+            if most is not None and len(items) > most:
+                raise ClusterUnavailableError(too_many or f"more than {most:,} {resource}")
+            token = (body.get("metadata") or {}).get("continue")
+            if not token:
+                return items
+
     def _error(self, verb: str, exc: ApiException, resource: str) -> Exception:
         message = _status_message(exc)
         if exc.status == 404:

@@ -519,19 +519,6 @@ class KubernetesCluster(ApiCaller):
             **kw), "pods")
         return _node_view(wanted, pods, self.tolerations, now)
 
-    def _list_all(self, fn: Callable[..., Any], resource: str) -> list[dict[str, Any]]:
-        """Every item of a (cluster-wide) list, 500 a page."""
-        items: list[dict[str, Any]] = []
-        token = None
-        while True:
-            more: dict[str, Any] = {"_continue": token} if token else {}
-            body = self._call("list", lambda more=more, **kw: fn(limit=500, **more, **kw),
-                              resource)
-            items.extend(body.get("items") or [])
-            token = (body.get("metadata") or {}).get("continue")
-            if not token:
-                return items
-
     # --- internals -----------------------------------------------------------------------
 
     @property

@@ -36,7 +36,6 @@ import kubernetes
 
 from idlegpu.scheduler.adapters.kubernetes.calls import ApiCaller, _server_time
 from idlegpu.scheduler.adapters.kubernetes.credentials import load_client_configuration
-from idlegpu.scheduler.adapters.kubernetes.errors import ClusterUnavailableError
 from idlegpu.scheduler.adapters.kubernetes.names import _iso
 from idlegpu.scheduler.admission_checks import (
     CHECK_CONTROLLER,
@@ -155,20 +154,11 @@ class KueueChecks(ApiCaller):
         return served, active, missing
 
     def _list(self, plural: str) -> list[dict[str, Any]]:
-        items: list[dict[str, Any]] = []
-        token = None
-        while True:
-            more: dict[str, Any] = {"_continue": token} if token else {}
-            body = self._call("list", lambda more=more, **kw: self.api.list_cluster_custom_object(
-                GROUP, VERSION, plural, limit=self.page, **more, **kw), f"{plural}.{GROUP}")
-            items.extend(i for i in body.get("items") or () if isinstance(i, dict))
-            if len(items) > self.max_objects:
-                raise ClusterUnavailableError(
-                    f"more than {self.max_objects:,} {plural}.{GROUP} in the cluster: not "
-                    f"read (raise KueueChecks' max_objects if that many are expected)")
-            token = (body.get("metadata") or {}).get("continue")
-            if not token:
-                return items
+        return self._list_all(
+            lambda **kw: self.api.list_cluster_custom_object(GROUP, VERSION, plural, **kw),
+            f"{plural}.{GROUP}", page=self.page, most=self.max_objects,
+            too_many=f"more than {self.max_objects:,} {plural}.{GROUP} in the cluster: not "
+                     f"read (raise KueueChecks' max_objects if that many are expected)")
 
     # --- writing -------------------------------------------------------------------------
 

@@ -42,7 +42,6 @@ from idlegpu.scheduler.adapters.kubernetes.client import KubernetesCluster
 from idlegpu.scheduler.adapters.kubernetes.credentials import load_client_configuration
 from idlegpu.scheduler.adapters.kubernetes.errors import (
     ClusterRejectedError,
-    ClusterUnavailableError,
     UnsafeManifestError,
     _NotFound,
 )
@@ -168,20 +167,12 @@ class NativeJobs(ApiCaller):
     def _jobs_of(self, namespace: str) -> list[dict[str, Any]]:
         """The queued Jobs of one namespace, 500 a page, at most ``max_jobs``."""
         self.namespace = namespace
-        items: list[dict[str, Any]] = []
-        token = None
-        while True:
-            more: dict[str, Any] = {"_continue": token} if token else {}
-            body = self._call("list", lambda more=more, **kw: self.batch.list_namespaced_job(
-                namespace, label_selector=self.selector, limit=500, **more, **kw))
-            items.extend(i for i in body.get("items") or () if isinstance(i, dict))
-            if len(items) > self.max_jobs:
-                raise ClusterUnavailableError(
-                    f"more than {self.max_jobs:,} Jobs queued in namespace {namespace}: not "
-                    f"read (each namespace may queue at most {self.max_jobs:,})")
-            token = (body.get("metadata") or {}).get("continue")
-            if not token:
-                return items
+        return self._list_all(
+            lambda **kw: self.batch.list_namespaced_job(namespace, label_selector=self.selector,
+                                                        **kw),
+            "jobs.batch", most=self.max_jobs,
+            too_many=f"more than {self.max_jobs:,} Jobs queued in namespace {namespace}: not "
+                     f"read (each namespace may queue at most {self.max_jobs:,})")
 
     def problems(self, job: NativeJob, obj: dict[str, Any]) -> list[str]:
         """Why the Job may not run here (empty: it may queue)."""
