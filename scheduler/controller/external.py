@@ -48,6 +48,22 @@ def planned_seconds(units: Iterable[U], cache: dict[str, float],
     return out
 
 
+class UnitsOfAPass:
+    """A source's units for one reading at one ``now``, computed once: a pass asks for its
+    queue and then for its running units, of the same reading."""
+
+    def __init__(self) -> None:
+        self._of: tuple[object, datetime, list[WaitingJob], list[RunningJob]] | None = None
+
+    def get(self, reading: object, now: datetime,
+            compute: Callable[[], tuple[list[WaitingJob], list[RunningJob]]]
+            ) -> tuple[list[WaitingJob], list[RunningJob]]:
+        if self._of is None or self._of[0] is not reading or self._of[1] != now:
+            waiting, running = compute()
+            self._of = (reading, now, waiting, running)
+        return list(self._of[2]), list(self._of[3])
+
+
 def is_external(unit_id: str) -> bool:
     """Whether a unit id is an external unit's (Kueue Workload or user's Job)."""
     return "/" in unit_id

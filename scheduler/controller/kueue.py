@@ -33,7 +33,7 @@ from idlegpu.scheduler.admission_checks import (
     check_updates,
     policy_units,
 )
-from idlegpu.scheduler.controller.external import planned_seconds
+from idlegpu.scheduler.controller.external import UnitsOfAPass, planned_seconds
 from idlegpu.scheduler.controller.report import PassReport
 from idlegpu.scheduler.ports import AdmissionCheckSource
 from idlegpu.scheduler.types import Action, ExternalUnit, Plan, RunningJob, WaitingJob
@@ -73,6 +73,7 @@ class KueueAdmission:
         self.max_message_writes = max_message_writes
         self.reading: KueueReading | None = None
         self._runtimes: dict[str, float] = {}
+        self._units = UnitsOfAPass()
         self._refused_logged: set[str] = set()
 
     def read(self, report: PassReport) -> bool:
@@ -95,11 +96,16 @@ class KueueAdmission:
 
     def units(self, now: datetime) -> tuple[list[WaitingJob], list[RunningJob]]:
         """The Workloads as the policy's queue and running units (the last reading)."""
-        if self.reading is None:
+        reading = self.reading
+        if reading is None:
             return [], []
-        runtimes = planned_seconds((w for w in self.reading.workloads if not w.finished),
-                                   self._runtimes, self.runtime)
-        return policy_units(self.reading.workloads, now, runtimes, self.team_of)
+
+        def compute() -> tuple[list[WaitingJob], list[RunningJob]]:
+            runtimes = planned_seconds((w for w in reading.workloads if not w.finished),
+                                       self._runtimes, self.runtime)
+            return policy_units(reading.workloads, now, runtimes, self.team_of)
+
+        return self._units.get(reading, now, compute)
 
     def holding(self, stopping: Mapping[str, int]) -> int:
         """GPUs admitted Workloads hold, those told to stop included (until they are gone)."""

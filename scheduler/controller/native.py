@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from idlegpu.forecast.errors import IdlegpuError
-from idlegpu.scheduler.controller.external import planned_seconds
+from idlegpu.scheduler.controller.external import UnitsOfAPass, planned_seconds
 from idlegpu.scheduler.controller.report import PassReport
 from idlegpu.scheduler.native_jobs import NativeJob, native_units
 from idlegpu.scheduler.ports import StopKind
@@ -54,6 +54,7 @@ class NativeAdmission:
         self.jobs: list[NativeJob] = []
         self._refused: dict[str, tuple[NativeJob, str]] = {}  # refused this pass
         self._runtimes: dict[str, float] = {}
+        self._units = UnitsOfAPass()
         self._logged: set[str] = set()
 
     def read(self, report: PassReport) -> bool:
@@ -84,9 +85,14 @@ class NativeAdmission:
         return True
 
     def units(self, now: datetime) -> tuple[list[WaitingJob], list[RunningJob]]:
-        runtimes = planned_seconds((j for j in self.jobs if not (j.finished or j.refused)),
-                                   self._runtimes, self.runtime)
-        return native_units(self.jobs, now, runtimes, self.team_of)
+        jobs = self.jobs
+
+        def compute() -> tuple[list[WaitingJob], list[RunningJob]]:
+            runtimes = planned_seconds((j for j in jobs if not (j.finished or j.refused)),
+                                       self._runtimes, self.runtime)
+            return native_units(jobs, now, runtimes, self.team_of)
+
+        return self._units.get(jobs, now, compute)
 
     def holding(self, stopping: Mapping[str, int]) -> int:
         return sum(j.gpus for j in self.jobs if not j.finished and (
