@@ -129,7 +129,7 @@ def test_plain_writes_control_characters_out():
 def test_the_manifest_keeps_yaml_line_breaks_in_strings():
     import yaml
 
-    from idlegpu.scheduler.cli.daemon import manifest_stream
+    from idlegpu.scheduler.cli.actions.daemon import manifest_stream
 
     for value in ("\x85", "a\x85b", "a\u2028b\u2029", MARKUP):
         assert yaml.safe_load(manifest_stream([{"v": value, value: 1}])) == {"v": value, value: 1}

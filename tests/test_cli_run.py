@@ -8,7 +8,7 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from idlegpu.scheduler.cli.daemon import manifest_stream, yaml_needs_quotes
+from idlegpu.scheduler.cli.actions.daemon import manifest_stream, yaml_needs_quotes
 
 REPO = Path(__file__).resolve().parents[1]
 EVENING = ["--now", "2026-01-28T20:00:00+09:00",

@@ -5,8 +5,11 @@ other modules), a package that only an extra of pyproject.toml brings (the comma
 ``EXTRAS``: the job store's sqlalchemy, the Kubernetes client, FastAPI...), or matplotlib for a
 chart. A base install then still runs what needs no extra, and a command that needs one names
 it (tests/test_install_extras.py).
-``idlegpu`` keeps its start fast without hidden imports: the root loads a command's module only
-when that command runs (idlegpu.scheduler.cli.registry). And no import cycle between modules."""
+``idlegpu`` keeps its start fast with one documented exception (``_a_command_importing_its_work``):
+the root loads a command's module only when that command runs or shows its help
+(idlegpu.scheduler.cli.registry), and that module holds the command's signature alone; its
+work, imported by the command function, is in ``idlegpu.scheduler.cli.actions``. And no import
+cycle between modules."""
 
 from __future__ import annotations
 
@@ -22,14 +25,20 @@ from pathlib import Path
 import networkx as nx
 
 from idlegpu.scheduler.cli.common import EXTRAS
+from idlegpu.scheduler.cli.registry import COMMANDS, PACKAGE
 
 REPO = Path(__file__).resolve().parents[1]
 FOLDERS = {"forecast": "idlegpu.forecast", "scheduler": "idlegpu.scheduler"}
 # what a function may load on demand: the packages of the extras, and matplotlib, which only a
 # chart needs (a third of a second: `idlegpu plan --help` would wait for it)
 ON_DEMAND = frozenset(EXTRAS) | {"matplotlib"}
-# function-level imports of a module that needs no extra, each with its reason: none
+# function-level imports of a module that needs no extra, each with its reason: none (but the
+# one rule of _a_command_importing_its_work)
 ALLOWED: dict[tuple[str, str], str] = {}
+# the CLI's command modules (registry.COMMANDS): each holds its commands' signatures, and each
+# command imports what does its work from ACTIONS
+SIGNATURES = frozenset(f"{PACKAGE}.{module}" for module, _ in COMMANDS.values())
+ACTIONS = f"{PACKAGE}.actions"
 
 
 def _modules() -> dict[str, Path]:
@@ -92,6 +101,31 @@ def _own(name: str) -> bool:
     return name.startswith("idlegpu.")
 
 
+def _commands(module: str) -> frozenset[str]:
+    """The functions of ``module`` that are commands: decorated with ``<a Typer app>.command``."""
+    tree = ast.parse(MODULES[module].read_text(encoding="utf-8"))
+    return frozenset(
+        node.name for node in tree.body if isinstance(node, ast.FunctionDef)
+        for decorator in node.decorator_list
+        if isinstance(call := decorator.func if isinstance(decorator, ast.Call) else decorator,
+                      ast.Attribute) and call.attr == "command")
+
+
+def _a_command_importing_its_work(module: str, function: str, target: str) -> bool:
+    """The one exception to the rule, beside the extras: a command function of a signature
+    module of ``idlegpu.scheduler.cli`` (``planning``, ``jobs``...: a module of
+    ``registry.COMMANDS``) may import a module of ``idlegpu.scheduler.cli.actions``, which does
+    the command's work. Why: the root imports a command's module for its ``--help`` too (the
+    options and help texts are read from the function's signature), and the work imports
+    pandas, the forecasters and the simulator at its top: ``idlegpu plan --help`` waited two
+    seconds for them (tests/test_cli_startup.py keeps every command's help light). The
+    signature module itself imports only what starts fast, at its top; the actions module
+    imports at its top as every other module does. Nothing else: not a helper of a signature
+    module, not another module, not another target."""
+    return (module in SIGNATURES and target.startswith(f"{ACTIONS}.")
+            and function in _commands(module))
+
+
 @cache
 def _top_level_graph() -> nx.DiGraph:
     graph = nx.DiGraph()
@@ -117,7 +151,9 @@ def _function_level_imports() -> list[tuple[str, int, str, str]]:
 
 
 def test_the_project_imports_its_modules_at_the_top_but_for_the_extras():
-    found = _function_level_imports()
+    found = [(module, line, function, target)
+             for module, line, function, target in _function_level_imports()
+             if not _a_command_importing_its_work(module, function, target)]
     hidden = [f"{MODULES[module].relative_to(REPO)}:{line} {function}() imports {target}"
               for module, line, function, target in found
               if not _extras_needed(target) and (module, target) not in ALLOWED]
@@ -139,6 +175,36 @@ def test_the_rule_sees_the_extras_and_a_hidden_import(tmp_path):
             in _function_level_imports()
     finally:
         del MODULES["idlegpu.scheduler.hidden_example"]
+
+
+def test_the_one_exception_is_a_command_importing_its_work(tmp_path):
+    planning = f"{PACKAGE}.planning"
+    assert planning in SIGNATURES and "plan" in _commands(planning)
+    path = tmp_path / "planning.py"
+    path.write_text("@app.command()\n"
+                    "def plan():\n"
+                    "    from idlegpu.scheduler.cli.actions import planning as actions\n"
+                    "    from idlegpu.scheduler.plan import tonight\n"
+                    "def _helper():\n"
+                    "    from idlegpu.scheduler.cli.actions import planning\n")
+    real = MODULES[planning]
+    MODULES[planning] = path
+    _imports.cache_clear()
+    try:
+        found = {(line, function, target): _a_command_importing_its_work(module, function,
+                                                                         target)
+                 for module, line, function, target in _function_level_imports()
+                 if module == planning}
+    finally:
+        MODULES[planning] = real
+        _imports.cache_clear()
+    assert found == {(3, "plan", f"{ACTIONS}.planning"): True,
+                     (4, "plan", "idlegpu.scheduler.plan"): False,  # not its work: at the top
+                     (6, "_helper", f"{ACTIONS}.planning"): False}  # not a command
+    # outside the signature modules (the shared options, the actions themselves): none
+    assert not _a_command_importing_its_work(f"{PACKAGE}.common", "main", f"{ACTIONS}.planning")
+    assert not _a_command_importing_its_work(f"{ACTIONS}.planning", "plan",
+                                             f"{ACTIONS}.forecasting")
 
 
 def _cycles(root: Path) -> list[list[str]]:

@@ -3,10 +3,13 @@
 One module per group of commands, each with its own Typer app: ``history``, ``forecasting``,
 ``planning``, ``daemon``, ``jobs`` (with ``remote``, the same commands through the job API),
 ``fetching``, ``reports`` and ``server``. The root app of ``common`` finds them through
-``registry``, which loads a command's module only when that command runs, so that
-``idlegpu --help`` imports none of them. ``common`` also holds the consoles, the shared options
-and ``main()``; ``inputs`` what the commands read (config, history). This package keeps the
-names the console script, the tests and the docs take from ``idlegpu.scheduler.cli``.
+``registry``, which loads a command's module only when that command runs or shows its help, so
+that ``idlegpu --help`` imports none of them. Such a module holds the commands' signatures
+alone; what they do is in ``actions`` (``actions.planning``...), which each command imports
+when it runs, so that ``idlegpu plan --help`` loads no pandas. ``common`` also holds the
+consoles, the shared options and ``main()``; ``inputs`` what the commands read (config,
+history). This package keeps the names the console script, the tests and the docs take from
+``idlegpu.scheduler.cli``.
 """
 
 from __future__ import annotations

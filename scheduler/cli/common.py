@@ -1,5 +1,6 @@
 """What every command of ``idlegpu`` shares: the root Typer ``app`` (its commands listed in
-``registry``, each module loaded when its command runs), the consoles, the common options, the
+``registry``, each module loaded when its command runs or shows its help), the consoles, the
+common options (the commands' signature modules use them: this module stays light), the
 command's state (the pool's time zone once it read its config), time parsing, ``_now``, the
 option check and ``main()`` with its error handling. It imports only what starts fast (no
 numpy, pandas, pydantic or extras): ``idlegpu --help`` and a bad option answer at once; what

@@ -1,4 +1,6 @@
-"""``idlegpu fetch``: the pool's history from Prometheus, into a history file."""
+"""``idlegpu fetch``: the pool's history from Prometheus, into a history file. The command's
+signature; what it does is ``idlegpu.scheduler.cli.actions.fetching``, imported when it runs
+(pandas and the fetch with it), not for its ``--help``."""
 
 from __future__ import annotations
 
@@ -7,19 +9,10 @@ from typing import Annotated, Optional
 
 import typer
 
-from idlegpu.forecast.sources import write_history
-from idlegpu.forecast.sources.prometheus import fetch_history
-from idlegpu.scheduler.cli.common import (
-    ConfigOption,
-    console,
-    parse_time,
-)
-from idlegpu.scheduler.cli.inputs import (
-    _load_settings,
-)
+from idlegpu.scheduler.cli.common import ConfigOption
 from idlegpu.scheduler.cli.registry import command_group
 
-# this module's commands: the root loads it when one of them runs (registry.COMMANDS)
+# this module's commands: the root loads it to run one or show its help (registry.COMMANDS)
 app = command_group()
 
 
@@ -40,18 +33,7 @@ def fetch(
     ] = None,
 ) -> None:
     """Pull the pool's history from Prometheus into a tidy history file."""
-    settings = _load_settings(config)
-    t0 = parse_time(start, name="--start")
-    t1 = parse_time(end, name="--end")
-    if t1 <= t0:
-        raise typer.BadParameter("--end must be after --start", param_hint="--end")
-    for name in service or []:
-        settings.service(name)
-    frame = fetch_history(
-        settings, t0, t1, services=service or None, step_seconds=step, workers=workers,
-        progress=True,
-    )
-    write_history(frame, out)
-    console.print(
-        f"wrote {len(frame):,} samples of {frame['unique_id'].nunique()} series to {out}"
-    )
+    from idlegpu.scheduler.cli.actions import fetching as actions  # pandas, the fetch
+
+    actions.fetch(config=config, start=start, end=end, out=out, service=service, step=step,
+                  workers=workers)

@@ -1,9 +1,13 @@
 """Which module of ``idlegpu.scheduler.cli`` holds each command, and the line ``idlegpu --help``
 shows for it: the root loads a command's module only when that command runs or shows its own
-help. The modules import what they use at their top (pandas, the forecasters, the simulator);
-``idlegpu --help`` and a mistyped command load none of them. This is Click's documented way of
-lazily loading subcommands (a group whose ``get_command`` imports on demand), with the listing
-taken from this table, so that it needs no import either."""
+help. ``idlegpu --help`` and a mistyped command load none of them. This is Click's documented
+way of lazily loading subcommands (a group whose ``get_command`` imports on demand), with the
+listing taken from this table, so that it needs no import either.
+
+A command's module holds only its signature (options, help texts) and imports only what starts
+fast; each command function imports its work from ``idlegpu.scheduler.cli.actions`` (pandas,
+the forecasters, the simulator at that module's top) when it runs: ``idlegpu plan --help``
+loads none of that work (tests/test_cli_startup.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
 """``idlegpu report``: the monthly report of the harvested GPUs, from a run table or the job
-store's attempts."""
+store's attempts. The command's signature; what it does is
+``idlegpu.scheduler.cli.actions.reports``, imported when it runs (pandas and the report's
+charts with it), not for its ``--help``."""
 
 from __future__ import annotations
 
@@ -7,39 +9,11 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.markup import escape
 
-from idlegpu.forecast.sources import read_history
-from idlegpu.scheduler.cli.common import (
-    OptionalConfig,
-    _now,
-    console,
-    err_console,
-)
-from idlegpu.scheduler.cli.inputs import (
-    _optional_config,
-    _store_url,
-)
+from idlegpu.scheduler.cli.common import OptionalConfig
 from idlegpu.scheduler.cli.registry import command_group
-from idlegpu.scheduler.config import ReportConfig
-from idlegpu.scheduler.output import plain
-from idlegpu.scheduler.reports import (
-    Month,
-    build_report,
-    forecast_check,
-    format_gpus,
-    format_hours,
-    format_money,
-    format_share,
-    idle_by_day,
-    job_size_idle,
-    notices_from_store,
-    read_runs,
-    runs_from_store,
-    write_report,
-)
 
-# this module's commands: the root loads it when one of them runs (registry.COMMANDS)
+# this module's commands: the root loads it to run one or show its help (registry.COMMANDS)
 app = command_group()
 
 
@@ -67,59 +41,7 @@ def report(
 ) -> None:
     """Monthly report of the harvested GPUs: Markdown, HTML, summary.csv and charts in --out,
     from a run table (--runs) or the job store's attempts (--store)."""
-    from rich.progress import Progress
+    from idlegpu.scheduler.cli.actions import reports as actions  # pandas, the report
 
-    if runs is not None and store is not None:
-        raise typer.BadParameter("give --runs or --store, not both", param_hint="--runs")
-    settings = _optional_config(config)
-    defaults = settings.report if settings is not None else ReportConfig()
-    tz = settings.pool.timezone if settings is not None else "UTC"
-    if runs is None:
-        from idlegpu.scheduler.adapters.store import JobStore
-
-        with JobStore(_store_url(settings, store)) as job_store:
-            table = runs_from_store(job_store, _now(None))
-            notices = notices_from_store(job_store, Month.parse(month), tz)
-    else:
-        table, notices = read_runs(runs), None
-    idle = check = sizes = None
-    if history is not None:
-        if settings is None:
-            raise typer.BadParameter("--history needs the pool configuration (--config)",
-                                     param_hint="--history")
-        frame = read_history(history)
-        idle = idle_by_day(frame, settings)
-        sizes = job_size_idle(frame, settings, month)
-        # the daemon's nightly refresh replayed over the month (widening included): one refit
-        # per evening gives the pooled accuracy and the per-service coverage
-        with Progress(console=err_console, transient=True) as progress:
-            task = progress.add_task(escape(plain(f"replaying the nightly forecasts of {month}")),
-                                     total=None)
-            check = forecast_check(
-                frame, settings, Month.parse(month),
-                on_step=lambda n, total: progress.update(task, completed=n, total=total))
-    result = build_report(
-        table, month, months=months, tz=tz,
-        price=defaults.price_per_gpu_hour if price is None else price,
-        currency=(defaults.currency if currency is None else currency),
-        idle_daily=idle, pool=settings.pool.name if settings is not None else "GPU pool",
-        forecast=check, job_sizes=sizes, notices=notices,
-    )
-    files = write_report(result, out)
-    row = result.row
-    console.print(
-        f"{row.month}: {format_hours(row.useful_gpu_hours)} useful GPU-hours = "
-        f"{format_gpus(row.gpus_12h)} GPUs (12 h) / {format_gpus(row.gpus_24h)} GPUs (24 h); "
-        f"savings {format_money(row.savings, row.currency)} "
-        f"(cumulative {format_money(row.cumulative_savings, row.currency)})",
-        highlight=False,
-    )
-    if check is not None:
-        verdicts = ", ".join(
-            f"{r.service} {format_share(r.coverage)} {r.verdict}"
-            + (f" (widened {r.days_widened} evening{'s' if r.days_widened != 1 else ''})"
-               if r.days_widened else "")
-            for r in check.services.itertuples())
-        console.print(f"q{check.confidence:g} coverage per service: {verdicts}",
-                      highlight=False, markup=False)
-    console.print(f"wrote {', '.join(p.name for p in files)} to {out}/", highlight=False)
+    actions.report(month=month, months=months, out=out, runs=runs, store=store, history=history,
+                   config=config, price=price, currency=currency)
