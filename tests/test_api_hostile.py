@@ -321,6 +321,7 @@ def _amplifying(i: int) -> dict:
                        "sweep": {"seed": list(range(64))}} for k in range(4)]}
 
 
+@pytest.mark.slow  # long (over 15 s): scripts/test.sh and CI run it, a plain pytest does not
 def test_a_members_amplifying_requests_stop_at_the_quota(tmp_path) -> None:
     store = tmp_path / "jobs.db"
     with serving(f"sqlite:///{store}", {"mallory": "member", "vera": "member"}) as (server, _):

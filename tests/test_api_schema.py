@@ -22,6 +22,7 @@ CHECKS = ("not_a_server_error,status_code_conformance,content_type_conformance,"
           "response_headers_conformance,response_schema_conformance")
 
 
+@pytest.mark.slow  # long (over 15 s): scripts/test.sh and CI run it, a plain pytest does not
 @pytest.mark.parametrize("role", ["member", "operator"])
 def test_schemathesis_finds_no_server_error_and_no_answer_off_the_document(
         tmp_path, role) -> None:

@@ -130,6 +130,7 @@ def test_logged_out_the_reports_pages_redirect_to_the_login(site):
     assert urlparse(driver.current_url).path == "/login"
 
 
+@pytest.mark.slow  # long (over 15 s): scripts/test.sh and CI run it, a plain pytest does not
 def test_the_accuracy_page_computes_off_the_request_and_shows_each_services_coverage(site):
     """The first test to ask for the accuracy (of 3 evenings): it is not computed yet."""
     from idlegpu.scheduler.reports import forecast_check_days

@@ -69,6 +69,7 @@ def created_names(kube: FakeKube) -> list[str]:
             if r.method == "POST" and isinstance(r.body, dict)]
 
 
+@pytest.mark.slow  # long (over 15 s): scripts/test.sh and CI run it, a plain pytest does not
 @pytest.mark.parametrize("moment", ["served", "lost"])
 def test_sigkill_mid_creation_then_restart(tmp_path, cli, moment):
     """fake API server: the daemon SIGKILLed from inside its own Job-creation request, at that

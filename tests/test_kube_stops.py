@@ -178,6 +178,7 @@ def test_a_gangs_planned_stop_never_fails_its_job(pool) -> None:
     assert row.state is JobState.QUEUED and daemon.store.attempts(gang)[0].lost_gpu_seconds == 0
 
 
+@pytest.mark.slow  # long (over 15 s): scripts/test.sh and CI run it, a plain pytest does not
 def test_a_job_stopped_while_the_daemon_is_away_stays_suspended(pool) -> None:
     daemon, sim, watch, ids, names = _night(pool, deadline_s=10)
     # the Jobs' safety net (activeDeadlineSeconds) passes while the daemon is away: a suspended

@@ -110,9 +110,11 @@ def _text(output) -> str:
     return data.get("text/plain", "") if output.output_type != "error" else ""
 
 
-# the capacity-planning and report notebooks run simulations and a month of refits (30-60 s
-# each): slow, so a plain `pytest` leaves them out; scripts/test.sh (and CI) runs them
-SLOW_NOTEBOOKS = {"03_capacity_planning.ipynb", "04_monthly_report.ipynb"}
+# the forecasting, capacity-planning and report notebooks run backtests, simulations and a
+# month of refits (30-60 s each): slow, so a plain `pytest` leaves them out; scripts/test.sh
+# (and CI) runs them
+SLOW_NOTEBOOKS = {"02_forecasting_idle_windows.ipynb", "03_capacity_planning.ipynb",
+                  "04_monthly_report.ipynb"}
 
 
 @pytest.mark.parametrize("name", [

@@ -229,6 +229,7 @@ def test_a_month_without_widening_says_so(check, tmp_path):
     assert "Widened in" not in md
 
 
+@pytest.mark.slow  # long (over 15 s): scripts/test.sh and CI run it, a plain pytest does not
 def test_cli_report_with_a_history_checks_each_service(stepped, tmp_path, cli):
     settings, history = stepped
     config = grown_pool_config(tmp_path, settings)

@@ -73,6 +73,7 @@ def test_the_sweep_refuses_what_is_no_confidence(bad):
         sweep(history, settings, [], bad, start=at(7, 0), end=at(8, 0), references={})
 
 
+@pytest.mark.slow  # long (over 15 s): scripts/test.sh and CI run it, a plain pytest does not
 def test_simulate_sweep_writes_the_frontier_table_and_chart(tmp_path, cli):
     code, out, err = cli(["simulate", "--history", str(REPO / "data/sample/history.parquet"),
                           "--jobs", str(REPO / "data/sample/jobs.yaml"),
