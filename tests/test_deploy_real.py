@@ -627,8 +627,21 @@ def test_the_kueue_check_controller_works_with_its_grants_and_nothing_more(
                                ("patch", "jobs.batch")]:
             assert not _can_i(kube, DAEMON, verb, resource, namespace), (verb, resource)
         for verb, resource in [("list", "workloads.kueue.x-k8s.io"),
+                               ("watch", "workloads.kueue.x-k8s.io"),
                                ("patch", "workloads.kueue.x-k8s.io/status")]:
             assert _can_i(kube, DAEMON, verb, resource, namespace), (verb, resource)
+        assert not _can_i(kube, DAEMON, "watch", "admissionchecks.kueue.x-k8s.io", namespace)
+        # the daemon's watch of the Workloads works with the grants (its copy is the listing)
+        watched = KueueChecks(daemon_api, checks=[check], backoff_s=0.1, watch=True)
+        try:
+            watched.read()
+            assert watched.workloads is not None and watched.workloads.wait_synced(10), (
+                watched.workloads.problem)
+            assert [w.state for w in watched.read().workloads
+                    if w.namespace == namespace] == ["Ready"]
+            assert watched.workloads.problem == ""
+        finally:
+            watched.close()
     finally:
         kube.kubectl("delete", "-f", str(DEPLOY / "optional" / "kueue-rbac.yaml"), "--wait=false",
                      check=False)

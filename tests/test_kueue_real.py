@@ -380,3 +380,71 @@ def test_run_once_serves_the_checks_and_the_jobs_its_config_names(
     flat = " ".join(out.split())
     assert f"kueue/{kube_namespace}/job-fits-" in flat  # ids whole, never cut
     assert "1 Kueue admission-check entry written" in flat
+
+
+def test_the_daemons_watch_keeps_the_workloads_and_its_passes_list_none(
+        kueue: KueueManager, kube_namespace: str) -> None:
+    """``KueueChecks(watch=True)`` (the daemon's): after one listing the Workloads come from
+    the API server's watch: a new Workload, a state written and a Workload deleted all show
+    in the next reads without another listing of Workloads; a flood beyond ``max_objects``
+    drops the copy, and the pass's own listing says why."""
+    from idlegpu.scheduler.adapters.kubernetes import ClusterUnavailableError
+    from idlegpu.scheduler.adapters.kubernetes.kueue import KueueChecks
+    from idlegpu.scheduler.admission_checks import CheckUpdate
+
+    tag = kube_namespace[-6:]
+    queue, check = f"watch-{tag}", f"idlegpu-watch-{tag}"
+    _queues(kueue, kube_namespace, queue, [check], gpus=8)
+    _activate(kueue, check)
+    checks = KueueChecks(kueue.plane.api_client(), checks=[check], backoff_s=0.2, watch=True)
+    listings: list[bool] = []  # one per call of the Workloads' list: watch or not
+    real_list = checks.api.list_cluster_custom_object
+
+    def counted(group: str, version: str, plural: str, **kw: Any) -> Any:
+        if plural == "workloads":
+            listings.append(bool(kw.get("watch")))
+        return real_list(group, version, plural, **kw)
+
+    checks.api.list_cluster_custom_object = counted  # type: ignore[method-assign]
+    try:
+        checks.read()  # the first read lists, and starts the watch
+        assert checks.workloads is not None and checks.workloads.wait_synced(20), (
+            checks.workloads.problem)
+        listed = listings.count(False)
+
+        def mine() -> list[Any]:
+            return [w for w in checks.read().workloads if w.namespace == kube_namespace]
+
+        _kueue_job(kueue, kube_namespace, "watched", queue, gpus=2, runtime_s=3600)
+        (workload,) = _wait("the new Workload in the watch's copy", lambda: mine() or None)
+        assert workload.state == "Pending"
+        checks.write(CheckUpdate(kube_namespace, workload.name, check, "Ready",
+                                 "fits the forecast", pod_sets=workload.pod_sets))
+        _wait("the written state in the copy",
+              lambda: [w.state for w in mine()] == ["Ready"])
+        kueue.plane.kubectl("delete", "job", "watched", "-n", kube_namespace,
+                            "--cascade=foreground", "--wait=false")
+        _wait("the deleted Workload gone from the copy", lambda: mine() == [], timeout=60)
+        assert listings.count(False) == listed, "a pass listed the Workloads"
+        assert listings.count(True) >= 1 and checks.workloads.lists == 1
+    finally:
+        checks.close()
+    assert checks.workloads.items() is None  # closed: no copy left to trust
+
+    # beyond max_objects the copy is dropped, and the pass's own listing refuses the flood
+    for name in ("flood-a", "flood-b"):
+        _kueue_job(kueue, kube_namespace, name, queue, gpus=1, runtime_s=600)
+    _wait("two Workloads", lambda: all(_workload(kueue, kube_namespace, n)
+                                       for n in ("flood-a", "flood-b")))
+    bounded = KueueChecks(kueue.plane.api_client(), checks=[check], backoff_s=0.2, watch=True,
+                          max_objects=1, page=1)
+    try:
+        with pytest.raises(ClusterUnavailableError, match=r"more than 1 workloads"):
+            bounded.read()
+        assert bounded.workloads is not None
+        _wait("the watch's refusal", lambda: "more than 1" in bounded.workloads.problem)
+        assert bounded.workloads.items() is None
+        with pytest.raises(ClusterUnavailableError, match=r"more than 1 workloads"):
+            bounded.read()
+    finally:
+        bounded.close()

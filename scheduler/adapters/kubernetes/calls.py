@@ -89,8 +89,16 @@ class ApiCaller:
         """Every item of a list, ``page`` a page (each call retried as ``_call``); beyond
         ``most`` items, ``ClusterUnavailableError`` saying ``too_many`` (a flood of someone
         else's objects is refused, not read into memory)."""
+        return self._list_versioned(fn, resource, page=page, most=most, too_many=too_many)[0]
+
+    def _list_versioned(self, fn: Callable[..., Any], resource: str, *, page: int = 500,
+                        most: int | None = None, too_many: str = ""
+                        ) -> tuple[list[dict[str, Any]], str]:
+        """``_list_all``, and the list's ``resourceVersion`` (its first page's: the pages are
+        one snapshot), where a watch of it starts."""
         items: list[dict[str, Any]] = []
         token = None
+        version = ""
         while True:
             more: dict[str, Any] = {"_continue": token} if token else {}
             body = self._call("list", lambda more=more, **kw: fn(limit=page, **more, **kw),
@@ -98,9 +106,11 @@ class ApiCaller:
             items.extend(i for i in body.get("items") or () if isinstance(i, dict))
             if most is not None and len(items) > most:
                 raise ClusterUnavailableError(too_many or f"more than {most:,} {resource}")
-            token = (body.get("metadata") or {}).get("continue")
+            meta = body.get("metadata") or {}
+            version = version or str(meta.get("resourceVersion") or "")
+            token = meta.get("continue")
             if not token:
-                return items
+                return items, version
 
     def _error(self, verb: str, exc: ApiException, resource: str) -> Exception:
         message = _status_message(exc)

@@ -20,9 +20,13 @@ the entry is ours to decide from then on. A ``Ready`` entry carries ``podSetUpda
 pool's nodeSelector and tolerations, and the window's end as the pods' ``idlegpu.io/stop-by``
 annotation, which Kueue puts on the pods when it admits the Workload.
 
-The grants (deploy/optional/kueue-rbac.yaml): ``workloads`` and ``admissionchecks`` of
-``kueue.x-k8s.io``: get, list; ``workloads/status`` and ``admissionchecks/status``: patch.
-Nothing else of Kueue's.
+With ``watch`` (the daemon) the Workloads come from a watch-fed copy
+(``mirror.WatchedList``); the AdmissionChecks, a handful, are listed every pass, which is also
+the pass's live call: an API server gone stops admission at once, copy or not.
+
+The grants (deploy/optional/kueue-rbac.yaml): ``workloads`` of ``kueue.x-k8s.io``: get, list,
+watch; ``admissionchecks``: get, list; ``workloads/status`` and ``admissionchecks/status``:
+patch. Nothing else of Kueue's.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import kubernetes
 
 from idlegpu.scheduler.adapters.kubernetes.calls import ApiCaller, _server_time
 from idlegpu.scheduler.adapters.kubernetes.credentials import load_client_configuration
+from idlegpu.scheduler.adapters.kubernetes.mirror import WatchedList
 from idlegpu.scheduler.adapters.kubernetes.names import _iso
 from idlegpu.scheduler.admission_checks import (
     CHECK_CONTROLLER,
@@ -60,8 +65,8 @@ _APPLY_PATCH = "application/apply-patch+yaml"
 class KueueChecks(ApiCaller):
     """The AdmissionChecks idlegpu serves and their Workloads (module docstring)."""
 
-    grants = ("the ClusterRole of deploy/optional/kueue-rbac.yaml (workloads.kueue.x-k8s.io, "
-              "admissionchecks.kueue.x-k8s.io: get, list; workloads/status, "
+    grants = ("the ClusterRole of deploy/optional/kueue-rbac.yaml (workloads.kueue.x-k8s.io: "
+              "get, list, watch; admissionchecks.kueue.x-k8s.io: get, list; workloads/status, "
               "admissionchecks/status: patch)")
 
     def __init__(
@@ -77,11 +82,14 @@ class KueueChecks(ApiCaller):
         request_timeout_s: float = 30.0,
         page: int = 500,
         max_objects: int = 50_000,
+        watch: bool = False,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         """``max_objects``: the most Workloads (or AdmissionChecks) one listing reads; beyond
         it the listing fails (reported, nothing of Kueue admitted that pass) rather than
-        hold the daemon's memory hostage to another team's flood of objects."""
+        hold the daemon's memory hostage to another team's flood of objects. ``watch``: keep
+        the Workloads in a watch-fed copy (``mirror.WatchedList``, started by the first
+        ``read``) rather than list them every pass; a pass without a copy to trust lists."""
         if not checks:
             raise ValueError("name at least one AdmissionCheck to serve")
         self.checks = tuple(dict.fromkeys(checks))
@@ -97,6 +105,14 @@ class KueueChecks(ApiCaller):
         self._sleep = sleep
         self.namespace = None
         self._warned: set[str] = set()
+        self.workloads = WatchedList(
+            self, self._lister("workloads"), f"workloads.{GROUP}", page=self.page,
+            most=self.max_objects, too_many=self._too_many("workloads")) if watch else None
+
+    def close(self) -> None:
+        """Stop the Workloads' watch (if any)."""
+        if self.workloads is not None:
+            self.workloads.stop()
 
     @classmethod
     def from_config(cls, kubeconfig: str | None = None, context: str | None = None,
@@ -112,7 +128,7 @@ class KueueChecks(ApiCaller):
         workloads: list[CheckedWorkload] = []
         refused: list[tuple[str, str]] = []
         if served:
-            for obj in self._list("workloads"):
+            for obj in self._workload_objects():
                 try:
                     w = checked_workload(obj, served)
                 except WorkloadError as exc:
@@ -153,12 +169,27 @@ class KueueChecks(ApiCaller):
                 log.warning("Kueue admission check %s", problem)
         return served, active, missing
 
+    def _workload_objects(self) -> list[dict[str, Any]]:
+        """The Workloads: the watch's copy where there is one to trust, else a listing."""
+        if self.workloads is not None:
+            self.workloads.start()
+            copy = self.workloads.items()
+            if copy is not None:
+                return copy
+        return self._list("workloads")
+
+    def _lister(self, plural: str) -> Callable[..., Any]:
+        def list_them(**kw: Any) -> Any:
+            return self.api.list_cluster_custom_object(GROUP, VERSION, plural, **kw)
+        return list_them
+
+    def _too_many(self, plural: str) -> str:
+        return (f"more than {self.max_objects:,} {plural}.{GROUP} in the cluster: not read "
+                "(raise KueueChecks' max_objects if that many are expected)")
+
     def _list(self, plural: str) -> list[dict[str, Any]]:
-        return self._list_all(
-            lambda **kw: self.api.list_cluster_custom_object(GROUP, VERSION, plural, **kw),
-            f"{plural}.{GROUP}", page=self.page, most=self.max_objects,
-            too_many=f"more than {self.max_objects:,} {plural}.{GROUP} in the cluster: not "
-                     f"read (raise KueueChecks' max_objects if that many are expected)")
+        return self._list_all(self._lister(plural), f"{plural}.{GROUP}", page=self.page,
+                              most=self.max_objects, too_many=self._too_many(plural))
 
     # --- writing -------------------------------------------------------------------------
 

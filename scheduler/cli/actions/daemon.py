@@ -72,7 +72,7 @@ def run(*, config: Path, once: bool, now: str | None, history: Path | None, dry_
                              estimator.seconds, dry_run=dry_run,
                              external=_external_units(settings, estimator.seconds,
                                                       dry_run=dry_run, kubeconfig=kubeconfig,
-                                                      context=context))
+                                                      context=context, watch=not once))
     try:
         if once:
             _run_once(settings, job_store, controller, forecast, estimator, cluster, moment,
@@ -104,10 +104,12 @@ def _controller(settings, job_store, cluster, signals, forecast, estimate, *, dr
 
 
 def _external_units(settings, estimate, *, dry_run: bool, kubeconfig: str | None,
-                    context: str | None) -> list:
+                    context: str | None, watch: bool = False) -> list:
     """The units that live outside the store: Kueue's Workloads on idlegpu's admission
-    checks (``cluster.kueue``) and users' own suspended Jobs (``cluster.native_jobs``)."""
-    kueue = _kueue(settings, estimate, dry_run=dry_run, kubeconfig=kubeconfig, context=context)
+    checks (``cluster.kueue``; the daemon, ``watch``, keeps them by a watch) and users' own
+    suspended Jobs (``cluster.native_jobs``)."""
+    kueue = _kueue(settings, estimate, dry_run=dry_run, kubeconfig=kubeconfig, context=context,
+                   watch=watch)
     native = _native_jobs(settings, estimate, dry_run=dry_run, kubeconfig=kubeconfig,
                           context=context)
     return [source for source in (kueue, native) if source is not None]
@@ -132,7 +134,8 @@ def _native_jobs(settings, estimate, *, dry_run: bool, kubeconfig: str | None,
                            team_of=c.native_jobs.teams, dry_run=dry_run)
 
 
-def _kueue(settings, estimate, *, dry_run: bool, kubeconfig: str | None, context: str | None):
+def _kueue(settings, estimate, *, dry_run: bool, kubeconfig: str | None, context: str | None,
+           watch: bool = False):
     """Kueue's Workloads on idlegpu's admission checks (``cluster.kueue``), or None."""
     c = settings.cluster
     if not c.kueue.admission_checks:
@@ -142,7 +145,7 @@ def _kueue(settings, estimate, *, dry_run: bool, kubeconfig: str | None, context
     source = KueueChecks.from_config(
         kubeconfig or c.kubeconfig, context or c.context, c.in_cluster,
         checks=c.kueue.admission_checks, node_selector=dict(c.node_selector),
-        tolerations=list(c.tolerations))
+        tolerations=list(c.tolerations), watch=watch)
     return KueueAdmission(source, lambda workload: planned_runtime_s(workload, estimate),
                           pool_gpus=settings.pool.total_gpus, tz=settings.pool.tz,
                           team_of=c.kueue.teams, dry_run=dry_run)
