@@ -101,6 +101,27 @@ def test_the_copy_follows_events_is_dropped_on_a_cut_and_relisted_after():
         watched.stop(wait_s=0)
 
 
+def test_a_stream_cut_after_a_while_resumes_and_one_cut_at_once_drops_the_copy():
+    import urllib3
+
+    cut = urllib3.exceptions.ProtocolError("Response ended prematurely")
+    watched = Scripted([("list", [_obj("a", "1")]), ("cut", cut),
+                        ("events", [{"type": "ADDED", "object": _obj("b", "2")}]),
+                        ("cut", cut)])
+    watched.min_stream_s = 0.0  # every stream counts as open a while
+    watched.start()
+    try:
+        _until(watched, 3)  # the cut resumes the watch: the copy is kept, not listed again
+        assert sorted(o["metadata"]["name"] for o in watched.items()) == ["a", "b"]
+        assert watched.lists == 1 and watched.problem == ""
+        watched.min_stream_s = 60.0  # a stream cut at once is a failure
+        _until(watched, 1)
+        assert watched.items() is None and "ProtocolError" in watched.problem
+    finally:
+        watched.script.clear()
+        watched.stop(wait_s=0)
+
+
 def test_a_flood_beyond_most_drops_the_copy():
     watched = Scripted([("list", [_obj("a", "1")]),
                         ("events", [{"type": "ADDED", "object": _obj(n, str(i))}

@@ -5,7 +5,8 @@ thousands of objects every time (Kueue's Workloads: ``KueueChecks(watch=True)``)
 A thread lists the objects once (paged and bounded as ``ApiCaller._list_all``), then watches
 from the list's ``resourceVersion`` with bookmarks, applying ``ADDED``/``MODIFIED``/``DELETED``
 as they come. Each watch request ends after ``watch_timeout_s`` and the next one resumes from
-the last version seen; an expired version (HTTP 410 Gone) lists again. Any other failure (the
+the last version seen, as after a stream the server cut once it had been open a while; an
+expired version (HTTP 410 Gone) lists again. Any other failure (the
 server unreachable, a 403, a bad answer) drops the copy: ``items()`` answers None until a new
 list has succeeded, and the caller lists for itself (and fails as it would without the copy),
 so a pass never decides on a copy that stopped following the server. Beyond ``most`` objects
@@ -70,6 +71,7 @@ class WatchedList:
         self.watch_timeout_s = int(watch_timeout_s)
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
+        self.min_stream_s = 1.0
         self._lock = threading.Lock()
         self._objects: dict[tuple[str, str], dict[str, Any]] | None = None
         self._stopping = threading.Event()
@@ -125,7 +127,15 @@ class WatchedList:
                 version = self._list()
                 failures = 0
                 while not self._stopping.is_set():
-                    version = self._follow(version)
+                    began = time.monotonic()
+                    try:
+                        version = self._follow(version)
+                    except urllib3.exceptions.ProtocolError:
+                        # the server cut a stream that had been open a while (a restart, a
+                        # proxy's idle limit): resume from the last version, as a reflector
+                        # does; a stream cut at once is a failure (below)
+                        if time.monotonic() - began < self.min_stream_s:
+                            raise
             except _Expired:
                 continue  # list again at once: the watch fell too far behind
             except (IdlegpuError, ApiException, urllib3.exceptions.HTTPError, OSError,
@@ -139,6 +149,8 @@ class WatchedList:
     def _drop(self, problem: str) -> None:
         with self._lock:
             self._objects = None
+        if self._stopping.is_set():
+            return  # stopped: the cut is ours
         if problem != self.problem:
             log.warning("watch of %s stopped (%s); passes list it until the watch is back",
                         self.resource, problem)
