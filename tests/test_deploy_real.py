@@ -666,7 +666,8 @@ def test_the_grants_for_users_jobs_are_these_and_only_in_the_namespace_bound(
     kube.kubectl("apply", "--server-side", f"--field-manager={FIELD_MANAGER}", "-f",
                  str(DEPLOY / "optional" / "native-jobs-rbac.yaml"))
     try:
-        may = [("get", "jobs.batch"), ("list", "jobs.batch"), ("patch", "jobs.batch"),
+        may = [("get", "jobs.batch"), ("list", "jobs.batch"), ("watch", "jobs.batch"),
+               ("patch", "jobs.batch"),
                ("list", "pods"), ("patch", "pods/status"), ("create", "events")]
         may_not = [("create", "jobs.batch"), ("delete", "jobs.batch"), ("update", "jobs.batch"),
                    ("delete", "pods"), ("create", "pods"), ("get", "secrets"),

@@ -58,7 +58,15 @@ def test_users_suspended_jobs_are_admitted_stopped_resumed_and_refused(
     source = NativeJobs(kube.api_client(), namespaces=[namespace], queue=QUEUE,
                         allowed_registries=[REGISTRY], max_gpus=64, pool_gpus=8,
                         node_selector=daemon.cluster.node_selector, grace_seconds=5,
-                        backoff_s=0.2)
+                        backoff_s=0.2, watch=True)  # as the daemon keeps them: by a watch
+    listings: list[bool] = []  # each call of the Jobs' list: a watch or not
+    real_list = source.batch.list_namespaced_job
+
+    def counted(ns: str, **kw: Any) -> Any:
+        listings.append(bool(kw.get("watch")))
+        return real_list(ns, **kw)
+
+    source.batch.list_namespaced_job = counted  # type: ignore[method-assign]
     daemon.controller.external = [NativeAdmission(source, lambda job: job.runtime_s or 3600.0)]
     daemon.free = np.full(576, 8.0)
 
@@ -122,4 +130,9 @@ def test_users_suspended_jobs_are_admitted_stopped_resumed_and_refused(
     daemon.until(lambda r: job("train")["spec"]["suspend"] is False, what="the Job resumed")
     _wait("its pod running again", lambda: any(p["status"].get("phase") == "Running"
                                                for p in pods("train")))
+    # every pass but the first read the watch's copy: the Jobs were listed once or twice (the
+    # first pass's own listing, the watch's), never again
+    assert listings.count(False) <= 2 and listings.count(True) >= 1, listings
+    assert source.watched[namespace].problem == ""
+    source.close()
     kube.delete_namespace(elsewhere)

@@ -21,8 +21,11 @@ its pod template (a suspended Job that never ran may still change them). A stop 
 way idlegpu's own Jobs are stopped (``KubernetesCluster.stop``: the pods marked
 ``DisruptionTarget``, SIGTERM and the grace period), with the stop's kind and reason on it.
 
-The grants (deploy/optional/native-jobs-rbac.yaml), in each allowed namespace: Jobs get, list, patch;
-pods list, pods/status patch (the stop's marks); events create.
+With ``watch`` (the daemon) each namespace's queued Jobs come from a watch-fed copy
+(``mirror.WatchedList``, the same label selector), listed where there is no copy to trust.
+
+The grants (deploy/optional/native-jobs-rbac.yaml), in each allowed namespace: Jobs get, list,
+watch, patch; pods list, pods/status patch (the stop's marks); events create.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from idlegpu.scheduler.adapters.kubernetes.errors import (
     UnsafeManifestError,
     _NotFound,
 )
+from idlegpu.scheduler.adapters.kubernetes.mirror import WatchedList
 from idlegpu.scheduler.adapters.kubernetes.names import (
     ANN_STOP_BY,
     ANN_STOP_KIND,
@@ -84,8 +88,8 @@ class NativeReading:
 class NativeJobs(ApiCaller):
     """Users' suspended Jobs queued on idlegpu (module docstring)."""
 
-    grants = ("the Role of deploy/optional/native-jobs-rbac.yaml in that namespace (jobs.batch: get, "
-              "list, patch; pods: list; pods/status: patch; events: create)")
+    grants = ("the Role of deploy/optional/native-jobs-rbac.yaml in that namespace (jobs.batch: "
+              "get, list, watch, patch; pods: list; pods/status: patch; events: create)")
 
     def __init__(
         self,
@@ -103,10 +107,14 @@ class NativeJobs(ApiCaller):
         backoff_s: float = 0.5,
         request_timeout_s: float = 30.0,
         max_jobs: int = 10_000,
+        watch: bool = False,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         """``max_jobs``: the most queued Jobs one namespace may hold; beyond it that pass reads
-        none (reported), so one namespace's flood cannot exhaust the daemon."""
+        none (reported), so one namespace's flood cannot exhaust the daemon. ``watch``: keep
+        each namespace's queued Jobs in a watch-fed copy (``mirror.WatchedList``, started by
+        the first ``read``) rather than list them every pass; a namespace without a copy to
+        trust is listed."""
         if not namespaces:
             raise ValueError("name at least one namespace whose Jobs may queue")
         self.api_client = api_client
@@ -130,6 +138,24 @@ class NativeJobs(ApiCaller):
             backoff_s=backoff_s, request_timeout_s=request_timeout_s, sleep=sleep)
             for ns in self.namespaces}
         self._objects: dict[str, dict[str, Any]] = {}  # unit id -> the Job as last read
+        self.watched = {ns: WatchedList(
+            self._caller(ns), self._lister(ns), f"jobs.batch in namespace {ns}",
+            most=self.max_jobs, too_many=self._too_many(ns)) for ns in self.namespaces
+        } if watch else {}
+
+    def close(self) -> None:
+        """Stop the watches (if any)."""
+        for watched in self.watched.values():
+            watched.stop()
+
+    def _caller(self, namespace: str) -> ApiCaller:
+        """A caller of this namespace's own (a watch's thread must not share the messages'
+        namespace with the passes)."""
+        caller = ApiCaller()
+        caller.namespace, caller.grants = namespace, self.grants
+        caller.retries, caller.backoff_s = self.retries, self.backoff_s
+        caller.request_timeout_s, caller._sleep = self.request_timeout_s, self._sleep
+        return caller
 
     @classmethod
     def from_config(cls, kubeconfig: str | None = None, context: str | None = None,
@@ -145,7 +171,7 @@ class NativeJobs(ApiCaller):
         unreadable: list[tuple[str, str]] = []
         objects: dict[str, dict[str, Any]] = {}
         for namespace in self.namespaces:
-            for obj in self._jobs_of(namespace):
+            for obj in self._queued_in(namespace):
                 meta = obj.get("metadata") or {}
                 where = f"{meta.get('namespace')}/{meta.get('name')}"[:300]
                 try:
@@ -164,15 +190,31 @@ class NativeJobs(ApiCaller):
         self._objects = objects
         return NativeReading(jobs=jobs, to_refuse=to_refuse, unreadable=unreadable)
 
+    def _queued_in(self, namespace: str) -> list[dict[str, Any]]:
+        """A namespace's queued Jobs: the watch's copy where there is one to trust, else a
+        listing."""
+        watched = self.watched.get(namespace)
+        if watched is not None:
+            watched.start()
+            copy = watched.items()
+            if copy is not None:
+                return copy
+        return self._jobs_of(namespace)
+
     def _jobs_of(self, namespace: str) -> list[dict[str, Any]]:
         """The queued Jobs of one namespace, 500 a page, at most ``max_jobs``."""
         self.namespace = namespace
-        return self._list_all(
-            lambda **kw: self.batch.list_namespaced_job(namespace, label_selector=self.selector,
-                                                        **kw),
-            "jobs.batch", most=self.max_jobs,
-            too_many=f"more than {self.max_jobs:,} Jobs queued in namespace {namespace}: not "
-                     f"read (each namespace may queue at most {self.max_jobs:,})")
+        return self._list_all(self._lister(namespace), "jobs.batch", most=self.max_jobs,
+                              too_many=self._too_many(namespace))
+
+    def _lister(self, namespace: str) -> Callable[..., Any]:
+        def list_them(**kw: Any) -> Any:
+            return self.batch.list_namespaced_job(namespace, label_selector=self.selector, **kw)
+        return list_them
+
+    def _too_many(self, namespace: str) -> str:
+        return (f"more than {self.max_jobs:,} Jobs queued in namespace {namespace}: not read "
+                f"(each namespace may queue at most {self.max_jobs:,})")
 
     def problems(self, job: NativeJob, obj: dict[str, Any]) -> list[str]:
         """Why the Job may not run here (empty: it may queue)."""

@@ -106,17 +106,17 @@ def _controller(settings, job_store, cluster, signals, forecast, estimate, *, dr
 def _external_units(settings, estimate, *, dry_run: bool, kubeconfig: str | None,
                     context: str | None, watch: bool = False) -> list:
     """The units that live outside the store: Kueue's Workloads on idlegpu's admission
-    checks (``cluster.kueue``; the daemon, ``watch``, keeps them by a watch) and users' own
-    suspended Jobs (``cluster.native_jobs``)."""
+    checks (``cluster.kueue``) and users' own suspended Jobs (``cluster.native_jobs``); the
+    daemon (``watch``) keeps both by the API server's watch, a single pass lists them."""
     kueue = _kueue(settings, estimate, dry_run=dry_run, kubeconfig=kubeconfig, context=context,
                    watch=watch)
     native = _native_jobs(settings, estimate, dry_run=dry_run, kubeconfig=kubeconfig,
-                          context=context)
+                          context=context, watch=watch)
     return [source for source in (kueue, native) if source is not None]
 
 
 def _native_jobs(settings, estimate, *, dry_run: bool, kubeconfig: str | None,
-                 context: str | None):
+                 context: str | None, watch: bool = False):
     """Users' suspended Jobs with ``idlegpu.io/queue: <pool>`` (``cluster.native_jobs``)."""
     c = settings.cluster
     if not c.native_jobs.namespaces:
@@ -129,7 +129,7 @@ def _native_jobs(settings, estimate, *, dry_run: bool, kubeconfig: str | None,
         allowed_registries=settings.admission.allowed_registries,
         max_gpus=settings.admission.max_gpus_per_job, pool_gpus=settings.pool.total_gpus,
         node_selector=dict(c.node_selector), tolerations=list(c.tolerations),
-        grace_seconds=settings.admission.grace_seconds)
+        grace_seconds=settings.admission.grace_seconds, watch=watch)
     return NativeAdmission(source, lambda job: job.runtime_s or estimate(native_unit_spec(job)),
                            team_of=c.native_jobs.teams, dry_run=dry_run)
 
