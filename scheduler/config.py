@@ -126,6 +126,11 @@ class AdmissionConfig(StrictModel):
     """Live vLLM signals older than this are stale: no admission on stale signals."""
     missing_signals_preempt_after_seconds: int | None = Field(default=900, gt=0)
     """Preempt jobs when signals stay missing this long (None: never preempt for that)."""
+    missing_signals_stop_whole_units: bool = False
+    """Also stop the units that cannot checkpoint when the signals stay missing (a stop loses
+    all they did). False: they run on through the outage, nothing new is admitted, and the
+    kube-scheduler's preemption of the best-effort PriorityClass still gives the service
+    its GPUs."""
     max_forecast_age_seconds: int = Field(default=26 * 3600, gt=0)
     """No admission on a forecast older than this (it is refreshed every evening)."""
     fair_share_days: float = Field(default=7.0, gt=0)

@@ -363,6 +363,12 @@ class PolicySettings:
     stop_after_checkpoint: bool = True
     """Time planned stops of checkpointable units with a known interval just after a
     checkpoint (``decide()``); False: stop when the need comes within the grace period."""
+    whole_units_through_outages: bool = True
+    """A unit that cannot checkpoint is not stopped when the live signals stay missing
+    (``missing_signals_preempt_after_s``): the stop would lose all it did, and the cluster's
+    own preemption (the best-effort PriorityClass) still puts the service first; the units
+    that can checkpoint are told and stopped. False: every unit stops (the simulator's night
+    and reactive baselines keep that rule, as defined and measured)."""
     whole_units_into_headroom: bool = True
     """A unit that cannot checkpoint runs into the headroom until the service needs its GPUs
     (``decide()``, 2); False: it is stopped as soon as the service eats into the headroom,

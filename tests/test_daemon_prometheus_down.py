@@ -20,7 +20,8 @@ Story (short settings: blind after 3 s, give up after 10 s):
    stop yet.
 3. A second request is submitted: it stays QUEUED ("not admitting blind"), nothing is created.
 4. Once nothing newer has been read for ``missing_signals_preempt_after``: every running Job is
-   suspended (once) with the "live signals ... stopping every job" reason; the metrics count
+   suspended (the strict fail-safe, ``missing_signals_stop_whole_units``: these units cannot
+   checkpoint, and by default would run on) (once) with the "live signals ... stopping every job" reason; the metrics count
    live preemptions; the new unit is still QUEUED; no Job was ever created twice.
 """
 
@@ -243,8 +244,11 @@ def test_prometheus_down_no_admission_then_every_running_job_stops(
                               start)  # generous and constant: the forecast never forces a stop
         cluster = KubernetesCluster(kube_control_plane.api_client(), namespace=kube_namespace,
                                     node_selector=labels, retries=2, backoff_s=0.2)
+        # the strict fail-safe (admission.missing_signals_stop_whole_units: true): these
+        # units cannot checkpoint, and by default would run on through the outage
         policy = PolicySettings(max_signal_age_s=MAX_AGE_S,
-                                missing_signals_preempt_after_s=GIVE_UP_S, grace_s=60)
+                                missing_signals_preempt_after_s=GIVE_UP_S, grace_s=60,
+                                whole_units_through_outages=False)
         controller = Controller(store, cluster, source, lambda now: profile,
                                 lambda spec: spec.runtime_estimate_s, policy)
         daemon = RecordingDaemon(controller, reconcile_seconds=1, backstop_seconds=1,

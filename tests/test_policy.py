@@ -163,6 +163,23 @@ def test_signals_missing_too_long_preempt_everything():
     assert "missing for 16 min" in result.decisions[0].reason
 
 
+def test_a_unit_that_cannot_checkpoint_runs_through_a_metrics_outage_unless_told_to_stop():
+    """Signals missing for good: the units that can checkpoint stop (they keep their work);
+    one that cannot is left running (its stop would lose everything; the cluster's preemption
+    still serves the service) and nothing new starts. The old rule on request."""
+    from dataclasses import replace
+
+    gone = ServingSignals(observed_at=T0 - timedelta(minutes=30))
+    queue, running = [job("j")], [run("saves"), run("whole", ckpt=False)]
+    result = plan(flat(32, 6), queue, running=running, signals=gone)
+    assert actions(result) == {"saves": Action.PREEMPT, "j": Action.DEFER}
+    assert "every job that can checkpoint" in result.decisions[0].reason
+    strict = replace(SETTINGS, whole_units_through_outages=False)
+    result = plan(flat(32, 6), queue, running=running, signals=gone, settings=strict)
+    assert actions(result) == {"saves": Action.PREEMPT, "whole": Action.PREEMPT,
+                               "j": Action.DEFER}
+
+
 def test_an_old_forecast_blocks_admission():
     old = profile([32] * 100, made_at=T0 - timedelta(hours=27))
     (d,) = plan(old, [job("j")]).decisions

@@ -274,7 +274,11 @@ def _preemptions(now: datetime, profile: FreeProfile, running: Sequence[RunningJ
     if live.give_up:
         what = "never read" if missing_for is None else f"missing for {missing_for / 60:.0f} min"
         for job in by_id:
+            if settings.whole_units_through_outages and not job.checkpointable:
+                continue  # its stop loses all; the cluster's preemption still guards the service
             victims[job.id] = (
+                f"live signals {what}: stopping every job that can checkpoint to keep the "
+                "service safe" if settings.whole_units_through_outages else
                 f"live signals {what}: stopping every job to keep the service safe", False,
                 "signals")
         return victims, shrinks, fallback
@@ -568,6 +572,7 @@ def policy_settings(admission: AdmissionConfig, headroom_gpus: int = 0,
         kv_cache_pressure=admission.kv_cache_pressure,
         waiting_pressure=admission.waiting_pressure,
         max_signal_age_s=float(admission.max_signal_age_seconds),
+        whole_units_through_outages=not admission.missing_signals_stop_whole_units,
         missing_signals_preempt_after_s=(
             None if admission.missing_signals_preempt_after_seconds is None
             else float(admission.missing_signals_preempt_after_seconds)

@@ -33,8 +33,9 @@ Policies, all driven by the same ``decide()``:
   ``physical_limit_gpu_hours`` bounds the work.
 
 **Gaps** in the replica history (a metrics outage) are treated as the daemon treats missing
-live signals: no signals, so no admission, and every job stops once they have been missing for
-``missing_signals_preempt_after``; the oracle's future has holes there (nothing is admitted
+live signals: no signals, so no admission, and every job that can checkpoint stops once they
+have been missing for ``missing_signals_preempt_after`` (the night and reactive baselines stop
+every job; ``PolicySettings.whole_units_through_outages``); the oracle's future has holes there (nothing is admitted
 into them). Gap hours never count as idle (``unobserved_hours`` reports them); through a gap the
 simulated cluster assumes the service stays where it was last seen.
 

@@ -166,8 +166,9 @@ class _Simulation:
             config = replace(config, nowcast_half_life_s=0.0)
         if policy in ("night", "reactive"):
             # the baselines stay what they were defined as: every unit stopped as the
-            # service eats into the headroom
-            config = replace(config, whole_units_into_headroom=False)
+            # service eats into the headroom, and once the signals stay missing
+            config = replace(config, whole_units_into_headroom=False,
+                             whole_units_through_outages=False)
         self.pool = pool = _PoolTimeline(history, settings, start, end)
         self.step_s = step_s = pool.step_s
         self.total = settings.pool.total_gpus
