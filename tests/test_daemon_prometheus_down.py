@@ -20,8 +20,8 @@ Story (short settings: blind after 3 s, give up after 10 s):
    stop yet.
 3. A second request is submitted: it stays QUEUED ("not admitting blind"), nothing is created.
 4. Once nothing newer has been read for ``missing_signals_preempt_after``: every running Job is
-   suspended (the strict fail-safe, ``missing_signals_stop_whole_units``: these units cannot
-   checkpoint, and by default would run on) (once) with the "live signals ... stopping every job" reason; the metrics count
+   suspended (the strict fail-safe, ``missing_signals_stop_whole_units``; by default these
+   units, which cannot checkpoint, run on and the second request still waits) (once) with the "live signals ... stopping every job" reason; the metrics count
    live preemptions; the new unit is still QUEUED; no Job was ever created twice.
 """
 
@@ -207,8 +207,12 @@ class JobHistory:
 
 
 @pytest.mark.slow  # long (10-25 s): run by scripts/test.sh and CI
+@pytest.mark.parametrize("strict", [True, False], ids=["stop-whole-units", "default"])
 def test_prometheus_down_no_admission_then_every_running_job_stops(
-        tmp_path, kube_control_plane, kube_namespace, node_sim, priority_classes):
+        tmp_path, kube_control_plane, kube_namespace, node_sim, priority_classes, strict):
+    """``strict`` (``missing_signals_stop_whole_units: true``): step 4 as the module says.
+    By default these units, which cannot checkpoint, run on past the give-up time instead,
+    and still nothing is admitted."""
     began = time.monotonic()
     labels = {"idlegpu.test/pool": secrets.token_hex(4)}
     # 8 GPUs a node, with the CPUs and memory that go with them (8 and 64Gi per GPU)
@@ -244,11 +248,9 @@ def test_prometheus_down_no_admission_then_every_running_job_stops(
                               start)  # generous and constant: the forecast never forces a stop
         cluster = KubernetesCluster(kube_control_plane.api_client(), namespace=kube_namespace,
                                     node_selector=labels, retries=2, backoff_s=0.2)
-        # the strict fail-safe (admission.missing_signals_stop_whole_units: true): these
-        # units cannot checkpoint, and by default would run on through the outage
         policy = PolicySettings(max_signal_age_s=MAX_AGE_S,
                                 missing_signals_preempt_after_s=GIVE_UP_S, grace_s=60,
-                                whole_units_through_outages=False)
+                                whole_units_through_outages=not strict)
         controller = Controller(store, cluster, source, lambda now: profile,
                                 lambda spec: spec.runtime_estimate_s, policy)
         daemon = RecordingDaemon(controller, reconcile_seconds=1, backstop_seconds=1,
@@ -320,6 +322,21 @@ def test_prometheus_down_no_admission_then_every_running_job_stops(
             assert not report.created
         assert metric(url, "idlegpu_pass_errors_total") > 0
         assert 0 < metric(url, "idlegpu_signal_age_seconds") < GIVE_UP_S
+
+        if not strict:
+            # --- 4, by default: past the give-up time these units run on, still blind ---
+            later = give_up_at + timedelta(seconds=3)
+            assert wait_until(lambda: len([r for r in daemon.since(later, "reconcile")]) >= 2
+                              and len(daemon.since(later, "backstop")) >= 2,
+                              timeout=GIVE_UP_S + 10)
+            assert all(not history.stops(name) for name in names)
+            assert all(job(name)["spec"]["suspend"] is False for name in names)
+            assert all(store.unit(row.id).state is JobState.RUNNING for row in rows)
+            assert len(sim.running_pods()) == 2
+            assert store.unit(new).state is JobState.QUEUED
+            assert sorted(created()) == names and history.names() == names
+            assert metric(url, "idlegpu_preemptions_total", 'kind="live"') == 0
+            return
 
         # --- 4. missing for longer than missing_signals_preempt_after: every job stops ---
         assert wait_until(lambda: all(history.stops(name) for name in names),
