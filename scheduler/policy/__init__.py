@@ -273,14 +273,13 @@ def _preemptions(now: datetime, profile: FreeProfile, running: Sequence[RunningJ
     missing_for = live.missing_for
     if live.give_up:
         what = "never read" if missing_for is None else f"missing for {missing_for / 60:.0f} min"
+        spare_whole = settings.whole_units_through_outages
+        which = "every job that can checkpoint" if spare_whole else "every job"
         for job in by_id:
-            if settings.whole_units_through_outages and not job.checkpointable:
+            if spare_whole and not job.checkpointable:
                 continue  # its stop loses all; the cluster's preemption still guards the service
-            victims[job.id] = (
-                f"live signals {what}: stopping every job that can checkpoint to keep the "
-                "service safe" if settings.whole_units_through_outages else
-                f"live signals {what}: stopping every job to keep the service safe", False,
-                "signals")
+            victims[job.id] = (f"live signals {what}: stopping {which} to keep the service safe",
+                               False, "signals")
         return victims, shrinks, fallback
     after = settings.missing_signals_preempt_after_s
     if missing_for is not None and after is not None:
