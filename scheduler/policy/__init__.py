@@ -73,7 +73,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from idlegpu.scheduler.policy.placement import _Availability, _NodeRoom, _place, _reserve_nodes
+from idlegpu.scheduler.policy.placement import (
+    _Availability,
+    _NodeRoom,
+    _place,
+    _reserve_nodes,
+    _window_too_short,
+)
 from idlegpu.scheduler.policy.preemption import (
     _after_shrink,
     _cheaper_than,
@@ -503,6 +509,11 @@ def _admissions(now: datetime, profile: FreeProfile, running: Sequence[RunningJo
             if key not in too_big:
                 too_big[key] = f"needs {key[0]} GPUs; {key[1]} free now"
             decisions.append(Decision(Action.DEFER, unit.id, unit.gpus, too_big[key]))
+            continue
+        short = None if try_reserve or room is not None else _window_too_short(
+            unit, now, step, avail, settings)
+        if short is not None:  # the next common case: it fits now, but not for long enough
+            decisions.append(short)
             continue
         decision = _place(unit, now, profile, avail, settings, reserve=try_reserve, nodes=room)
         by_nodes = decision.action is Action.DEFER and decision.node == ""

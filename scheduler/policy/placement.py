@@ -321,8 +321,8 @@ def _place(
         return Decision(Action.DEFER, job.id, job.gpus, nodes.why(job), node="")
     if not reserve and job.gpus > capacity.now():
         return _too_big(job, capacity.now())
-    what = "whole" if whole else "for a worthwhile segment"
     if reserve:
+        what = "whole" if whole else "for a worthwhile segment"
         start = _hold_earliest(capacity, avail, i0 + 1, job.gpus, need_steps, min_steps, whole)
         if start is not None:
             start_at = profile.time_at(start)
@@ -337,11 +337,32 @@ def _place(
     if i0 + min_steps > n:
         return Decision(Action.DEFER, job.id, job.gpus,
                         f"its {_hours(job.runtime_s)} run past the end of the forecast")
+    return _stays_short(job, whole, reserve)
+
+
+def _stays_short(job: WaitingJob, whole: bool, reserve: bool) -> Decision:
+    what = "whole" if whole else "for a worthwhile segment"
     return Decision(
         Action.DEFER, job.id, job.gpus,
         f"{job.gpus} GPUs do not stay free {what} ({_hours(job.runtime_s)} + grace)"
         + ("" if reserve else " without delaying the reserved job"),
     )
+
+
+def _window_too_short(job: WaitingJob, now: datetime, step: int, capacity: _Availability,
+                      settings: PolicySettings) -> Decision | None:
+    """What ``_place`` (not reserving, without a node view) answers a unit of one size that
+    fits by its GPUs now but whose GPUs do not stay free long enough, found without trying
+    it: deep in a long queue most units are that (None: any other case, for ``_place``)."""
+    if job.min_gpus != job.gpus or (job.deadline is not None and now >= job.deadline):
+        return None
+    whole = _runs_whole(job)
+    min_steps = _run_steps(job, job.runtime_s, whole, settings, step)[1]
+    i0 = capacity.i0
+    if (i0 + min_steps > len(capacity.values) or job.gpus > capacity.array(whole)[i0]
+            or capacity.run_from_now(job.gpus, whole) >= min_steps):
+        return None
+    return _stays_short(job, whole, reserve=False)
 
 
 def _reserve_nodes(job: WaitingJob, profile: FreeProfile, capacity: _Availability,
