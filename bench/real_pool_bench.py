@@ -45,6 +45,7 @@ import argparse
 import sys
 import time
 from dataclasses import dataclass, replace
+from datetime import timedelta
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -62,6 +63,7 @@ from idlegpu.scheduler.simulate import (
     POLICIES,
     delay_events,
     forecast_profiles_for,
+    shifted_jobs,
     simulate,
     trace_jobs,
 )
@@ -167,6 +169,10 @@ def main() -> None:
                              "(the cooperative checkpoint; 0: blind SIGTERMs)")
     parser.add_argument("--notice-answer", type=float, default=120.0, metavar="SECONDS",
                         help="how long after a notice a unit has saved and answered")
+    parser.add_argument("--offsets", default="0", metavar="HOURS,...",
+                        help="run each variant with the job trace submitted this many hours "
+                             "later (negative: earlier), and print each goal's spread over "
+                             "them (e.g. -48,-24,0,24,48); the forecasts are made once")
     parser.add_argument("--unanswered-share", type=float, default=0.0,
                         help="the share of units that never answer a notice")
     args = parser.parse_args()
@@ -188,33 +194,71 @@ def main() -> None:
                      stop_after_checkpoint=not args.no_stop_after_checkpoint,
                      early_stop_only_if_likely=args.early_stop_only_if_likely,
                      checkpointable_on_likely=not args.checkpointable_on_promise)
+    offsets = [float(h) for h in args.offsets.split(",")]
     goals = []
     for name in args.variants.split(","):
         history, jobs = variant_inputs(VARIANTS[name], settings, entries, estimator, run)
         began = time.perf_counter()
         profiles = forecast_profiles_for(history, settings, index, 17, pd.Timedelta(hours=48))
         seconds = time.perf_counter() - began
-        rows = {}
-        for policy in POLICIES:
-            result = simulate(history, settings, jobs, policy, start=start.to_pydatetime(),
-                              end=end.to_pydatetime(), policy_config=config,
-                              saves_on_stop=args.saves_on_stop,
-                              checkpoint_notice_s=args.checkpoint_notice,
-                              notice_answer_s=args.notice_answer,
-                              unanswered_share=args.unanswered_share,
-                              forecast_profiles=profiles if policy == "forecast" else None)
-            rows[policy] = result.metrics
-            events = delay_events(result.delays, 300, settings.pool.headroom_gpus)
-            rows[policy]["delay_in_rises_above_headroom"] = float(
-                events.loc[events["above_headroom"], "gpu_minutes"].sum())
-        table = pd.DataFrame(rows)
-        print(f"\n== {args.pool}: {name} ({len(jobs)} units, {(end - start).days} days; "
-              f"forecasts {seconds:.1f} s)")
-        print(table.to_string(float_format=lambda v: f"{v:,.1f}"))
-        goals.append({"variant": name, **goals_of(rows)})
-    print("\n== goals")
-    print(pd.DataFrame(goals).set_index("variant").to_string(float_format=lambda v: f"{v:.3f}"))
+        for hours in offsets:
+            shifted = shifted_jobs(jobs, timedelta(hours=hours))
+            rows = {}
+            for policy in POLICIES:
+                result = simulate(history, settings, shifted, policy,
+                                  start=start.to_pydatetime(), end=end.to_pydatetime(),
+                                  policy_config=config, saves_on_stop=args.saves_on_stop,
+                                  checkpoint_notice_s=args.checkpoint_notice,
+                                  notice_answer_s=args.notice_answer,
+                                  unanswered_share=args.unanswered_share,
+                                  forecast_profiles=profiles if policy == "forecast" else None)
+                rows[policy] = result.metrics
+                events = delay_events(result.delays, 300, settings.pool.headroom_gpus)
+                rows[policy]["delay_in_rises_above_headroom"] = float(
+                    events.loc[events["above_headroom"], "gpu_minutes"].sum())
+            if hours == 0 or len(offsets) == 1:
+                table = pd.DataFrame(rows)
+                print(f"\n== {args.pool}: {name} ({len(jobs)} units, {(end - start).days} "
+                      f"days; forecasts {seconds:.1f} s)")
+                print(table.to_string(float_format=lambda v: f"{v:,.1f}"))
+            goals.append({"variant": name, "offset_h": hours, **goals_of(rows)})
+    frame = pd.DataFrame(goals)
+    print("\n== goals" + ("" if len(offsets) == 1 else " (the trace as recorded)"))
+    recorded = frame[frame["offset_h"] == (0.0 if 0.0 in offsets else offsets[0])]
+    print(recorded.drop(columns="offset_h").set_index("variant").to_string(
+        float_format=lambda v: f"{v:.3f}"))
+    if len(offsets) > 1:
+        print(f"\n== the goals over {len(offsets)} shifts of the job trace "
+              f"({', '.join(f'{h:+g} h' for h in offsets)})")
+        print(spread_of(frame).to_string(float_format=lambda v: f"{v:.3f}"))
 
+
+RATIO_GOALS = {  # goals_of's ratio columns, the side that meets them, and the limit
+    "forecast / reactive useful (>= 1.0)": (">=", 1.0),
+    "lost: forecast / reactive (<= 0.5)": ("<=", 0.5),
+    "forecast lost / useful (<= 0.02)": ("<=", 0.02),
+    "delay: forecast / reactive (<= 0.1)": ("<=", 0.1),
+}
+
+
+def spread_of(goals: pd.DataFrame) -> pd.DataFrame:
+    """Per variant, each ratio goal's mean, lowest and highest over the trace's shifts and
+    in how many shifts it holds (``"3/5"``); the clairvoyant bound as the shifts it holds in."""
+    out = {}
+    for variant, runs in goals.groupby("variant", sort=False):
+        row: dict[str, object] = {}
+        for column, (side, limit) in RATIO_GOALS.items():
+            values = runs[column].astype(float)
+            met = values >= limit if side == ">=" else values <= limit
+            short = column.split(" (")[0]
+            row[f"{short}: mean"] = values.mean()
+            row[f"{short}: min"] = values.min()
+            row[f"{short}: max"] = values.max()
+            row[f"{short}: met"] = f"{int(met.sum())}/{len(values)}"
+        bound = runs["clairvoyant >= every policy (useful)"]
+        row["clairvoyant bounds: met"] = f"{int(bound.sum())}/{len(bound)}"
+        out[variant] = row
+    return pd.DataFrame(out)
 
 if __name__ == "__main__":
     record.run("real_pool", main)

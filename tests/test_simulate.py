@@ -232,3 +232,20 @@ def test_delay_events_group_consecutive_steps_and_name_the_rise_that_opened_them
     assert list(events["opening_rise_gpus"]) == [20.0, 6.0, 9.0]
     assert list(events["above_headroom"]) == [True, False, True]
     assert delay_events(delays.iloc[:0], 300, 8).empty
+
+
+def test_a_shifted_trace_meets_another_stretch_of_the_same_traffic():
+    from datetime import timedelta
+
+    from idlegpu.scheduler.simulate import shifted_jobs
+
+    jobs = [job("eval", 16, 6, ckpt=False, deadline=at(9, 8)), job("train", 8, 3, ckpt=True)]
+    later = shifted_jobs(jobs, timedelta(hours=24))
+    assert [j.submit_at for j in later] == [at(8, 19), at(8, 19)]
+    assert later[0].deadline == at(10, 8) and later[1].deadline is None
+    assert [(j.id, j.work_s, j.gpus) for j in later] == [(j.id, j.work_s, j.gpus) for j in jobs]
+    assert shifted_jobs(jobs, timedelta(0)) == jobs
+    # a night later, the unit starts a night later: the simulation meets the shifted submission
+    first = pd.Timestamp(run("forecast", jobs[:1]).runs["start"].iloc[0])
+    second = pd.Timestamp(run("forecast", later[:1]).runs["start"].iloc[0])
+    assert second - first == pd.Timedelta(hours=24)

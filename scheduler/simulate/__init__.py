@@ -70,7 +70,13 @@ from __future__ import annotations
 
 from idlegpu.scheduler.simulate.choices import PLACEMENTS, POLICIES
 from idlegpu.scheduler.simulate.engine import simulate
-from idlegpu.scheduler.simulate.jobs import SimJob, _Job, _stop, trace_jobs  # noqa: F401
+from idlegpu.scheduler.simulate.jobs import (  # noqa: F401
+    SimJob,
+    _Job,
+    _stop,
+    shifted_jobs,
+    trace_jobs,
+)
 from idlegpu.scheduler.simulate.profiles import forecast_profiles_for, pool_profiles_for
 from idlegpu.scheduler.simulate.results import (
     CAUSE_NAMES,
@@ -91,4 +97,5 @@ from idlegpu.scheduler.types import NIGHT_HOURS  # noqa: F401
 
 __all__ = ["CAUSE_NAMES", "FRONTIER_METRICS", "PLACEMENTS", "POLICIES", "SWEEP_CONFIDENCES",
            "SimJob", "SimResult", "delay_events", "forecast_profiles_for", "lost_work",
-           "pool_profiles_for", "simulate", "simulate_policies", "sweep", "trace_jobs"]
+           "pool_profiles_for", "shifted_jobs", "simulate", "simulate_policies", "sweep",
+           "trace_jobs"]

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
@@ -113,6 +113,14 @@ def trace_jobs(entries, estimate: Callable[[object], float]) -> list[SimJob]:
             )
     return jobs
 
+
+def shifted_jobs(jobs: Sequence[SimJob], by: timedelta) -> list[SimJob]:
+    """The same jobs submitted ``by`` later (earlier when negative), their deadlines with them:
+    one trace met by another stretch of the same traffic. A policy's figures on one stretch
+    are one trajectory (which unit meets which ramp); over several shifts they say which
+    differences are the policy's."""
+    return [replace(j, submit_at=j.submit_at + by,
+                    deadline=None if j.deadline is None else j.deadline + by) for j in jobs]
 
 
 def _stop(job: _Job, now: datetime, grace: timedelta, *, planned: bool, runs: _Run,
