@@ -79,11 +79,12 @@ def plan_ahead(
     step = timedelta(seconds=profile.step_s)
     usage = team_usage or {}
     waiting = _Queue(queue, usage, settings, profile.step_s)
-    active: dict[str, tuple[RunningJob, PlannedRun]] = {}
+    # per running job: as the policy sees it, its planned run, and when its work would end
+    active: dict[str, tuple[RunningJob, PlannedRun, datetime]] = {}
     for job in running:
         end = now + timedelta(seconds=job.remaining_s)
         active[job.id] = (job, PlannedRun(job.id, job.team, job.kind, job.gpus, job.started_at,
-                                          end, "runs on", "already running"))
+                                          end, "runs on", "already running"), end)
     runs: list[PlannedRun] = []
     said: dict[str, dict[int, str]] = {}  # per job, the policy's reason at the steps it saw it
     gates: list[str] = []  # per step, a gate of the policy (every unit's reason then), or ""
@@ -93,14 +94,14 @@ def plan_ahead(
     times: list[datetime] = []
     t = now
     while t < now + horizon and t < profile.end:
-        for job_id, (job, row) in list(active.items()):
-            if t >= row.end:  # finished as estimated
+        for job_id, (job, row, work_end) in list(active.items()):
+            if t >= work_end:  # finished as estimated
                 runs.append(replace(row, outcome="finishes"))
                 del active[job_id]
         signals = ServingSignals(observed_at=t)
         current = [
-            replace(job, remaining_s=max(0.0, (row.end - t).total_seconds()))
-            for job, row in active.values()
+            replace(job, remaining_s=max(0.0, (work_end - t).total_seconds()))
+            for job, _, work_end in active.values()
         ]
         i = len(times)
         gate = _gated(t, profile, settings)
@@ -118,15 +119,22 @@ def plan_ahead(
         for d in decisions:
             if d.action is Action.ADMIT:
                 unit = waiting.take(d.job_id)
-                end = d.stop_by or t + timedelta(seconds=unit.runtime_s)
+                work_end = t + timedelta(seconds=unit.runtime_s)
                 outcome = "checkpoints and stops" if d.stop_by else "finishes"
                 run = RunningJob(unit.id, unit.team, unit.gpus, unit.priority, t,
                                  unit.checkpointable, unit.runtime_s, None, d.stop_by, unit.kind)
                 active[unit.id] = (run, PlannedRun(unit.id, unit.team, unit.kind, unit.gpus, t,
-                                                   end, outcome, d.reason))
+                                                   d.stop_by or work_end, outcome, d.reason),
+                                   work_end)
                 said.pop(unit.id, None)
+            elif d.action is Action.RENEW and d.job_id in active:
+                job, row, work_end = active[d.job_id]
+                active[d.job_id] = (replace(job, stop_by=d.stop_by), replace(
+                    row, end=min(work_end, d.stop_by or work_end),
+                    outcome="checkpoints and stops" if d.stop_by else "finishes",
+                    reason=f"{row.reason}; {d.reason}"), work_end)
             elif d.action is Action.PREEMPT and d.job_id in active:
-                job, row = active.pop(d.job_id)
+                job, row, _ = active.pop(d.job_id)
                 runs.append(replace(row, end=t, outcome="checkpoints and stops"))
                 stopping += job.gpus
             elif d.action is Action.DEFER and not gate:
@@ -137,10 +145,10 @@ def plan_ahead(
         pool = (float(profile.free[i_profile]) if 0 <= i_profile < len(profile.free)
                 else math.nan)
         pools.append(pool)
-        left.append(pool - stopping - sum(job.gpus for job, _ in active.values()))
+        left.append(pool - stopping - sum(job.gpus for job, _, _ in active.values()))
         times.append(t)
         t += step
-    for job, row in active.values():
+    for job, row, _ in active.values():
         runs.append(replace(row, outcome="runs on" if row.end > t else row.outcome))
     runs.sort(key=lambda r: (r.start, r.job_id))
     steps = _Steps(times, np.array(left, float), np.array(pools, float), step, tz or UTC,

@@ -109,6 +109,11 @@ class Cluster(Protocol):
         ``kind`` and ``now`` on the Job in the same write (a Job stopped before keeps its
         first kind and time); a Job that is already gone is fine."""
 
+    def renew(self, name: str, *, stop_by: datetime | None) -> bool:
+        """A renewed window: the Job's planned stop (and the cluster's safety-net deadline
+        with it) moves to ``stop_by`` (None: none). False: the Job is gone, or changed
+        meanwhile (the caller tries again next pass). Idempotent."""
+
     def request_checkpoint(self, name: str, *, deadline: datetime, reason: str,
                            now: datetime) -> int:
         """The checkpoint notice of a planned stop: tell the Job's pods to checkpoint by
@@ -183,6 +188,9 @@ class JobStore(Protocol):
 
     def checkpointed(self, unit_id: str, now: datetime, work_done_s: float) -> None:
         """A RUNNING checkpointable unit saved its progress."""
+
+    def renew(self, unit_id: str, now: datetime, stop_by: datetime | None) -> None:
+        """A unit holding GPUs runs on into a renewed window ending at ``stop_by``."""
 
     def shrinking(self, unit_id: str, now: datetime, gpus: int,
                   stop_by: datetime | None = None) -> None:

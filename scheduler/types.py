@@ -77,6 +77,9 @@ class Action(StrEnum):
     DEFER = "defer"
     SHRINK = "shrink"
     """An elastic running job checkpoints and restarts on fewer GPUs (``Decision.gpus``)."""
+    RENEW = "renew"
+    """A running job whose window closes runs on into a new one (``Decision.stop_by``; None:
+    to its end): the pass would have stopped it and admitted it again on the same GPUs."""
 
 
 def _elastic_min(job: WaitingJob | RunningJob) -> None:
@@ -408,8 +411,8 @@ class Decision:
     keeps (it frees the rest); PREEMPT and DEFER: the GPUs it holds or asks for."""
     reason: str
     stop_by: datetime | None = None
-    """For admissions and shrinks: when the job (on the GPUs granted or kept) must checkpoint
-    and stop (end of its window), if before it would finish."""
+    """For admissions, shrinks and renewals: when the job (on the GPUs granted or kept) must
+    checkpoint and stop (end of its window), if before it would finish."""
     start_at: datetime | None = None
     """For deferrals with a reservation: when the job is expected to start."""
     planned: bool = False

@@ -35,12 +35,13 @@ def test_a_unit_with_notice_is_told_a_notice_ahead_of_the_forecast_s_need():
 
 
 def test_a_window_stop_comes_a_notice_early():
-    # its window's stop_by at 11:10: a blind unit stops at the last pass before it, one with
-    # notice is told now (it works on through the notice until it answers)
+    # its window's stop_by at 11:10 (the pool's need at 11:20, a grace period later): a blind
+    # unit stops at the last pass before it, one with notice is told now (it works on
+    # through the notice until it answers)
     stop_by = T0 + timedelta(minutes=10)
-    assert plan(ramp(300), running=[unit("a", ckpt_ago_min=10, stop_by=stop_by)]).decisions == ()
-    (d,) = plan(ramp(300), running=[unit("a", ckpt_ago_min=10, stop_by=stop_by,
-                                         notice_s=NOTICE)]).decisions
+    assert plan(ramp(20), running=[unit("a", ckpt_ago_min=10, stop_by=stop_by)]).decisions == ()
+    (d,) = plan(ramp(20), running=[unit("a", ckpt_ago_min=10, stop_by=stop_by,
+                                        notice_s=NOTICE)]).decisions
     assert d.action is Action.PREEMPT and d.cause == "window" and d.planned
 
 

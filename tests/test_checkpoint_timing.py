@@ -105,7 +105,7 @@ def test_the_checkpoints_are_counted_from_the_last_known_one_by_the_interval():
 def test_a_window_that_closes_before_the_next_checkpoint_stops_the_unit_now():
     # its window closes at 11:30 (stop_by 11:20); its next checkpoint would be at 11:30
     running = [unit("a", stop_by=T0 + timedelta(minutes=20))]
-    (d,) = plan(ramp(300), running=running).decisions
+    (d,) = plan(ramp(30), running=running).decisions  # the forecast closes it too
     assert d.action is Action.PREEMPT and d.planned and d.cause == "window"
     assert d.reason == ("its window closes at 11:30 UTC, before its next checkpoint: it stops "
                         "now, just after one, losing nothing")
@@ -216,17 +216,17 @@ def test_a_planned_stop_keeps_only_what_the_periodic_checkpoints_saved():
 
 
 def test_a_window_stop_waits_for_a_checkpoint_due_by_its_stop_by():
-    # stop_by 11:05, the next checkpoint at 11:05 (30 min after 10:35): the usual last-pass
+    # stop_by 11:05 (the forecast closes its window at 11:15), the next checkpoint at 11:05 (30 min after 10:35): the usual last-pass
     # rule would stop it at 11:00 and lose 25 minutes; it stops at 11:05, just after it
     running = [unit("a", ckpt_ago_min=25, stop_by=T0 + timedelta(minutes=5))]
-    assert plan(ramp(300), running=running).decisions == ()
+    assert plan(ramp(15), running=running).decisions == ()
     now = T0 + timedelta(minutes=5)
     running = [replace(running[0], last_checkpoint_at=now)]
-    (d,) = plan(ramp(300), running=running, now=now,
+    (d,) = plan(ramp(15), running=running, now=now,
                 signals=replace(FRESH, observed_at=now)).decisions
     assert d.action is Action.PREEMPT and d.cause == "window" and d.planned
     # without the timing: the last pass before its stop_by, as before
     off = replace(SETTINGS, stop_after_checkpoint=False)
     running = [unit("a", ckpt_ago_min=25, stop_by=T0 + timedelta(minutes=5))]
-    (d,) = plan(ramp(300), running=running, settings=off).decisions
+    (d,) = plan(ramp(15), running=running, settings=off).decisions
     assert d.action is Action.PREEMPT and d.cause == "window"

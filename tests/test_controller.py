@@ -11,7 +11,13 @@ from idlegpu.scheduler.adapters.store import JobStore
 from idlegpu.scheduler.controller import Controller
 from idlegpu.scheduler.ports import ClusterJob, JobPhase, StopKind
 from idlegpu.scheduler.specs import expand_units, validate_request
-from idlegpu.scheduler.types import FreeProfile, JobState, PolicySettings, ServingSignals
+from idlegpu.scheduler.types import (
+    Action,
+    FreeProfile,
+    JobState,
+    PolicySettings,
+    ServingSignals,
+)
 
 T0 = datetime(2026, 1, 28, 11, 0, tzinfo=UTC)  # 20:00 in Seoul
 H = timedelta(hours=1)
@@ -26,6 +32,8 @@ class MemoryCluster:
         self.stops: list[tuple[str, str]] = []
         self.deleted: list[str] = []
         self.fail_apply = 0
+        self.renewals: list[tuple[str, object]] = []
+        self.fail_renew = 0
         self.pinned: dict[str, tuple[str, ...]] = {}  # Job name -> the nodes it is pinned to
 
     def job_name(self, unit_id, attempt):
@@ -42,6 +50,13 @@ class MemoryCluster:
             self.jobs[name] = ClusterJob(name, unit_id, attempt, JobPhase.PENDING, spec.gpus, now)
             self.created.append(name)
         return name
+
+    def renew(self, name, *, stop_by):
+        if self.fail_renew:
+            self.fail_renew -= 1
+            return False  # as the real one answers a Job written meanwhile (409)
+        self.renewals.append((name, stop_by))
+        return name in self.jobs
 
     def stop(self, name, *, reason, kind, now):
         self.stops.append((name, reason))
@@ -389,3 +404,30 @@ def test_the_daemon_rechecks_each_unit_before_creating_its_job(setup):
         include_terminal=True))
     assert all("the daemon's admission rules refuse it" in row.reason
                for row in store.queue(include_terminal=True))
+
+
+def test_a_window_the_new_forecast_keeps_open_is_renewed_in_the_cluster_then_the_store(setup):
+    """Admitted for an hour's window, the units are renewed when the forecast later keeps
+    their GPUs free (not stopped and restarted): the Jobs' stops first, then the store; a
+    Job the cluster does not renew keeps its stop in the store, and is renewed next pass."""
+    store, cluster, signals, controller, free = setup
+    free["values"] = np.array([16.0] * 12 + [0.0] * 276)  # an hour, then nothing
+    start_both(controller, cluster)
+    rows = store.queue()
+    assert {row.stop_by for row in rows} == {T0 + timedelta(minutes=50)}
+    free["values"] = np.full(288, 16.0)  # the next forecast: the night stays free
+    now = T0 + timedelta(minutes=45)  # the last pass before their stop
+    signals.value = ServingSignals(observed_at=now)
+    cluster.fail_renew = 1
+    report = controller.reconcile_once(now)
+    assert not cluster.stops and not report.stopped
+    renewed = {d.job_id for d in report.plan.decisions if d.action is Action.RENEW}
+    assert renewed == {row.id for row in rows}
+    assert len(cluster.renewals) == 1  # the other Job was written meanwhile
+    assert sorted(row.stop_by is None for row in store.queue()) == [False, True]
+    later = now + timedelta(minutes=5)
+    signals.value = ServingSignals(observed_at=later)
+    controller.reconcile_once(later)
+    assert not cluster.stops and len(cluster.renewals) == 2
+    assert all(row.stop_by is None and row.state is JobState.RUNNING for row in store.queue())
+    assert [row.attempts for row in store.queue()] == [1, 1]

@@ -527,6 +527,49 @@ def test_a_planned_stop_enforced_by_the_deadline_is_a_stop_not_a_failure(
     assert seen["cap-0-0"].phase is JobPhase.FAILED  # ran past the cap: a real failure
 
 
+def test_a_renewal_moves_the_jobs_stop_and_its_deadline_on_the_real_server(
+        server: Server) -> None:
+    """A renewed window moves the Job's planned stop and its safety-net deadline by as much,
+    in one write the real server takes on a live Job; again, nothing more; to its end, the
+    cap (none here) and no stop."""
+    cluster = server.cluster()
+    name = cluster.apply("ren-0-0", 1, make_spec(), team="nlp", stop_by=STOP_BY, now=NOW)
+    first = server.job(name)["spec"]["activeDeadlineSeconds"]
+    assert first == 5 * 3600 + cluster.grace_seconds
+    later = STOP_BY + 2 * HOUR
+    for _ in range(2):  # a retry of the same renewal changes nothing more
+        assert cluster.renew(name, stop_by=later)
+        job = server.job(name)
+        assert job["spec"]["activeDeadlineSeconds"] == first + 7200
+        assert job["metadata"]["annotations"]["idlegpu.io/stop-by"] == "2026-03-02T16:00:00Z"
+    assert cluster.renew(name, stop_by=None)
+    job = server.job(name)
+    assert "activeDeadlineSeconds" not in job["spec"]
+    assert "idlegpu.io/stop-by" not in job["metadata"]["annotations"]
+    capped = server.cluster(active_deadline_seconds=6 * 3600)
+    other = capped.apply("ren-1-0", 1, make_spec(), team="nlp", stop_by=STOP_BY, now=NOW)
+    assert capped.renew(other, stop_by=STOP_BY + 3 * HOUR)
+    assert server.job(other)["spec"]["activeDeadlineSeconds"] == 6 * 3600  # the cap holds
+    assert not cluster.renew("idlegpu-gone-a1", stop_by=later)  # a Job that is gone
+    # a write between its read and its patch (as the Job controller's of a new Job's status):
+    # the real server refuses the patch of the old version, and the renewal reads again
+    read = cluster._get
+    calls = []
+
+    def read_then_written(job_name):
+        job = read(job_name)
+        if not calls:
+            server.batch.patch_namespaced_job(job_name, server.ns,
+                                              {"metadata": {"labels": {"touched": "yes"}}})
+        calls.append(job_name)
+        return job
+
+    third = cluster.apply("ren-2-0", 1, make_spec(), team="nlp", stop_by=STOP_BY, now=NOW)
+    cluster._get = read_then_written  # type: ignore[method-assign]
+    assert cluster.renew(third, stop_by=later) and len(calls) == 2
+    assert server.job(third)["spec"]["activeDeadlineSeconds"] == first + 7200
+
+
 # --- ownership ------------------------------------------------------------------------------
 
 

@@ -226,9 +226,41 @@ def test_kv_pressure_preempts_one_replica_worth_and_stops_admission():
 
 def test_a_closing_window_stops_its_job_as_planned():
     running = [run("seg", gpus=8, stop_by=T0 + timedelta(minutes=5))]
-    result = plan(flat(32, 6), running=running)
+    result = plan(flat(32, 0.25), running=running)  # the forecast still closes it
     assert actions(result) == {"seg": Action.PREEMPT}
     assert "window closes" in result.decisions[0].reason
+
+
+def test_a_window_the_forecast_no_longer_closes_is_renewed_not_stopped_and_restarted():
+    """A unit whose window closes, where the pass would admit it again on the same GPUs, runs
+    on (no grace period, reload and warm-up spent on a stop and a restart): to its end when
+    its work left fits, else into a new window, as an admission would give it."""
+    running = [run("seg", gpus=8, hours_left=4.0, stop_by=T0 + timedelta(minutes=5))]
+    result = plan(flat(32, 6), running=running)
+    (renewal,) = result.decisions
+    assert (renewal.action, renewal.gpus, renewal.stop_by) == (Action.RENEW, 8, None)
+    assert "window closes" in renewal.reason and "runs on" in renewal.reason
+    # a longer run than the new window: renewed into it, to stop before it closes
+    running = [run("seg", gpus=8, hours_left=9.0, stop_by=T0 + timedelta(minutes=5))]
+    (renewal,) = plan(flat(32, 6), running=running).decisions
+    assert renewal.action is Action.RENEW
+    assert renewal.stop_by == T0 + timedelta(hours=6) - timedelta(seconds=SETTINGS.grace_s)
+    # blind: no admission, so no renewal either; it stops as planned
+    stale = ServingSignals(observed_at=T0 - timedelta(hours=1), kv_cache_usage=0.3)
+    assert actions(plan(flat(32, 6), running=running, signals=stale))["seg"] is Action.PREEMPT
+
+
+def test_a_renewal_keeps_the_queue_order():
+    """The unit renewed takes its place in the queue: a unit ahead of it (higher priority)
+    that waits for its GPUs gets them once its grace period is over; one behind it waits."""
+    closing = run("seg", gpus=8, hours_left=9.0, stop_by=T0 + timedelta(minutes=5))
+    ahead = job("vip", gpus=8, hours=2.0, priority=5)
+    result = plan(flat(8, 6), [ahead], running=[closing])
+    assert actions(result) == {"seg": Action.PREEMPT, "vip": Action.DEFER}
+    assert "reserved" in result.of(Action.DEFER)[0].reason
+    behind = job("later", gpus=8, hours=2.0)
+    result = plan(flat(8, 6), [behind], running=[closing])
+    assert actions(result) == {"seg": Action.RENEW, "later": Action.DEFER}
 
 
 def test_a_segment_stops_at_the_last_pass_before_its_stop_by_not_a_grace_period_early():
@@ -239,7 +271,8 @@ def test_a_segment_stops_at_the_last_pass_before_its_stop_by_not_a_grace_period_
     for minutes, stops in ((0, False), (10, False), (15, True)):
         now = T0 + timedelta(minutes=minutes)
         running = [run("seg", gpus=8, stop_by=stop_by)]
-        result = plan(profile([32] * 72, start=T0), running=running, now=now,
+        # the profile closes the window where stop_by says (else it is renewed)
+        result = plan(profile([32] * 6 + [0] * 66, start=T0), running=running, now=now,
                       signals=ServingSignals(observed_at=now, kv_cache_usage=0.3))
         assert (actions(result) == {"seg": Action.PREEMPT}) is stops, minutes
         if stops:  # released a grace period later: 5 minutes past stop_by, before the end
@@ -423,7 +456,7 @@ def test_every_stop_names_its_cause():
     the live backstop or missing signals (``STOP_CAUSES``), agreeing with ``planned``."""
     from idlegpu.scheduler.types import STOP_CAUSES
 
-    window = plan(flat(32, 6), running=[run("seg", stop_by=T0 + timedelta(minutes=5))])
+    window = plan(flat(32, 0.25), running=[run("seg", stop_by=T0 + timedelta(minutes=5))])
     ramp = plan(profile([24] * 1 + [8] * 50), running=[run("a"), run("b", gpus=16)])
     live = plan(flat(32, 6), running=[run("r")],
                 signals=ServingSignals(observed_at=T0, gpus_short=8))

@@ -249,3 +249,38 @@ def test_a_shifted_trace_meets_another_stretch_of_the_same_traffic():
     first = pd.Timestamp(run("forecast", jobs[:1]).runs["start"].iloc[0])
     second = pd.Timestamp(run("forecast", later[:1]).runs["start"].iloc[0])
     assert second - first == pd.Timedelta(hours=24)
+
+
+def test_a_window_a_later_forecast_keeps_open_is_renewed_not_stopped_and_restarted():
+    """Admitted at 20:00 on a forecast of a rise at 23:00, a checkpointable unit is renewed
+    at its window's end by the 21:00 forecast that sees the night stay free: one attempt,
+    finished, no stop; with the first forecast alone it stops before 23:00 (just after its
+    22:00 checkpoint)."""
+    from idlegpu.scheduler.types import FreeProfile
+
+    settings, history = pool()
+    first_made = at(7, 0)
+    steps = np.arange(3 * 96)
+    hour = (steps % 96) / 4
+    night = (hour >= 20) | (hour < 8)
+
+    def forecast(made, rise_at):
+        free = np.where(night, 32.0, 4.0)
+        if rise_at is not None:
+            free[(steps >= rise_at * 4) & (steps < 32 * 4)] = 4.0  # a rise till 08:00
+        return FreeProfile(first_made, 900, free, 0.9, made)
+
+    early = {first_made: forecast(first_made, 23)}
+    both = {**early, at(7, 21): forecast(at(7, 21), None)}
+    unit = job("train", 16, 5, ckpt=True, submit=(7, 19))
+    runs = {}
+    for name, profiles in (("early", early), ("both", both)):
+        result = simulate(history, settings, [unit], "forecast", start=at(7, 0), end=at(9, 0),
+                          forecast_profiles=profiles)
+        runs[name] = result
+    renewed = runs["both"]
+    assert renewed.metrics["renewals"] == 1 and renewed.metrics["planned_stops"] == 0
+    assert len(renewed.runs) == 1 and renewed.runs["outcome"].iloc[0] == "finished"
+    stopped = runs["early"]
+    assert stopped.metrics["renewals"] == 0 and stopped.metrics["planned_stops"] >= 1
+    assert pd.Timestamp(stopped.runs["end"].iloc[0]) <= pd.Timestamp(at(7, 23))

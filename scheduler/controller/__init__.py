@@ -451,8 +451,23 @@ class Controller(Reconciler):
                 kind = StopKind.PLANNED if decision.planned else StopKind.PREEMPT
                 self._stop_to_shrink(row, decision.gpus, decision.stop_by, decision.reason,
                                      kind, now, report)
+            elif decision.action is Action.RENEW:
+                self._renew(decision, now, report)
             elif decision.action is Action.ADMIT:
                 self._admit(now, decision, report)
+
+    def _renew(self, decision: Decision, now: datetime, report: PassReport) -> None:
+        """The Job's stop (and its safety-net deadline) first, then the store: a Job renewed
+        whose store still says the old stop is renewed again, to the same effect, next pass;
+        a store renewed ahead of its Job would have the cluster end the Job early."""
+        row = self.store.unit(decision.job_id)
+        name = self.cluster.job_name(row.id, row.attempts)
+        try:
+            renewed = self.cluster.renew(name, stop_by=decision.stop_by)
+            if renewed and not self.dry_run:
+                self.store.renew(row.id, now, decision.stop_by)
+        except IdlegpuError as exc:
+            report.errors.append(f"{row.id}: not renewed ({exc})")
 
     def _stop_to_shrink(self, row, gpus: int, stop_by: datetime | None, reason: str,
                         kind: StopKind, now: datetime, report: PassReport) -> bool:

@@ -136,17 +136,37 @@ def decide(
     victims, shrinks, fallback = _preemptions(now, profile, running, view, live, settings)
     decisions, gives_back = _release(now, profile, running, view, victims, shrinks, fallback,
                                      settings)
+    gate = _gate(now, profile, view, live, settings)
+    # a unit whose window closes takes its place in the queue as if stopped: where the pass
+    # would admit it again on the same GPUs, it runs on (RENEW) instead of a stop and a
+    # restart (its grace period, a reload and a warm-up lost, and the GPUs idle meanwhile)
+    renewing = {} if gate or nodes is not None else {
+        d.job_id: d for d in decisions if d.action is Action.PREEMPT and d.cause == "window"}
+    by_id = {j.id: j for j in running}
     ordered = sorted(
-        queue,
+        [*queue, *(_as_waiting(by_id[job_id]) for job_id in sorted(renewing))],
         key=lambda j: (-j.priority, team_usage.get(j.team, 0.0), j.submitted_at, j.id),
     )
-    gate = _gate(now, profile, view, live, settings)
     if gate:
         decisions.extend(Decision(Action.DEFER, j.id, j.gpus, gate) for j in ordered)
         return Plan(tuple(decisions))
-    decisions.extend(_admissions(now, profile, running, ordered, signals, view, gives_back,
-                                 settings, nodes))
+    admitted = _admissions(now, profile, running, ordered, signals, view, gives_back,
+                           settings, nodes, renewing)
+    renewed = {d.job_id for d in admitted if d.action is Action.RENEW}
+    decisions = [d for d in decisions if d.job_id not in renewed]
+    decisions.extend(admitted)
     return Plan(tuple(decisions))
+
+
+def _as_waiting(job: RunningJob) -> WaitingJob:
+    """A running unit whose window closes as the queue would hold it once stopped: its work
+    left, on the GPUs it holds (no smaller restart: that is a shrink's), in the queue's
+    order by its start (it was submitted before it)."""
+    return WaitingJob(
+        id=job.id, team=job.team, gpus=job.gpus, runtime_s=max(0.0, job.remaining_s),
+        checkpointable=job.checkpointable, priority=job.priority, submitted_at=job.started_at,
+        kind=job.kind, min_gpus=job.gpus, cpu=job.cpu, memory=job.memory,
+        checkpoint_interval_s=job.checkpoint_interval_s)
 
 
 @dataclass
@@ -476,15 +496,21 @@ def _gate(now: datetime, profile: FreeProfile, view: _PoolView, live: _Live,
 def _admissions(now: datetime, profile: FreeProfile, running: Sequence[RunningJob],
                 ordered: Sequence[WaitingJob], signals: ServingSignals, view: _PoolView,
                 gives_back: Mapping[str, list[tuple[int, int]]], settings: PolicySettings,
-                nodes: NodeView | None) -> list[Decision]:
+                nodes: NodeView | None, renewing: Mapping[str, Decision]) -> list[Decision]:
     """The queue in order, each unit admitted where it fits now, the first that cannot
-    reserved where it fits first (EASY backfilling), the rest deferred with why."""
+    reserved where it fits first (EASY backfilling), the rest deferred with why; the units in
+    ``renewing`` (their window closes: stopped by this pass) in it too, renewed where they
+    would be admitted again."""
     step, i0, n_steps, used = view.step, view.i0, view.n_steps, view.used
     values = view.free[:n_steps] - used[:n_steps]
     if signals.idle_gpus is not None:
         idle_now = max(0.0, signals.idle_gpus - settings.headroom_gpus)
         cap_end = min(n_steps, i0 + _steps(settings.live_cap_s, step))
-        values[i0:cap_end] = np.minimum(values[i0:cap_end], idle_now)
+        cap = np.full(max(0, cap_end - i0), idle_now)
+        for job_id, stop in renewing.items():
+            # what a window's stop gives back is idle once its grace period is over
+            cap[max(0, gives_back[job_id][0][0] - i0):] += stop.gpus
+        values[i0:cap_end] = np.minimum(values[i0:cap_end], cap)
     if view.holes:
         values[view.hole[:n_steps]] = 0.0  # no admission into a hole, nor a reservation across it
     # whole_free is never above free (and NaN where it is): the same caps and holes, lower
@@ -500,6 +526,12 @@ def _admissions(now: datetime, profile: FreeProfile, running: Sequence[RunningJo
     attempts = 0  # reservation attempts; bounded so a long queue stays cheap
     too_big: dict[tuple[int, int], str] = {}  # one reason text per (size, GPUs free now)
     for unit in ordered:
+        if unit.id in renewing:
+            renewal = _renewal(unit, renewing[unit.id], gives_back[unit.id][0][0], now,
+                               profile, avail, settings)
+            if renewal is not None:
+                decisions.append(renewal)
+            continue
         try_reserve = not reserved and attempts < MAX_RESERVATION_ATTEMPTS
         assert unit.min_gpus is not None  # WaitingJob.__post_init__ always sets it
         if not try_reserve and unit.min_gpus > avail.now():
@@ -536,6 +568,23 @@ def _admissions(now: datetime, profile: FreeProfile, running: Sequence[RunningJo
             reserved = decision.start_at is not None
         decisions.append(decision)
     return decisions
+
+
+def _renewal(unit: WaitingJob, stop: Decision, release: int, now: datetime,
+             profile: FreeProfile, avail: _Availability, settings: PolicySettings
+             ) -> Decision | None:
+    """RENEW for a unit whose window closes (``stop``: its stop) if it would be admitted
+    again now on the GPUs it holds (until ``release``, the step its stop gives them back,
+    they are its own), else None: it stops."""
+    i0 = avail.i0
+    avail.lend(i0, release, unit.gpus)
+    admitted = _place(unit, now, profile, avail, settings, reserve=False)
+    if admitted.action is not Action.ADMIT:
+        avail.take(i0, release, unit.gpus)
+        return None
+    return Decision(Action.RENEW, unit.id, unit.gpus,
+                    f"its window closes, and {admitted.reason}: it runs on, not stopped and "
+                    f"restarted", stop_by=admitted.stop_by)
 
 
 def nowcast(free: np.ndarray, i0: int, live_free: float, step_s: int,

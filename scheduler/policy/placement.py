@@ -47,6 +47,10 @@ class _Availability:
             self._runs[key] = _run_length(self.array(key[1]), self.i0, gpus)
         return self._runs[key]
 
+    def lend(self, start: int, stop: int, gpus: int) -> None:
+        """``gpus`` more available over ``[start, stop)`` (``take`` gives them back)."""
+        self.take(start, stop, -gpus)
+
     def take(self, start: int, stop: int, gpus: int) -> None:
         self.values[start:stop] -= gpus
         if self.whole is not self.values:

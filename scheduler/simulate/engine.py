@@ -203,7 +203,7 @@ class _Simulation:
         self.profile: FreeProfile | None = None
         self.delay_gpu_min = self.unplaced_gpu_min = 0.0
         self.unbound = 0  # admissions whose pod no node could bind (on nodes)
-        self.planned_stops = self.shrinks = 0
+        self.planned_stops = self.shrinks = self.renewals = 0
         self.notices = self.notices_answered = 0
         self.notice_saved_gpu_h = 0.0
 
@@ -436,7 +436,7 @@ class _Simulation:
         return dict(self.usage_sums)
 
     def _apply(self, decisions: Sequence[Decision], now: datetime) -> None:
-        """Carry out the plan's decisions: stops, shrinks and admissions."""
+        """Carry out the plan's decisions: stops, shrinks, renewals and admissions."""
         state, runs, grace, at_will = self.state, self.runs, self.grace, self.clairvoyant
         cluster = self.cluster
         for d in decisions:
@@ -453,6 +453,9 @@ class _Simulation:
                 _stop(job, now, grace, planned=d.planned, runs=runs, shrink_to=d.gpus,
                       cause=d.cause, at_will=at_will, notice=notice)
                 job.resume_stop_by = d.stop_by
+            elif d.action is Action.RENEW:
+                self.renewals += 1
+                job.stop_by = d.stop_by
             elif d.action is Action.ADMIT:
                 if cluster is not None:
                     where = cluster.where(d, self.live)
@@ -507,6 +510,7 @@ class _Simulation:
             "preemptions": float(sum(j.preemptions for j in state.values())),
             "planned_stops": float(self.planned_stops),
             "shrinks": float(self.shrinks),
+            "renewals": float(self.renewals),
             # planned stops told ahead (``checkpoint_notice_s``), those answered in time, and
             # the work the answers saved that a blind stop would have lost
             "notices": float(self.notices),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import math
 import time
 from collections.abc import Callable
 from datetime import datetime
@@ -37,6 +38,7 @@ from idlegpu.scheduler.adapters.kubernetes.manifests import (
 from idlegpu.scheduler.adapters.kubernetes.names import (
     ANN_CHECKPOINT_REASON,
     ANN_CHECKPOINT_REQUEST,
+    ANN_STOP_BY,
     ANN_STOP_KIND,
     ANN_STOP_REASON,
     ANN_STOPPED_AT,
@@ -63,6 +65,7 @@ from idlegpu.scheduler.types import NodeView, UnitSpec
 log = logging.getLogger("idlegpu.scheduler.adapters.kubernetes")
 
 _MERGE_PATCH = "application/merge-patch+json"
+RENEW_ATTEMPTS = 3  # reads and writes of one renewal, each after a conflict
 _STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 
 
@@ -218,6 +221,52 @@ class KubernetesCluster(ApiCaller):
                     continue
                 raise
         return noticed
+
+    def renew(self, name: str, *, stop_by: datetime | None) -> bool:
+        """A renewed window: the Job's planned stop moves to ``stop_by`` (None: none), its
+        ``activeDeadlineSeconds`` (the safety net, counted from the Job's start) by as much
+        as the stop it was given (``idlegpu.io/stop-by``), capped as at its creation; both in
+        one write on the version read, so a retry changes nothing more. The Job controller
+        writes a new Job's status meanwhile (a conflict): read again, a few times. False:
+        the Job is gone, or kept changing (the next pass renews it again)."""
+        for _ in range(RENEW_ATTEMPTS):
+            job = self._get(name)
+            if job is None:
+                return False
+            patch = self._renewal(job, stop_by)
+            if self.dry_run:
+                log.info("dry run: would renew Job %s/%s until %s", self.namespace, name,
+                         _iso(stop_by) if stop_by else "its end")
+                return True
+            try:
+                self._call("patch", lambda body=patch, **kw: self._batch_api.patch_namespaced_job(
+                    name, self.namespace, body, _content_type=_MERGE_PATCH, **kw))
+            except _NotFound:
+                return False
+            except ClusterRejectedError as exc:
+                if exc.status == 409:
+                    continue
+                raise
+            log.info("renewed Job %s/%s until %s", self.namespace, name,
+                     _iso(stop_by) if stop_by else "its end")
+            return True
+        return False
+
+    def _renewal(self, job: dict[str, Any], stop_by: datetime | None) -> dict[str, Any]:
+        """The merge patch of ``renew`` for ``job`` as read."""
+        meta, spec = job.get("metadata") or {}, job.get("spec") or {}
+        given = (meta.get("annotations") or {}).get(ANN_STOP_BY)
+        deadline = spec.get("activeDeadlineSeconds")
+        cap = self.active_deadline_seconds
+        if stop_by is None:
+            deadline = cap
+        elif given and deadline is not None:
+            moved = stop_by - datetime.fromisoformat(given)
+            deadline = max(60, int(deadline) + math.ceil(moved.total_seconds()))
+            deadline = deadline if cap is None else min(int(cap), deadline)
+        return {"metadata": {"resourceVersion": meta.get("resourceVersion"),
+                             "annotations": {ANN_STOP_BY: _iso(stop_by) if stop_by else None}},
+                "spec": {"activeDeadlineSeconds": deadline}}
 
     def deadline_seconds(self, spec: UnitSpec, stop_by: datetime | None,
                          now: datetime) -> int | None:

@@ -168,6 +168,19 @@ class TransitionsMixin(StoreBase):
         ).scalar()
         return int(held if held is not None else row.gpus)
 
+    def renew(self, unit_id: str, now: datetime, stop_by: datetime | None) -> None:
+        """A unit holding GPUs runs on into a renewed window: its attempt's ``stop_by`` is
+        now ``stop_by`` (None: it may run to its end)."""
+        _aware(now)
+        _aware_opt(stop_by, "stop_by")
+        with self._tx(write=True) as conn:
+            row = self._load(conn, unit_id)
+            if row.stop_by == stop_by:
+                return
+            self._cas(conn, row, "renew", _HOLDING, stop_by=stop_by, updated_at=now)
+            conn.execute(sa.update(ATTEMPTS).where(ATTEMPTS.c.id == row.current_attempt)
+                         .values(stop_by=stop_by))
+
     def shrinking(self, unit_id: str, now: datetime, gpus: int,
                   stop_by: datetime | None = None) -> None:
         """An elastic unit holding GPUs is told to shrink: ``shrink_to = gpus`` (at least its
