@@ -542,8 +542,8 @@ def _admissions(now: datetime, profile: FreeProfile, running: Sequence[RunningJo
                 too_big[key] = f"needs {key[0]} GPUs; {key[1]} free now"
             decisions.append(Decision(Action.DEFER, unit.id, unit.gpus, too_big[key]))
             continue
-        short = None if try_reserve or room is not None else _window_too_short(
-            unit, now, step, avail, settings)
+        short = None if try_reserve else _window_too_short(unit, now, step, avail, settings,
+                                                           room)
         if short is not None:  # the next common case: it fits now, but not for long enough
             decisions.append(short)
             continue

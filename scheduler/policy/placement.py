@@ -354,10 +354,12 @@ def _stays_short(job: WaitingJob, whole: bool, reserve: bool) -> Decision:
 
 
 def _window_too_short(job: WaitingJob, now: datetime, step: int, capacity: _Availability,
-                      settings: PolicySettings) -> Decision | None:
-    """What ``_place`` (not reserving, without a node view) answers a unit of one size that
-    fits by its GPUs now but whose GPUs do not stay free long enough, found without trying
-    it: deep in a long queue most units are that (None: any other case, for ``_place``)."""
+                      settings: PolicySettings, nodes: _NodeRoom | None = None
+                      ) -> Decision | None:
+    """What ``_place`` (not reserving) answers a unit of one size that fits by its GPUs now
+    but whose GPUs do not stay free long enough, found without trying it: deep in a long
+    queue most units are that (None: any other case, for ``_place``). With ``nodes``, the
+    nodes' refusal where they refuse it, as ``_place`` gives it first."""
     if job.min_gpus != job.gpus or (job.deadline is not None and now >= job.deadline):
         return None
     whole = _runs_whole(job)
@@ -366,6 +368,12 @@ def _window_too_short(job: WaitingJob, now: datetime, step: int, capacity: _Avai
     if (i0 + min_steps > len(capacity.values) or job.gpus > capacity.array(whole)[i0]
             or capacity.run_from_now(job.gpus, whole) >= min_steps):
         return None
+    if nodes is not None:
+        until = i0 + _steps(job.runtime_s + settings.grace_s, step)
+        fits = (nodes.fit_gang(job.nodes, job.gpus_per_node, job.cpu, job.memory, until)
+                if job.nodes > 1 else nodes.fit(job.gpus, job.cpu, job.memory, until))
+        if fits is None:
+            return Decision(Action.DEFER, job.id, job.gpus, nodes.why(job))
     return _stays_short(job, whole, reserve=False)
 
 
