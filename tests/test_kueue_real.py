@@ -317,8 +317,10 @@ def test_the_daemon_admits_holds_and_evicts_kueue_workloads_through_a_night(
     daemon.reconcile()
     assert kueue.get("job", "fits", namespace)["spec"]["suspend"] is True  # still the day
 
-    # the next night: admitted again
-    daemon.free = np.full(576, 8.0)
+    # the next night (3 h of 8 GPUs): admitted again. Only it fits: Kueue requeues an evicted
+    # Workload behind those waiting for its quota, so too-long may hold the quota first, and
+    # a night long enough for it too would let it take the GPUs whenever it does
+    daemon.free = np.concatenate([np.full(36, 8.0), np.zeros(540)])
     daemon.until(lambda r: kueue.get("job", "fits", namespace)["spec"]["suspend"] is False,
                  what="the evicted Job admitted again the next night")
     assert _entry(_workload(kueue, namespace, "fits"), check)["state"] == "Ready"
