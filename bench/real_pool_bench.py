@@ -42,6 +42,7 @@ import os
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import argparse
+import re
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -233,12 +234,8 @@ def main() -> None:
         print(spread_of(frame).to_string(float_format=lambda v: f"{v:.3f}"))
 
 
-RATIO_GOALS = {  # goals_of's ratio columns, the side that meets them, and the limit
-    "forecast / reactive useful (>= 1.0)": (">=", 1.0),
-    "lost: forecast / reactive (<= 0.5)": ("<=", 0.5),
-    "forecast lost / useful (<= 0.02)": ("<=", 0.02),
-    "delay: forecast / reactive (<= 0.1)": ("<=", 0.1),
-}
+GOAL = re.compile(r"^(?P<name>.+) \((?P<side>>=|<=) (?P<limit>[0-9.]+)\)$")
+"""goals_of's ratio columns: the goal they are held to, in their name ("... (>= 1.0)")."""
 
 
 def spread_of(goals: pd.DataFrame) -> pd.DataFrame:
@@ -247,10 +244,13 @@ def spread_of(goals: pd.DataFrame) -> pd.DataFrame:
     out = {}
     for variant, runs in goals.groupby("variant", sort=False):
         row: dict[str, object] = {}
-        for column, (side, limit) in RATIO_GOALS.items():
-            values = runs[column].astype(float)
-            met = values >= limit if side == ">=" else values <= limit
-            short = column.split(" (")[0]
+        for column in runs.columns:
+            goal = GOAL.match(column)
+            if goal is None:
+                continue
+            values, limit = runs[column].astype(float), float(goal["limit"])
+            met = values >= limit if goal["side"] == ">=" else values <= limit
+            short = goal["name"]
             row[f"{short}: mean"] = values.mean()
             row[f"{short}: min"] = values.min()
             row[f"{short}: max"] = values.max()

@@ -78,7 +78,6 @@ from idlegpu.scheduler.policy.placement import (
     _NodeRoom,
     _place,
     _reserve_nodes,
-    _window_too_short,
 )
 from idlegpu.scheduler.policy.preemption import (
     _after_shrink,
@@ -142,9 +141,8 @@ def decide(
     # restart (its grace period, a reload and a warm-up lost, and the GPUs idle meanwhile)
     renewing = {} if gate or nodes is not None else {
         d.job_id: d for d in decisions if d.action is Action.PREEMPT and d.cause == "window"}
-    by_id = {j.id: j for j in running}
     ordered = sorted(
-        [*queue, *(_as_waiting(by_id[job_id]) for job_id in sorted(renewing))],
+        [*queue, *(_as_waiting(j) for j in running if j.id in renewing)],
         key=lambda j: (-j.priority, team_usage.get(j.team, 0.0), j.submitted_at, j.id),
     )
     if gate:
@@ -541,11 +539,6 @@ def _admissions(now: datetime, profile: FreeProfile, running: Sequence[RunningJo
             if key not in too_big:
                 too_big[key] = f"needs {key[0]} GPUs; {key[1]} free now"
             decisions.append(Decision(Action.DEFER, unit.id, unit.gpus, too_big[key]))
-            continue
-        short = None if try_reserve else _window_too_short(unit, now, step, avail, settings,
-                                                           room)
-        if short is not None:  # the next common case: it fits now, but not for long enough
-            decisions.append(short)
             continue
         decision = _place(unit, now, profile, avail, settings, reserve=try_reserve, nodes=room)
         by_nodes = decision.action is Action.DEFER and decision.node == ""

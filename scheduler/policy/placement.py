@@ -282,6 +282,9 @@ def _place(
         return _too_big(job, capacity.now())
     if job.deadline is not None and now >= job.deadline:
         return Decision(Action.DEFER, job.id, job.gpus, "its deadline has passed")
+    short = None if reserve else _window_too_short(job, step, capacity, settings, nodes)
+    if short is not None:  # deep in a long queue, most units: it fits now, not for long enough
+        return short
     whole = _runs_whole(job)
     avail = capacity.array(whole)
     n = len(avail)
@@ -353,14 +356,13 @@ def _stays_short(job: WaitingJob, whole: bool, reserve: bool) -> Decision:
     )
 
 
-def _window_too_short(job: WaitingJob, now: datetime, step: int, capacity: _Availability,
-                      settings: PolicySettings, nodes: _NodeRoom | None = None
-                      ) -> Decision | None:
-    """What ``_place`` (not reserving) answers a unit of one size that fits by its GPUs now
-    but whose GPUs do not stay free long enough, found without trying it: deep in a long
-    queue most units are that (None: any other case, for ``_place``). With ``nodes``, the
-    nodes' refusal where they refuse it, as ``_place`` gives it first."""
-    if job.min_gpus != job.gpus or (job.deadline is not None and now >= job.deadline):
+def _window_too_short(job: WaitingJob, step: int, capacity: _Availability,
+                      settings: PolicySettings, nodes: _NodeRoom | None) -> Decision | None:
+    """``_place``'s answer (not reserving) for a unit of one size that fits by its GPUs now
+    but whose GPUs do not stay free long enough, found without trying each size (None: any
+    other case). With ``nodes``, the nodes' refusal where they refuse it, as trying it
+    gives it first."""
+    if job.min_gpus != job.gpus:
         return None
     whole = _runs_whole(job)
     min_steps = _run_steps(job, job.runtime_s, whole, settings, step)[1]
@@ -372,8 +374,8 @@ def _window_too_short(job: WaitingJob, now: datetime, step: int, capacity: _Avai
         until = i0 + _steps(job.runtime_s + settings.grace_s, step)
         fits = (nodes.fit_gang(job.nodes, job.gpus_per_node, job.cpu, job.memory, until)
                 if job.nodes > 1 else nodes.fit(job.gpus, job.cpu, job.memory, until))
-        if fits is None:
-            return Decision(Action.DEFER, job.id, job.gpus, nodes.why(job))
+        if fits is None:  # "node": a refusal by the nodes, as _place marks it
+            return Decision(Action.DEFER, job.id, job.gpus, nodes.why(job), node="")
     return _stays_short(job, whole, reserve=False)
 
 

@@ -65,8 +65,8 @@ from idlegpu.scheduler.types import NodeView, UnitSpec
 log = logging.getLogger("idlegpu.scheduler.adapters.kubernetes")
 
 _MERGE_PATCH = "application/merge-patch+json"
-RENEW_ATTEMPTS = 3  # reads and writes of one renewal, each after a conflict
 _STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
+RENEW_ATTEMPTS = 3  # reads and writes of one renewal, each after a conflict
 
 
 class KubernetesCluster(ApiCaller):
