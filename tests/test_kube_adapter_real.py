@@ -570,6 +570,27 @@ def test_a_renewal_moves_the_jobs_stop_and_its_deadline_on_the_real_server(
     assert server.job(third)["spec"]["activeDeadlineSeconds"] == first + 7200
 
 
+def test_the_job_controller_honours_a_deadline_a_renewal_moved(server: Server,
+                                                                gpu_node) -> None:
+    """On a live Job whose pod runs, the real Job controller ends it at its deadline; moved
+    by a renewal, the same deadline no longer ends it."""
+    _, labels = gpu_node
+    cluster = server.cluster(labels)
+    names = [cluster.apply(f"dl{i}-0-0", 1, make_spec(), team="nlp", stop_by=STOP_BY, now=NOW)
+             for i in range(2)]
+    wait_for(lambda: all(observed(cluster).get(f"dl{i}-0-0") and observed(cluster)[
+        f"dl{i}-0-0"].phase is JobPhase.RUNNING for i in range(2)), what="both pods running")
+    for name in names:  # a deadline a few seconds ahead of the Jobs' start, set by an admin
+        server.batch.patch_namespaced_job(name, server.ns, {"spec": {"activeDeadlineSeconds": 8}})
+    assert cluster.renew(names[1], stop_by=STOP_BY + HOUR)
+    assert server.job(names[1])["spec"]["activeDeadlineSeconds"] == 8 + 3600
+    wait_for(lambda: any(c["type"] == "Failed" for c in (server.job(names[0])["status"].get(
+        "conditions") or [])), what="the deadline kept ending its Job")
+    renewed = server.job(names[1])["status"]
+    assert not any(c["type"] == "Failed" for c in renewed.get("conditions") or [])
+    assert renewed.get("active") == 1
+
+
 # --- ownership ------------------------------------------------------------------------------
 
 
