@@ -419,10 +419,12 @@ def store_queue(job_store, settings, estimate: Callable[[Any], float], start: da
     overruns = overruns_of(((work_s, estimate(row.spec)) for row, work_s
                             in job_store.finished_runs()), settings.admission.runtime_quantile)
     ready = job_store.ready_units(start)
-    queue = waiting_jobs(ready, {row.id: estimate(row.spec) for row in ready}, overruns)
+    restart_s = float(settings.admission.restart_cost_seconds)
+    queue = waiting_jobs(ready, {row.id: estimate(row.spec) for row in ready}, overruns,
+                         restart_cost_s=restart_s)
     holding = job_store.holding()
     running = running_jobs(holding, start, {row.id: estimate(row.spec) for row in holding},
-                           overruns)
+                           overruns, restart_cost_s=restart_s)
     usage = job_store.team_gpu_hours(start, settings.admission.fair_share_days * 86400)
     return queue, running, usage
 

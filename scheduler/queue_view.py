@@ -13,7 +13,7 @@ runs on a resized spec (``attempt_spec``).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Protocol
 
 from idlegpu.scheduler.specs import resize_unit
@@ -84,11 +84,15 @@ def attempt_spec(row: QueueRow) -> UnitSpec:
     return resize_unit(row.spec, row.gpus)
 
 
-def waiting_job(row: QueueRow, estimate_s: float, overruns: Overruns) -> WaitingJob:
+def waiting_job(row: QueueRow, estimate_s: float, overruns: Overruns, *,
+                restart_cost_s: float = 0.0) -> WaitingJob:
     """A QUEUED unit as the policy sees it: ``runtime_s`` is what ``overruns.remaining_s``
-    leaves of ``estimate_s`` after the checkpointed progress of a checkpointable unit."""
+    leaves of ``estimate_s`` after the checkpointed progress of a checkpointable unit, plus,
+    when it will resume from that progress, the ``restart_cost_s`` its reload takes."""
     total = float(estimate_s)
     runtime = overruns.remaining_s(total, row.work_done_s) if row.checkpointable else total
+    if row.checkpointable and row.work_done_s > 0:
+        runtime += restart_cost_s
     return WaitingJob(
         id=row.id, team=row.team, gpus=row.gpus, runtime_s=runtime,
         checkpointable=row.checkpointable, priority=row.priority,
@@ -100,27 +104,35 @@ def waiting_job(row: QueueRow, estimate_s: float, overruns: Overruns) -> Waiting
 
 
 def waiting_jobs(rows: Iterable[QueueRow], estimates: Mapping[str, float],
-                 overruns: Overruns | None = None) -> list[WaitingJob]:
+                 overruns: Overruns | None = None, *,
+                 restart_cost_s: float = 0.0) -> list[WaitingJob]:
     """``waiting_job`` of each row (the store's ``ready_units``: QUEUED, submitted, every
     dependency done), in their order; ``estimates[row.id]``: its runtime estimate (default
     overruns: none known)."""
     overruns = overruns or Overruns()
-    return [waiting_job(row, estimates[row.id], overruns) for row in rows]
+    return [waiting_job(row, estimates[row.id], overruns, restart_cost_s=restart_cost_s)
+            for row in rows]
 
 
 def running_job(row: QueueRow, now: datetime, estimate_s: float, overruns: Overruns, *,
-                notice_s: float = 0.0) -> RunningJob:
+                notice_s: float = 0.0, restart_cost_s: float = 0.0) -> RunningJob:
     """A unit holding GPUs as the policy sees it at ``now``.
 
     ``started_at`` is the attempt's start (its admission until it started);
     ``remaining_s = overruns.remaining_s(estimate_s, work_done_s + (now - since))`` where
     ``since`` is the attempt's last checkpoint, else its start (the work of an elastic unit on
     fewer GPUs counted at its rate, and what remains stretched by it); a unit that answers
-    checkpoint notices gets ``notice_s`` of notice."""
+    checkpoint notices gets ``notice_s`` of notice. An attempt that resumed from a checkpoint
+    first reloads it for ``restart_cost_s``: until its own first checkpoint, its periodic
+    checkpoints count from the end of that reload (a stop during the reload loses no work),
+    and what remains includes what is left of the reload."""
     began = row.started_at or row.admitted_at or row.updated_at
     checkpoint = row.last_checkpoint_at
     if checkpoint is not None and checkpoint < began:
         checkpoint = None  # from an earlier attempt: already in work_done_s
+    if (checkpoint is None and restart_cost_s > 0 and row.checkpointable
+            and row.work_done_s > 0):
+        checkpoint = began + timedelta(seconds=restart_cost_s)
     if row.state is JobState.ADMITTED:
         elapsed = 0.0
     else:
@@ -128,6 +140,8 @@ def running_job(row: QueueRow, now: datetime, estimate_s: float, overruns: Overr
     rate = work_rate(row.gpus, row.spec.gpus)  # an elastic unit on fewer GPUs is slower
     remaining = overruns.remaining_s(float(estimate_s),
                                      row.work_done_s + elapsed * rate) / rate
+    if checkpoint is not None and checkpoint > now:  # still reloading
+        remaining += (checkpoint - now).total_seconds()
     return RunningJob(
         id=row.id, team=row.team, gpus=row.gpus, priority=row.priority,
         started_at=began, checkpointable=row.checkpointable, remaining_s=remaining,
@@ -142,15 +156,15 @@ def running_job(row: QueueRow, now: datetime, estimate_s: float, overruns: Overr
 
 def running_jobs(rows: Iterable[QueueRow], now: datetime, estimates: Mapping[str, float],
                  overruns: Overruns | None = None, *,
-                 notice_s: float = 0.0) -> list[RunningJob]:
+                 notice_s: float = 0.0, restart_cost_s: float = 0.0) -> list[RunningJob]:
     """``running_job`` of each row (the store's ``holding``: ADMITTED or RUNNING, those marked
     for a cancel included), in their order; ``estimates[row.id]``: its runtime estimate
     (default overruns: none known, so as long again as the overrun so far, at least a quarter
     of the estimate, never "it ends now")."""
     _aware(now)
     overruns = overruns or Overruns()
-    return [running_job(row, now, estimates[row.id], overruns, notice_s=notice_s)
-            for row in rows]
+    return [running_job(row, now, estimates[row.id], overruns, notice_s=notice_s,
+                        restart_cost_s=restart_cost_s) for row in rows]
 
 
 def overruns_of(runs: Iterable[tuple[float, float]], quantile: float = 0.9) -> Overruns:

@@ -163,3 +163,47 @@ def test_the_daemon_learns_the_overruns_from_the_stores_finished_units(tmp_path)
         report = controller.reconcile_once(T0 + timedelta(minutes=1))
         assert report.finished == [slow]
         assert sorted(controller._overrun_model().ratios) == pytest.approx([1.5] + [2.0] * 6)
+
+
+def test_the_daemon_sees_a_resumed_attempt_reload_its_checkpoint_first(tmp_path):
+    # the store's view (queue_view), the one the controller and `plan` give the policy: the
+    # same reload the simulator charges (admission.restart_cost_seconds)
+    from datetime import timedelta
+
+    from test_controller import REQUEST, T0
+
+    from idlegpu.scheduler.adapters.store import JobStore
+    from idlegpu.scheduler.queue_view import running_jobs, waiting_jobs
+    from idlegpu.scheduler.specs import expand_units, validate_request
+
+    request = validate_request(REQUEST)  # 2 h estimate, checkpoints every 30 min
+    with JobStore(f"sqlite:///{tmp_path / 'jobs.db'}") as store:
+        store.submit(request.name, request.team, request.kind, REQUEST, expand_units(request),
+                     T0 - timedelta(days=1))
+        unit = store.queue()[0].id
+        began = T0 - timedelta(hours=3)
+        store.admit(unit, began)
+        store.started(unit, began)
+        store.checkpointed(unit, began + timedelta(hours=1), 3600.0)
+        store.preempted(unit, began + timedelta(hours=1, minutes=10))
+        estimates = {unit: 7200.0}
+        [fresh] = waiting_jobs([r for r in store.ready_units(T0) if r.id == unit], estimates)
+        [queued] = waiting_jobs([r for r in store.ready_units(T0) if r.id == unit], estimates,
+                                restart_cost_s=600)
+        assert fresh.runtime_s == 3600 and queued.runtime_s == 3600 + 600  # work left + reload
+        store.admit(unit, T0)
+        store.started(unit, T0)
+        now = T0 + timedelta(minutes=5)
+        [free] = running_jobs(store.holding(), now, estimates)
+        [view] = running_jobs(store.holding(), now, estimates, restart_cost_s=600)
+        # without the reload, 5 minutes of unsaved work and its checkpoint at 30 min
+        assert free.unsaved_work_s(now) == 300
+        assert free.next_checkpoint(now) == T0 + timedelta(minutes=30)
+        # reloading: nothing to lose yet, its first checkpoint 30 min after the reload, and
+        # the 5 minutes of reload left still ahead of its hour of work
+        assert view.unsaved_work_s(now) == 0
+        assert view.next_checkpoint(now) == T0 + timedelta(minutes=40)
+        assert view.remaining_s == 3600 + 300
+        later = T0 + timedelta(minutes=25)
+        [view] = running_jobs(store.holding(), later, estimates, restart_cost_s=600)
+        assert view.unsaved_work_s(later) == 15 * 60 and view.remaining_s == 3600 - 15 * 60

@@ -8,6 +8,7 @@ import pytest
 from idlegpu.scheduler.config import load_config
 from idlegpu.scheduler.reports import useful
 from idlegpu.scheduler.simulate import SimJob, delay_events, simulate
+from idlegpu.scheduler.simulate.results import CAUSE_NAMES, lost_work
 
 TZ = "Asia/Seoul"
 START = pd.Timestamp("2026-01-05 00:00", tz=TZ)  # a Monday
@@ -42,9 +43,10 @@ def job(id, gpus, hours, ckpt, submit=(7, 19), **kw):
                   checkpoint_interval_s=3600, **kw)
 
 
-def run(policy, jobs, days=(7, 11)):
+def run(policy, jobs, days=(7, 11), **options):
     settings, history = pool()
-    return simulate(history, settings, jobs, policy, start=at(days[0], 0), end=at(days[1], 0))
+    return simulate(history, settings, jobs, policy, start=at(days[0], 0), end=at(days[1], 0),
+                    **options)
 
 
 def test_a_whole_night_job_finishes_under_every_policy():
@@ -86,7 +88,8 @@ def test_reactive_runs_into_the_morning_and_the_service_waits():
 
 def test_a_long_checkpointable_job_runs_over_several_nights_without_loss():
     train = job("train", 32, 30, ckpt=True, submit=(7, 18))
-    result = run("oracle", [train], days=(7, 12))
+    # (restarts free: the checkpoints alone; test_a_resume_reloads_its_checkpoint charges them)
+    result = run("oracle", [train], days=(7, 12), restart_cost_s=0)
     m = result.metrics
     assert m["jobs_finished"] == 1
     assert m["lost_gpu_hours"] == 0 and m["service_delay_gpu_minutes"] == 0
@@ -179,7 +182,9 @@ def test_the_clairvoyant_bounds_reactive_where_the_oracle_does_not():
     assert clairvoyant["useful_gpu_hours"] > m["reactive"]["useful_gpu_hours"]
     assert clairvoyant["work_gpu_hours"] > m["reactive"]["work_gpu_hours"]
     assert clairvoyant["work_gpu_hours"] <= clairvoyant["physical_limit_gpu_hours"]
-    assert clairvoyant["lost_gpu_hours"] == 0 and clairvoyant["service_delay_gpu_minutes"] == 0
+    # it loses no work at its stops; its resumes reload their checkpoints, as anyone's do
+    assert clairvoyant["lost_gpu_hours"] == pytest.approx(clairvoyant["restart_gpu_hours"])
+    assert clairvoyant["service_delay_gpu_minutes"] == 0
     assert clairvoyant["jobs_finished"] == 1  # the eval fits a dip whole
 
 
@@ -209,7 +214,7 @@ def test_the_clairvoyant_is_never_below_the_oracle():
 
 def test_work_is_what_was_done_and_kept_and_useful_adds_the_checkpointing_grace():
     train = job("train", 32, 30, ckpt=True, submit=(7, 18))
-    m = run("oracle", [train], days=(7, 12)).metrics
+    m = run("oracle", [train], days=(7, 12), restart_cost_s=0).metrics
     assert m["work_gpu_hours"] == pytest.approx(32 * 30)  # all of it, finished
     # every planned stop held its 32 GPUs through a 15-minute grace: held, not work
     assert m["useful_gpu_hours"] - m["work_gpu_hours"] == pytest.approx(
@@ -284,3 +289,37 @@ def test_a_window_a_later_forecast_keeps_open_is_renewed_not_stopped_and_restart
     stopped = runs["early"]
     assert stopped.metrics["renewals"] == 0 and stopped.metrics["planned_stops"] >= 1
     assert pd.Timestamp(stopped.runs["end"].iloc[0]) <= pd.Timestamp(at(7, 23))
+
+
+def test_a_resume_reloads_its_checkpoint_holding_its_gpus_and_doing_no_work():
+    # admission.restart_cost_seconds (600 s): what the simulator charges by default
+    train = job("train", 32, 30, ckpt=True, submit=(7, 18))
+    result = run("oracle", [train], days=(7, 12))
+    m, runs = result.metrics, result.runs
+    assert m["jobs_finished"] == 1 and m["work_gpu_hours"] == pytest.approx(32 * 30)
+    # the fresh start's load is part of its runtime; each resume reloads for 10 minutes
+    assert runs["restart_gpu_hours"].iloc[0] == 0
+    assert list(runs["restart_gpu_hours"].iloc[1:]) == pytest.approx([32 / 6] * (len(runs) - 1))
+    assert m["restart_gpu_hours"] == pytest.approx(runs["restart_gpu_hours"].sum())
+    # the reload is lost (held, no work); the stops, just after a checkpoint, lose at most
+    # the step the daemon takes to act on it
+    stops_lost = m["lost_gpu_hours"] - m["restart_gpu_hours"]
+    assert 0 <= stops_lost <= m["planned_stops"] * 32 * 0.25
+    assert m["useful_gpu_hours"] == pytest.approx(useful(runs).sum())
+    free = run("oracle", [train], days=(7, 12), restart_cost_s=0).metrics
+    assert free["restart_gpu_hours"] == 0 and free["lost_gpu_hours"] == 0
+    # lost work by cause names the reloads apart, one "stop" per resumed attempt
+    lost = lost_work(runs, TZ).set_index(["by", "value"])
+    restart = lost.loc[("cause", CAUSE_NAMES["restart"])]
+    assert restart["stops"] == len(runs) - 1
+    assert restart["lost_gpu_hours"] == pytest.approx(m["restart_gpu_hours"])
+    assert lost.loc["cause", "lost_gpu_hours"].sum() == pytest.approx(m["lost_gpu_hours"])
+
+
+def test_a_unit_that_cannot_checkpoint_starts_afresh_without_a_reload():
+    # killed by the morning ramp, it runs again from nothing: its load is in its runtime
+    result = run("reactive", [job("eval", 16, 6, ckpt=False, submit=(7, 5))])
+    assert len(result.runs) >= 2 and result.metrics["lost_gpu_hours"] > 0
+    assert result.metrics["restart_gpu_hours"] == 0
+    with pytest.raises(ValueError, match="restart_cost_s"):
+        run("reactive", [], restart_cost_s=-1)

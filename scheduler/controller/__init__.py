@@ -374,13 +374,15 @@ class Controller(Reconciler):
     def _waiting(self, now: datetime, overruns: Overruns) -> list[WaitingJob]:
         """The policy's queue: the units admission may start now, with their estimates."""
         rows = self.store.ready_units(now)
-        return waiting_jobs(rows, {row.id: self._estimate_row(row) for row in rows}, overruns)
+        return waiting_jobs(rows, {row.id: self._estimate_row(row) for row in rows}, overruns,
+                            restart_cost_s=self.settings.restart_cost_s)
 
     def _running(self, now: datetime, overruns: Overruns) -> list[RunningJob]:
         """What holds GPUs, as the policy sees it at ``now``."""
         rows = self.store.holding()
         return running_jobs(rows, now, {row.id: self._estimate_row(row) for row in rows},
-                            overruns, notice_s=self.checkpoint_notice_s)
+                            overruns, notice_s=self.checkpoint_notice_s,
+                            restart_cost_s=self.settings.restart_cost_s)
 
     def _overrun_model(self) -> Overruns:
         """Ratios of runtime to estimate of the units that finished last (cached)."""

@@ -4,9 +4,12 @@ The simulated cluster follows the real pool's service usage step by step (the re
 of the history) and the service always wins: when it needs GPUs that jobs hold, those jobs are
 evicted and get their grace period, and the service waits for it (counted as service delay).
 Jobs progress while they run; a checkpointable job saves its progress every checkpoint
-interval and when it is stopped as planned at the end of its window; an unplanned preemption
+interval (and, when its workload saves on stop or answers a notice, at a planned stop); a stop
 loses what was not saved, and a job that cannot checkpoint loses everything (it has nothing to
-save, so it gets no grace period: its GPUs come back at once).
+save, so it gets no grace period: its GPUs come back at once). A job that resumes from a
+checkpoint first reloads it (``admission.restart_cost_seconds``): it holds its GPUs for that
+long and does no work, and its checkpoints count from the end of the reload; that reload is
+lost work, of its own cause. A fresh start's load is part of the job's runtime.
 
 Policies, all driven by the same ``decide()``:
 

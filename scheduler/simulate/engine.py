@@ -24,6 +24,8 @@ from idlegpu.scheduler.simulate.choices import (
 )
 from idlegpu.scheduler.simulate.jobs import (
     SimJob,
+    _begin_attempt,
+    _checkpoint,
     _end_notice,
     _ends_by,
     _evict,
@@ -32,6 +34,7 @@ from idlegpu.scheduler.simulate.jobs import (
     _running,
     _stop,
     _waiting,
+    _working_s,
 )
 from idlegpu.scheduler.simulate.nodes import _Nodes
 from idlegpu.scheduler.simulate.profiles import _latest, forecast_profiles_for
@@ -79,6 +82,7 @@ def simulate(
     checkpoint_notice_s: float = 0.0,
     notice_answer_s: float = 120.0,
     unanswered_share: float = 0.0,
+    restart_cost_s: float | None = None,
 ) -> SimResult:
     """Run one policy over ``[start, end)``; see the module docstring. ``placement``: ``pool``,
     ``spread`` or ``binpack`` (on ``pool.nodes``; ``deletion_cost``: the scale-downs empty the
@@ -93,11 +97,17 @@ def simulate(
     notice, losing nothing, and its GPUs are back at once; a share ``unanswered_share`` of
     the units (picked by their id) never answers, and is stopped blind at the deadline. The
     policy decides their planned stops a notice earlier; the service cuts a notice short when
-    it needs the GPUs now (a blind stop then)."""
+    it needs the GPUs now (a blind stop then). ``restart_cost_s``: what a unit resuming from
+    a checkpoint spends reloading it, holding its GPUs and doing no work (lost work, of cause
+    ``restart``; None: the config's ``admission.restart_cost_seconds``, 0: free restarts)."""
     if not 0.0 <= unanswered_share <= 1.0:
         raise ValueError(f"unanswered_share must be between 0 and 1, got {unanswered_share}")
     if checkpoint_notice_s < 0 or notice_answer_s < 0:
         raise ValueError("checkpoint_notice_s and notice_answer_s must not be negative")
+    if restart_cost_s is None:
+        restart_cost_s = float(settings.admission.restart_cost_seconds)
+    if restart_cost_s < 0:
+        raise ValueError(f"restart_cost_s must not be negative, got {restart_cost_s}")
     if saves_on_stop:
         jobs = [replace(j, saves_on_stop=True) if j.checkpointable else j for j in jobs]
     if policy not in POLICIES and policy not in _CLAIRVOYANT_PLANS:
@@ -115,7 +125,8 @@ def simulate(
 
         plans = [simulate(history, settings, jobs, name, start=start, end=end, horizon=horizon,
                           refresh_hour=refresh_hour, policy_config=policy_config,
-                          on_step=part(n), placement=placement, deletion_cost=deletion_cost)
+                          on_step=part(n), placement=placement, deletion_cost=deletion_cost,
+                          restart_cost_s=restart_cost_s)
                  for n, name in enumerate(names)]
         best = max(plans, key=lambda r: r.metrics["work_gpu_hours"])
         return SimResult(CLAIRVOYANT, best.metrics, best.runs, best.delays)
@@ -127,7 +138,8 @@ def simulate(
     run = _Simulation(history, settings, jobs, policy, start=start, end=end, horizon=horizon,
                       policy_config=policy_config, placement=placement,
                       deletion_cost=deletion_cost, checkpoint_notice_s=checkpoint_notice_s,
-                      notice_answer_s=notice_answer_s, unanswered_share=unanswered_share)
+                      notice_answer_s=notice_answer_s, unanswered_share=unanswered_share,
+                      restart_cost_s=restart_cost_s)
     if policy == "forecast" and forecast_profiles is None:
         forecast_profiles = forecast_profiles_for(history, settings, run.pool.index,
                                                   refresh_hour, horizon,
@@ -146,7 +158,7 @@ class _Simulation:
                  policy: str, *, start: datetime, end: datetime, horizon: timedelta,
                  policy_config: PolicySettings | None, placement: str, deletion_cost: bool,
                  checkpoint_notice_s: float, notice_answer_s: float,
-                 unanswered_share: float) -> None:
+                 unanswered_share: float, restart_cost_s: float) -> None:
         self.settings = settings
         self.policy = policy
         config = policy_config or policy_settings(settings.admission,
@@ -187,6 +199,7 @@ class _Simulation:
         self.checkpoint_notice_s = checkpoint_notice_s
         self.notice_answer_s = notice_answer_s
         self.unanswered_share = unanswered_share
+        self.restart_cost_s = restart_cost_s
         self.grace = timedelta(seconds=config.grace_s)
         self.grace_steps = int(np.ceil(config.grace_s / step_s))
         self.forecast_profiles: dict[datetime, FreeProfile] | None = None
@@ -229,8 +242,9 @@ class _Simulation:
             signals = self._signals(k, now, service, short, releasing, idle)
             # what the policy sees
             live, overruns = self.live, self.overruns
-            queue = _waiting(live, state, step_s, overruns, oracle=oracle, at_will=at_will)
-            running = [_running(j, step_s, overruns, oracle=oracle, at_will=at_will,
+            queue = _waiting(live, state, step_s, overruns, oracle=oracle, at_will=at_will,
+                             restart_cost_s=self.restart_cost_s)
+            running = [_running(j, now, step_s, overruns, oracle=oracle, at_will=at_will,
                                 notice_s=notice_s)
                        for j in live if j.running and j.releasing_until is None]
             if not queue and not running:
@@ -258,14 +272,15 @@ class _Simulation:
     def _progress(self, now: datetime) -> None:
         """Progress, checkpoints, completions and the ends of grace periods and notices."""
         step_s, runs = self.step_s, self.runs
+        since = now - timedelta(seconds=step_s)
         finished = False
         for job in self.live:
             if not job.running:
                 continue
             if job.releasing_until is None or job.notice_until is not None:
-                worked = step_s if job.notice_until is None else min(step_s, max(
-                    0.0, (job.notice_until - now).total_seconds() + step_s))
-                job.progress_s += worked * _rate(job)
+                # the step up to now, or up to the end of its notice
+                until = now if job.notice_until is None else max(since, min(now, job.notice_until))
+                job.progress_s += _working_s(job, since, until) * _rate(job)
                 if job.saved_s + job.progress_s >= job.spec.work_s:
                     job.saved_s, job.progress_s = job.spec.work_s, 0.0
                     job.running, job.finished_at = False, now
@@ -281,12 +296,8 @@ class _Simulation:
                     self.usage_log.append((now, job.spec.team, job.gpus
                                            * (now - job.started_at).total_seconds() / 3600))
                     self.usage_logged = True
-                elif job.spec.checkpointable and job.last_checkpoint_at is not None and (
-                    now - job.last_checkpoint_at
-                ).total_seconds() >= job.spec.checkpoint_interval_s:
-                    job.saved_s += job.progress_s
-                    job.progress_s = 0.0
-                    job.last_checkpoint_at = now
+                elif job.spec.checkpointable:
+                    _checkpoint(job, since, until)
                 if job.notice_until is not None and now >= job.notice_until:
                     self.notices_answered += job.notice_answers
                     self.notice_saved_gpu_h += (job.progress_s * job.spec.gpus / 3600
@@ -298,9 +309,9 @@ class _Simulation:
                 if job.resume_gpus is not None:  # a shrink: it restarts on fewer GPUs
                     if job.where:  # on the node it ran on
                         job.where = {next(iter(job.where)): job.resume_gpus}
-                    job.running, job.gpus, job.resume_gpus = True, job.resume_gpus, None
-                    job.started_at = job.last_checkpoint_at = now
-                    job.stop_by, job.progress_s = job.resume_stop_by, 0.0
+                    _begin_attempt(job, now, job.resume_gpus, job.resume_stop_by,
+                                   self.restart_cost_s)
+                    job.resume_gpus = None
         if finished:
             self.live = [j for j in self.live if j.finished_at is None]
 
@@ -463,9 +474,7 @@ class _Simulation:
                         self.unbound += 1
                         continue
                     job.where = where
-                job.gpus = d.gpus
-                job.running, job.started_at, job.last_checkpoint_at = True, now, now
-                job.stop_by, job.progress_s = d.stop_by, 0.0
+                _begin_attempt(job, now, d.gpus, d.stop_by, self.restart_cost_s)
                 job.first_start = job.first_start or now
 
     def _notice_of(self, job: _Job) -> tuple[float, bool] | None:
@@ -493,6 +502,7 @@ class _Simulation:
         pool = self.pool
         useful = float(useful_of(frame).sum()) if len(frame) else 0.0
         lost = float(frame["lost_gpu_hours"].sum()) if len(frame) else 0.0
+        reloads = float(frame["restart_gpu_hours"].sum()) if len(frame) else 0.0
         lost_checkpointing = (float(frame.loc[frame["checkpointable"].astype(bool),
                                               "lost_gpu_hours"].sum()) if len(frame) else 0.0)
         waits = [(j.first_start - j.spec.submit_at).total_seconds() / 3600
@@ -507,6 +517,8 @@ class _Simulation:
             "work_gpu_hours": work,
             "lost_gpu_hours": lost,
             "lost_checkpointing_gpu_hours": lost_checkpointing,  # of units that checkpoint
+            # of the lost: GPU-hours resumed attempts held reloading their checkpoints
+            "restart_gpu_hours": reloads,
             "preemptions": float(sum(j.preemptions for j in state.values())),
             "planned_stops": float(self.planned_stops),
             "shrinks": float(self.shrinks),

@@ -67,6 +67,12 @@ class _Job:
     releasing_until: datetime | None = None
     started_at: datetime | None = None
     last_checkpoint_at: datetime | None = None
+    """Its last checkpoint; for an attempt that resumes, the end of its reload (it works, and
+    its checkpoint clock runs, from then on)."""
+    reloaded_at: datetime | None = None
+    """An attempt that resumes from a checkpoint first reloads it (the restart cost): until
+    then it holds its GPUs and does no work (None: a fresh start, whose load is part of its
+    runtime)."""
     stop_by: datetime | None = None
     first_start: datetime | None = None
     finished_at: datetime | None = None
@@ -208,9 +214,11 @@ def _evict(jobs, need: float) -> list[_Job]:
 
 
 def _waiting(live: list[_Job], state: dict[str, _Job], step_s: int, overruns: Overruns, *,
-             oracle: bool = False, at_will: bool = False) -> list[WaitingJob]:
+             oracle: bool = False, at_will: bool = False,
+             restart_cost_s: float = 0.0) -> list[WaitingJob]:
     """What the policy sees of the queue (``at_will``: every unit as one that checkpoints,
-    without a preemption limit: the clairvoyant's)."""
+    without a preemption limit: the clairvoyant's); a unit that will resume from a checkpoint
+    needs its reload (``restart_cost_s``) on top of the work it has left."""
     out = []
     for job in live:
         spec = job.spec
@@ -224,6 +232,8 @@ def _waiting(live: list[_Job], state: dict[str, _Job], step_s: int, overruns: Ov
         if job.queued_view is None or job.queued_view[0] != key:
             left = (spec.work_s - job.saved_s if oracle
                     else overruns.remaining_s(spec.estimate_s, job.saved_s))
+            if spec.checkpointable and job.saved_s > 0:
+                left += restart_cost_s
             view = spec.as_waiting(runtime_s=max(step_s, left), preemptions=job.preemptions)
             if at_will:
                 # (it saves at will: no interval bounds its segments)
@@ -234,17 +244,59 @@ def _waiting(live: list[_Job], state: dict[str, _Job], step_s: int, overruns: Ov
     return out
 
 
+def _begin_attempt(job: _Job, now: datetime, gpus: int, stop_by: datetime | None,
+                   restart_cost_s: float) -> None:
+    """Start an attempt on ``gpus`` at ``now``. One that resumes from a checkpoint reloads it
+    first, for ``restart_cost_s``; a fresh start's load is part of the unit's runtime, and a
+    unit that does not checkpoint always starts afresh."""
+    resumes = job.spec.checkpointable and job.saved_s > 0 and restart_cost_s > 0
+    job.gpus, job.running, job.started_at = gpus, True, now
+    job.reloaded_at = now + timedelta(seconds=restart_cost_s) if resumes else None
+    job.last_checkpoint_at = job.reloaded_at or now
+    job.stop_by, job.progress_s = stop_by, 0.0
+
+
+def _working_s(job: _Job, since: datetime, until: datetime) -> float:
+    """Seconds of ``[since, until)`` that ``job`` worked: not those it spent reloading."""
+    if job.reloaded_at is not None and job.reloaded_at > since:
+        since = job.reloaded_at
+    return max(0.0, (until - since).total_seconds())
+
+
+def _checkpoint(job: _Job, since: datetime, until: datetime) -> None:
+    """The periodic checkpoints of a step's work, ``[since, until)``: each comes a whole
+    interval after the last (or after its reload), at its own time within the step; the work
+    after the latest stays unsaved."""
+    interval = job.spec.checkpoint_interval_s
+    last = job.last_checkpoint_at
+    if last is None or interval <= 0 or (until - last).total_seconds() < interval:
+        return
+    at = last + timedelta(seconds=interval * ((until - last).total_seconds() // interval))
+    after = min(job.progress_s, _working_s(job, max(at, since), until) * _rate(job))
+    job.saved_s += job.progress_s - after
+    job.progress_s = after
+    job.last_checkpoint_at = at
+
+
+def _reloading_s(job: _Job, now: datetime) -> float:
+    """Seconds of its reload still ahead of ``job`` at ``now``."""
+    if job.reloaded_at is None or job.reloaded_at <= now:
+        return 0.0
+    return (job.reloaded_at - now).total_seconds()
+
+
 def _rate(job: _Job) -> float:
     """Seconds of (full-size) work per second at its current size: linear scaling."""
     return job.gpus / job.spec.gpus if job.spec.gpus and job.gpus else 1.0
 
 
-def _running(job: _Job, step_s: int, overruns: Overruns, *, oracle: bool = False,
-             at_will: bool = False, notice_s: float = 0.0) -> RunningJob:
+def _running(job: _Job, now: datetime, step_s: int, overruns: Overruns, *,
+             oracle: bool = False, at_will: bool = False, notice_s: float = 0.0) -> RunningJob:
     spec = job.spec
     done = job.saved_s + job.progress_s
     left = spec.work_s - done if oracle else overruns.remaining_s(spec.estimate_s, done)
     left /= _rate(job)  # on fewer GPUs the work left takes longer
+    left += _reloading_s(job, now)
     assert job.started_at is not None  # only running jobs are asked (set when admitted)
     return RunningJob(
         id=spec.id, team=spec.team, gpus=job.gpus, priority=spec.priority,

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from idlegpu.scheduler.simulate.jobs import _Job
 
 EVICTION = "eviction"  # a stop's cause: the service took GPUs that jobs held
+RESTART = "restart"  # lost work's cause: a resumed attempt reloading its checkpoint
 CAUSE_NAMES = {
     "window": "planned stop: window closed",
     # the free-GPU profile falls short within the grace period: the forecast's for the
@@ -22,10 +23,11 @@ CAUSE_NAMES = {
     "live": "backstop preemption",
     "signals": "live signals missing",
     EVICTION: "scheduler eviction",
+    RESTART: "restart: reloading a checkpoint",
 }
 RUN_COLUMNS = ["job_id", "team", "kind", "gpus", "start", "end", "outcome", "gpu_hours",
                "lost_gpu_hours", "cause", "overran", "checkpointable", "notice",
-               "notice_saved_gpu_hours"]
+               "notice_saved_gpu_hours", "restart_gpu_hours"]
 """The run table's columns (on nodes also ``nodes``: where the pods ran)."""
 
 
@@ -79,12 +81,17 @@ class _Run:
         start = job.started_at
         assert start is not None
         hours = (end - start).total_seconds() / 3600
+        # what a resumed attempt held while it reloaded its checkpoint: no work, so lost
+        reloaded = job.reloaded_at
+        reload_h = (0.0 if reloaded is None
+                    else max(0.0, (min(end, reloaded) - start).total_seconds()) / 3600)
         self.rows.append(
             {
                 "job_id": job.spec.id, "team": job.spec.team, "kind": job.spec.kind,
                 "gpus": job.gpus, "start": start, "end": end, "outcome": outcome,
                 "gpu_hours": job.gpus * hours,
-                "lost_gpu_hours": job.spec.gpus * lost_s / 3600,  # full-size work seconds
+                # full-size work seconds, and the reload
+                "lost_gpu_hours": job.spec.gpus * lost_s / 3600 + job.gpus * reload_h,
                 # a stop's cause (STOP_CAUSES, or "eviction": the service took the GPUs),
                 # whether the unit had run past its planned runtime, and whether it saves
                 "cause": cause, "overran": overran,
@@ -93,6 +100,7 @@ class _Run:
                 # (the service first), and what the answer saved that a blind stop loses
                 "notice": notice,
                 "notice_saved_gpu_hours": job.spec.gpus * notice_saved_s / 3600,
+                "restart_gpu_hours": job.gpus * reload_h,
                 # on nodes: where its pods ran (NodeView.of_shapes names)
                 **({"nodes": ",".join(f"node-{i}" for i in sorted(job.where))}
                    if job.where else {}),
@@ -102,13 +110,22 @@ class _Run:
 
 def lost_work(runs: pd.DataFrame, timezone: str) -> pd.DataFrame:
     """Where a policy lost its work: the lost GPU-hours and the stops that lost any, by cause
-    (``CAUSE_NAMES``), by whether the unit had run past its planned runtime (``overran``), by
+    (``CAUSE_NAMES``; a resumed attempt's reload is a cause of its own), by whether the unit
+    had run past its planned runtime (``overran``), by
     whether it checkpoints, and by the local hour its attempt was admitted. One row per
     (``by``, ``value``), with ``share`` of all the lost GPU-hours."""
     columns = ["by", "value", "stops", "lost_gpu_hours", "share"]
     if runs.empty:
         return pd.DataFrame(columns=columns)
-    lost = runs[runs["lost_gpu_hours"] > 0]
+    if "restart_gpu_hours" in runs.columns:
+        # an attempt's reload is lost to its restart, whatever ended the attempt: one row
+        # for each part, the reload's counted as a stop of cause "restart"
+        reload = runs["restart_gpu_hours"].fillna(0.0).astype(float)
+        runs = pd.concat([
+            runs.assign(lost_gpu_hours=runs["lost_gpu_hours"] - reload),
+            runs[reload > 0].assign(lost_gpu_hours=reload[reload > 0], cause=RESTART),
+        ], ignore_index=True)
+    lost = runs[runs["lost_gpu_hours"] > 1e-12]
     total = float(lost["lost_gpu_hours"].sum())
     hour = pd.to_datetime(lost["start"], utc=True).dt.tz_convert(timezone).dt.hour
     views = {
