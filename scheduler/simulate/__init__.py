@@ -25,7 +25,7 @@ Policies, all driven by the same ``decide()``:
   stopping often can harvest more;
 * ``clairvoyant``: the reference that bounds them: it knows the true replicas and runtimes and
   **checkpoints at will**: any unit, stopped at any step, saves all it has done in its grace
-  period. Its own plan reads the true future as the oracle does, sees every unit as one that
+  period, and resumes from it without a reload (restarts cost it nothing). Its own plan reads the true future as the oracle does, sees every unit as one that
   checkpoints (any window of a step worth using), and stops the units in the service's way a
   grace period before the service needs their GPUs, so it loses nothing and never delays the
   service. It plays the best of three plans by the work done: that one, reactive's admissions

@@ -123,10 +123,11 @@ def simulate(
             return None if on_step is None else (
                 lambda k, n: on_step(offset * n + k, len(names) * n))
 
+        # it resumes at will too: from the state it saved, without a reload
         plans = [simulate(history, settings, jobs, name, start=start, end=end, horizon=horizon,
                           refresh_hour=refresh_hour, policy_config=policy_config,
                           on_step=part(n), placement=placement, deletion_cost=deletion_cost,
-                          restart_cost_s=restart_cost_s)
+                          restart_cost_s=0.0)
                  for n, name in enumerate(names)]
         best = max(plans, key=lambda r: r.metrics["work_gpu_hours"])
         return SimResult(CLAIRVOYANT, best.metrics, best.runs, best.delays)
@@ -282,8 +283,12 @@ class _Simulation:
                 until = now if job.notice_until is None else max(since, min(now, job.notice_until))
                 job.progress_s += _working_s(job, since, until) * _rate(job)
                 if job.saved_s + job.progress_s >= job.spec.work_s:
+                    # it ended within the step, when its work was done: the rest of the step
+                    # its GPUs are idle, neither its useful time nor its loss
+                    over_s = (job.saved_s + job.progress_s - job.spec.work_s) / _rate(job)
+                    ended = max(since, until - timedelta(seconds=over_s))
                     job.saved_s, job.progress_s = job.spec.work_s, 0.0
-                    job.running, job.finished_at = False, now
+                    job.running, job.finished_at = False, ended
                     finished = True
                     if job.notice_until is not None:  # it finished before it had to stop
                         job.notice_until = job.notice_close = job.releasing_until = None
@@ -291,10 +296,10 @@ class _Simulation:
                     if job.spec.estimate_s > 0:
                         self.overruns = self.overruns.with_ratio(job.spec.work_s
                                                                  / job.spec.estimate_s)
-                    runs.close(job, now, "finished", 0.0)
+                    runs.close(job, ended, "finished", 0.0)
                     assert job.started_at is not None  # it ran (set when admitted)
                     self.usage_log.append((now, job.spec.team, job.gpus
-                                           * (now - job.started_at).total_seconds() / 3600))
+                                           * (ended - job.started_at).total_seconds() / 3600))
                     self.usage_logged = True
                 elif job.spec.checkpointable:
                     _checkpoint(job, since, until)
