@@ -69,6 +69,10 @@ def simulate(
     workers: Annotated[Optional[int], typer.Option(
         help="Policies simulated at once, each in its own process (the results are the same "
         "as one by one). Default: the CPUs this process may use.")] = None,
+    forecast_cache: Annotated[Optional[Path], typer.Option(
+        help="Directory to keep the forecast policy's nightly forecasts in: a later run on "
+        "the same history, config and span (any job trace, policies or notices) reads them "
+        "back instead of refitting every evening.")] = None,
 ) -> None:
     """Replay the pool history and a job trace through the admission policy, for each of
     night (fixed 20:00-08:00), reactive, forecast (ours), oracle (ours on the actual future) and
@@ -79,7 +83,8 @@ def simulate(
                      days=days, warmup_days=warmup_days, out=out, placement=placement,
                      sweep=sweep, saves_on_stop=saves_on_stop,
                      checkpoint_notice=checkpoint_notice, notice_answer=notice_answer,
-                     unanswered_share=unanswered_share, workers=workers)
+                     unanswered_share=unanswered_share, workers=workers,
+                     forecast_cache=forecast_cache)
 
 
 @app.command(short_help="Tonight's plan: windows, which jobs start when, and why others wait.")

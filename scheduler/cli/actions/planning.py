@@ -66,7 +66,8 @@ from idlegpu.scheduler.types import JobState
 def simulate(*, history: Path, jobs: Path, config: Path, runs: Path | None, policies: str,
              days: int | None, warmup_days: int, out: Path, placement: str,
              sweep: str | None, saves_on_stop: bool, checkpoint_notice: str,
-             notice_answer: str, unanswered_share: float, workers: int | None) -> None:
+             notice_answer: str, unanswered_share: float, workers: int | None,
+             forecast_cache: Path | None = None) -> None:
     """``idlegpu simulate``."""
     names = [p.strip() for p in policies.split(",") if p.strip()]
     unknown = [p for p in names if p not in POLICIES]
@@ -95,8 +96,13 @@ def simulate(*, history: Path, jobs: Path, config: Path, runs: Path | None, poli
     _say_runtime_model(estimator)
     start, end = _simulated_span(frame, sim_jobs, warmup_days, days)
     out.mkdir(parents=True, exist_ok=True)
+    cached = {}
+    if forecast_cache is not None and "forecast" in names:
+        cached["forecast_profiles"] = _cached_forecasts(forecast_cache, frame, settings, start,
+                                                        end)
     results = _run_policies(frame, settings, sim_jobs, names, start, end, workers,
-                            placement=placement, saves_on_stop=saves_on_stop, **notice_options)
+                            placement=placement, saves_on_stop=saves_on_stop, **notice_options,
+                            **cached)
     rows, table, curves, losses, delays = _policy_tables(results, settings, out)
     chart = _print_policies(table, curves, settings, out, start=start, end=end,
                             requests=len(entries), units=len(sim_jobs), placement=placement)
@@ -107,6 +113,26 @@ def simulate(*, history: Path, jobs: Path, config: Path, runs: Path | None, poli
     if confidences:
         _frontier(frame, settings, sim_jobs, confidences, rows, out, start=start, end=end,
                   placement=placement, saves_on_stop=saves_on_stop, **notice_options)
+
+
+def _cached_forecasts(directory: Path, frame, settings, start, end):
+    """The forecast policy's nightly profiles, from ``directory`` or made and kept there."""
+    from rich.progress import Progress
+
+    from idlegpu.scheduler.simulate.cache import cached_forecast_profiles
+
+    with Progress(console=err_console, transient=True) as progress:
+        task = progress.add_task("forecast: refitting each evening", total=None)
+        try:
+            profiles, path, read = cached_forecast_profiles(
+                directory, frame, settings, start.to_pydatetime(), end.to_pydatetime(),
+                on_refresh=lambda k, n: progress.update(task, completed=k, total=n))
+        except OSError as error:
+            raise typer.BadParameter(f"cannot keep forecasts in {directory}: "
+                                     f"{error.strerror or error}; give a directory you can "
+                                     "write to", param_hint="--forecast-cache") from None
+    console.print(f"forecasts {'read from' if read else 'kept in'} {escape(str(path))}")
+    return profiles
 
 
 def _simulated_span(frame, sim_jobs, warmup_days: int, days: int | None):
