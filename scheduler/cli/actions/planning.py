@@ -59,6 +59,7 @@ from idlegpu.scheduler.simulate import (
     trace_jobs,
 )
 from idlegpu.scheduler.simulate import sweep as sweep_policies
+from idlegpu.scheduler.simulate.cache import cached_forecast_profiles
 from idlegpu.scheduler.specs import SpecError, load_trace, parse_duration
 from idlegpu.scheduler.types import JobState
 
@@ -118,8 +119,6 @@ def simulate(*, history: Path, jobs: Path, config: Path, runs: Path | None, poli
 def _cached_forecasts(directory: Path, frame, settings, start, end):
     """The forecast policy's nightly profiles, from ``directory`` or made and kept there."""
     from rich.progress import Progress
-
-    from idlegpu.scheduler.simulate.cache import cached_forecast_profiles
 
     with Progress(console=err_console, transient=True) as progress:
         task = progress.add_task("forecast: refitting each evening", total=None)
