@@ -201,8 +201,10 @@ class Daemon:
         self.last_pass: datetime | None = None
         self.forecast_made: datetime | None = None
         # the monthly report is due once 06:00 on a 1st passes after this (the last report, or
-        # the start: like a cron, a daemon started later that month does not write it)
-        self.report_since: datetime | None = None
+        # the start: like a cron, a daemon started later that month does not write it). The
+        # start is now, not when the scheduler begins: a first pass that runs past 06:00 must
+        # not make the 1st's report never due
+        self.report_since: datetime | None = self.clock.now()
         self._refresh_lock = threading.Lock()
         self._server: WSGIServer | None = None
         self.leader = leader

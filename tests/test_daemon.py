@@ -369,3 +369,18 @@ def test_a_leader_with_a_warm_forecast_takes_over_without_refreshing_again(setup
     elector.leading = True
     assert daemon.reconcile() is not None and made == [T0]  # still current: used as is
     assert daemon.leading_since == clock["now"] and daemon.last_pass == clock["now"]
+
+
+def test_a_first_pass_that_runs_past_six_still_leaves_the_1sts_report_due(setup):  # noqa: F811
+    # the daemon's start counts from when it was made: a first reconcile pass that ran from
+    # 05:59 to 06:02 (a slow store, a loaded machine) must not move the start past 06:00
+    from zoneinfo import ZoneInfo
+
+    _, _, _, controller, _ = setup
+    seoul = ZoneInfo("Asia/Seoul")
+    now = [datetime(2026, 2, 1, 5, 59, tzinfo=seoul)]
+    daemon = Daemon(controller, clock=lambda: now[0], timezone="Asia/Seoul",
+                    monthly_report=lambda at: None)
+    now[0] = datetime(2026, 2, 1, 6, 2, tzinfo=seoul)
+    daemon.scheduler(blocking=False)  # built after the first pass, not started
+    assert daemon.report_due(now[0])
