@@ -204,7 +204,7 @@ class Daemon:
         # the start: like a cron, a daemon started later that month does not write it). The
         # start is now, not when the scheduler begins: a first pass that runs past 06:00 must
         # not make the 1st's report never due
-        self.report_since: datetime | None = self.clock.now()
+        self.report_since: datetime = self.clock.now()
         self._refresh_lock = threading.Lock()
         self._server: WSGIServer | None = None
         self.leader = leader
@@ -365,8 +365,6 @@ class Daemon:
     def report_due(self, now: datetime) -> bool:
         if self.monthly_report is None:
             return False
-        if self.report_since is None:
-            self.report_since = now
         return report_due(now, self.report_since, self.timezone, self.report_hour)
 
     def report_if_due(self) -> bool:
@@ -484,8 +482,6 @@ class Daemon:
         from apscheduler.schedulers.blocking import BlockingScheduler
         from apscheduler.triggers.interval import IntervalTrigger
 
-        if self.report_since is None:
-            self.report_since = self.clock.now()
         sched = (BlockingScheduler if blocking else BackgroundScheduler)(timezone=self.timezone)
         common = {"max_instances": 1, "coalesce": True, "replace_existing": True,
                   "misfire_grace_time": 30}

@@ -17,7 +17,14 @@ from datetime import datetime, timedelta
 from typing import Protocol
 
 from idlegpu.scheduler.specs import resize_unit
-from idlegpu.scheduler.types import JobState, Overruns, RunningJob, UnitSpec, WaitingJob
+from idlegpu.scheduler.types import (
+    JobState,
+    Overruns,
+    RunningJob,
+    UnitSpec,
+    WaitingJob,
+    reload_s,
+)
 
 
 class QueueRow(Protocol):
@@ -91,8 +98,7 @@ def waiting_job(row: QueueRow, estimate_s: float, overruns: Overruns, *,
     when it will resume from that progress, the ``restart_cost_s`` its reload takes."""
     total = float(estimate_s)
     runtime = overruns.remaining_s(total, row.work_done_s) if row.checkpointable else total
-    if row.checkpointable and row.work_done_s > 0:
-        runtime += restart_cost_s
+    runtime += reload_s(row.checkpointable, row.work_done_s, restart_cost_s)
     return WaitingJob(
         id=row.id, team=row.team, gpus=row.gpus, runtime_s=runtime,
         checkpointable=row.checkpointable, priority=row.priority,
@@ -130,9 +136,9 @@ def running_job(row: QueueRow, now: datetime, estimate_s: float, overruns: Overr
     checkpoint = row.last_checkpoint_at
     if checkpoint is not None and checkpoint < began:
         checkpoint = None  # from an earlier attempt: already in work_done_s
-    if (checkpoint is None and restart_cost_s > 0 and row.checkpointable
-            and row.work_done_s > 0):
-        checkpoint = began + timedelta(seconds=restart_cost_s)
+    reload = reload_s(row.checkpointable, row.work_done_s, restart_cost_s)
+    if checkpoint is None and reload > 0:
+        checkpoint = began + timedelta(seconds=reload)
     if row.state is JobState.ADMITTED:
         elapsed = 0.0
     else:

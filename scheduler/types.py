@@ -443,6 +443,14 @@ class Plan:
         return [d for d in self.decisions if d.action is action]
 
 
+def reload_s(checkpointable: bool, saved_work_s: float, restart_cost_s: float) -> float:
+    """Seconds an attempt spends reloading before it works: ``restart_cost_s`` when it
+    resumes from a checkpoint (it checkpoints and has saved work); 0 for a fresh start, whose
+    load is part of its runtime, and for a unit that cannot checkpoint (it always starts
+    afresh)."""
+    return restart_cost_s if checkpointable and saved_work_s > 0 else 0.0
+
+
 def family_of(image: str, step: str) -> str:
     """The runtime-estimate family of an image and step: image without its tag, ``#``, step."""
     return f"{image.rsplit(':', 1)[0]}#{step}"

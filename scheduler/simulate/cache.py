@@ -25,9 +25,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from idlegpu.forecast.capacity import pool_usage
 from idlegpu.scheduler.config import Settings
 from idlegpu.scheduler.simulate.profiles import forecast_profiles_for
-from idlegpu.scheduler.simulate.timeline import _PoolTimeline
+from idlegpu.scheduler.simulate.timeline import _span_steps
 from idlegpu.scheduler.types import FreeProfile
 
 MAX_FILE_BYTES = 256 * 2**20
@@ -68,7 +69,7 @@ def _ns(moment: datetime) -> int:
 
 
 def _moment(ns: int) -> datetime:
-    return datetime.fromtimestamp(0, UTC) + timedelta(microseconds=int(ns) // 1000)
+    return pd.Timestamp(int(ns), tz=UTC).to_pydatetime()
 
 
 def save_profiles(path: Path, profiles: dict[datetime, FreeProfile]) -> None:
@@ -148,7 +149,8 @@ def cached_forecast_profiles(
     end=end)`` at these defaults: read from ``directory`` when a run on the same inputs made
     them, else made (``forecast_profiles_for``) and written there. Returns them, the file and
     whether it was read."""
-    index = _PoolTimeline(history, settings, start, end).index
+    # the steps the simulation runs (its timeline's), without the rest of its timeline
+    index = _span_steps(pool_usage(history, settings).index, start, end)
     path = Path(directory) / f"{profiles_key(history, settings, index, refresh_hour, horizon)}.npz"
     found = load_profiles(path)
     if found is not None:

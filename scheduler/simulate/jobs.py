@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 import numpy as np
 
 from idlegpu.scheduler.simulate.results import _Run
-from idlegpu.scheduler.types import Overruns, RunningJob, WaitingJob
+from idlegpu.scheduler.types import Overruns, RunningJob, WaitingJob, reload_s
 
 
 @dataclass(frozen=True)
@@ -232,8 +232,7 @@ def _waiting(live: list[_Job], state: dict[str, _Job], step_s: int, overruns: Ov
         if job.queued_view is None or job.queued_view[0] != key:
             left = (spec.work_s - job.saved_s if oracle
                     else overruns.remaining_s(spec.estimate_s, job.saved_s))
-            if spec.checkpointable and job.saved_s > 0:
-                left += restart_cost_s
+            left += reload_s(spec.checkpointable, job.saved_s, restart_cost_s)
             view = spec.as_waiting(runtime_s=max(step_s, left), preemptions=job.preemptions)
             if at_will:
                 # (it saves at will: no interval bounds its segments)
@@ -249,9 +248,9 @@ def _begin_attempt(job: _Job, now: datetime, gpus: int, stop_by: datetime | None
     """Start an attempt on ``gpus`` at ``now``. One that resumes from a checkpoint reloads it
     first, for ``restart_cost_s``; a fresh start's load is part of the unit's runtime, and a
     unit that does not checkpoint always starts afresh."""
-    resumes = job.spec.checkpointable and job.saved_s > 0 and restart_cost_s > 0
+    reload = reload_s(job.spec.checkpointable, job.saved_s, restart_cost_s)
     job.gpus, job.running, job.started_at = gpus, True, now
-    job.reloaded_at = now + timedelta(seconds=restart_cost_s) if resumes else None
+    job.reloaded_at = now + timedelta(seconds=reload) if reload > 0 else None
     job.last_checkpoint_at = job.reloaded_at or now
     job.stop_by, job.progress_s = stop_by, 0.0
 

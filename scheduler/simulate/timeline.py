@@ -18,13 +18,18 @@ from idlegpu.scheduler.simulate.jobs import SimJob
 from idlegpu.scheduler.types import NIGHT_HOURS, PolicySettings
 
 
+def _span_steps(steps: pd.DatetimeIndex, start: datetime, end: datetime) -> pd.DatetimeIndex:
+    """The steps of the pool's usage a simulation of ``[start, end)`` runs."""
+    return steps[(steps >= start) & (steps < end)]
+
+
 class _PoolTimeline:
     """The actual pool, step by step: service GPUs, free GPUs and live signals."""
 
     def __init__(self, history: pd.DataFrame, settings: Settings, start: datetime, end: datetime):
         usage = pool_usage(history, settings)  # NaN wherever a service's replicas are unknown
         self.step = usage.index[1] - usage.index[0]
-        self.index = usage.index[(usage.index >= start) & (usage.index < end)]
+        self.index = _span_steps(usage.index, start, end)
         if len(self.index) < 2:
             raise ValueError("the simulation period is not covered by the history")
         here = usage.loc[self.index]

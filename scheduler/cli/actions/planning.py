@@ -160,7 +160,7 @@ def _run_policies(frame, settings, sim_jobs, names, start, end, workers: int | N
     with Progress(console=err_console, transient=True) as progress:
         tasks = {}
         for name in names:
-            if name == "forecast":
+            if name == "forecast" and "forecast_profiles" not in notice_options:
                 tasks[name, "refreshes"] = progress.add_task("forecast: refitting each evening",
                                                              total=None)
             tasks[name, "steps"] = progress.add_task(escape(plain(f"simulating {name}")),
