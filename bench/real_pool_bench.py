@@ -18,7 +18,9 @@ Los Angeles. Variants:
 * ``overruns``: plus the trace's true runtimes (units run longer or shorter than estimated);
 * ``all``: all three;
 * ``elastic``: ``all``, with every checkpointable unit of 8 GPUs or more elastic down to half
-  its GPUs (``min_gpus = gpus / 2``): what shrinking and smaller admissions buy.
+  its GPUs (``min_gpus = gpus / 2``) by whole replicas of up to a node's 8 GPUs
+  (``gpus_step = min(8, gpus / 2)``: 32 GPUs run on 32, 24 or 16): what shrinking and smaller
+  admissions buy.
 
 ``--pool servegen``: the ServeGen pool of data/real/servegen-pool/ (four LLM-serving deployments
 of one model family, driven by the request rates of its API clients; 11 days from Thursday
@@ -115,8 +117,8 @@ def variant_inputs(switches, settings, entries, estimator, run: PoolRun = RUNS["
     if "overruns" not in switches:
         jobs = [replace(j, work_s=j.estimate_s) for j in jobs]
     if "elastic" in switches:
-        jobs = [replace(j, min_gpus=j.gpus // 2) if j.checkpointable and j.gpus >= 8 else j
-                for j in jobs]
+        jobs = [replace(j, min_gpus=j.gpus // 2, gpus_step=min(8, j.gpus // 2))
+                if j.checkpointable and j.gpus >= 8 else j for j in jobs]
     return history, jobs
 
 

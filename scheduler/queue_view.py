@@ -105,6 +105,7 @@ def waiting_job(row: QueueRow, estimate_s: float, overruns: Overruns, *,
         submitted_at=row.submitted_at, deadline=row.spec.deadline,
         preemptions=row.preemptions, max_preemptions=row.spec.max_preemptions,
         kind=row.kind, min_gpus=row.spec.min_gpus,
+        gpus_step=getattr(row.spec, "gpus_step", 1),
         checkpoint_interval_s=checkpoint_interval(row),
     )
 
@@ -152,7 +153,8 @@ def running_job(row: QueueRow, now: datetime, estimate_s: float, overruns: Overr
         id=row.id, team=row.team, gpus=row.gpus, priority=row.priority,
         started_at=began, checkpointable=row.checkpointable, remaining_s=remaining,
         last_checkpoint_at=checkpoint, stop_by=row.stop_by, kind=row.kind,
-        min_gpus=row.spec.min_gpus, checkpoint_interval_s=checkpoint_interval(row),
+        min_gpus=row.spec.min_gpus, gpus_step=getattr(row.spec, "gpus_step", 1),
+        checkpoint_interval_s=checkpoint_interval(row),
         saves_on_stop=row.checkpointable and bool(getattr(row.spec, "saves_on_stop",
                                                           False)),
         notice_s=notice_s if row.checkpointable and getattr(

@@ -83,9 +83,33 @@ class Action(StrEnum):
 
 
 def _elastic_min(job: WaitingJob | RunningJob) -> None:
-    """``min_gpus`` defaults to ``gpus`` (not elastic); never above it."""
+    """``min_gpus`` defaults to ``gpus`` (not elastic); never above it. ``gpus_step`` is at
+    least 1."""
     least = job.gpus if job.min_gpus is None else min(int(job.min_gpus), job.gpus)
     object.__setattr__(job, "min_gpus", max(1, least) if job.gpus > 0 else job.gpus)
+    object.__setattr__(job, "gpus_step", max(1, int(job.gpus_step)))
+
+
+def smaller_sizes(gpus: int, min_gpus: int, gpus_step: int = 1) -> range:
+    """The sizes below ``gpus`` an elastic unit runs on, largest first: the multiples of
+    ``gpus_step`` from ``min_gpus`` up (a data-parallel unit grows and shrinks by whole
+    replicas of ``gpus_step`` GPUs). Empty when it is not elastic."""
+    step = max(1, gpus_step)
+    top = (gpus - 1) // step * step
+    bottom = -(-max(1, min_gpus) // step) * step
+    return range(top, bottom - 1, -step)
+
+
+def fitting_size(gpus: int, min_gpus: int, gpus_step: int, room: float) -> int:
+    """The most GPUs a unit of ``gpus`` (elastic down to ``min_gpus`` by ``gpus_step``) runs
+    on within ``room`` GPUs: its size, else its largest smaller size that fits, else 0."""
+    if room >= gpus:
+        return gpus
+    sizes = smaller_sizes(gpus, min_gpus, gpus_step)
+    if not sizes or not room >= sizes[-1]:  # NaN (no forecast) is no room
+        return 0
+    step = -sizes.step
+    return min(sizes[0], int(room) // step * step)
 
 
 @dataclass(frozen=True)
@@ -108,6 +132,8 @@ class WaitingJob:
     """An elastic job may start on as few as this many GPUs, its runtime then scaled
     linearly (``runtime_s * gpus / granted``); None (the default) becomes ``gpus``: not
     elastic."""
+    gpus_step: int = 1
+    """An elastic job runs on multiples of this many GPUs below ``gpus`` (its replicas)."""
     cpu: float | None = None
     """CPU cores its pod requests (None: unknown, not checked against the nodes)."""
     memory: int | None = None
@@ -130,6 +156,12 @@ class WaitingJob:
         # __post_init__ (_elastic_min) always sets min_gpus
         assert self.min_gpus is not None
         return self.min_gpus < self.gpus
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        """The GPUs it may start on, largest first: ``gpus``, then its smaller sizes."""
+        assert self.min_gpus is not None
+        return (self.gpus, *smaller_sizes(self.gpus, self.min_gpus, self.gpus_step))
 
     @property
     def gpus_per_node(self) -> int:
@@ -212,6 +244,8 @@ class RunningJob:
     """An elastic job may be shrunk to as few as this many GPUs (a checkpoint, then a restart
     on fewer GPUs); None (the default) becomes ``gpus``: not elastic. ``gpus`` and
     ``remaining_s`` are what it holds and needs at its current size."""
+    gpus_step: int = 1
+    """An elastic job shrinks to multiples of this many GPUs (whole replicas)."""
     nodes: tuple[str, ...] = ()
     """The nodes its pods hold GPUs on (one per pod, its GPUs split evenly), when known: with a
     node view, ``decide()`` counts them back on these nodes when it ends, for a reservation
@@ -250,6 +284,13 @@ class RunningJob:
         # __post_init__ (_elastic_min) always sets min_gpus
         assert self.min_gpus is not None
         return self.min_gpus < self.gpus and self.checkpointable
+
+    def shrunk_size(self, room: float) -> int:
+        """The most GPUs below its own it can shrink to within ``room`` (0: none)."""
+        assert self.min_gpus is not None
+        if not self.elastic:
+            return 0
+        return fitting_size(self.gpus, self.min_gpus, self.gpus_step, min(room, self.gpus - 1))
 
     def last_checkpoint(self, now: datetime) -> datetime:
         """Its latest checkpoint by ``now``: the last known one (or its start), advanced by
@@ -547,6 +588,9 @@ class UnitSpec:
     min_gpus: int | None = None
     """Elastic: the fewest GPUs it can run on (below ``gpus``, checkpointable); None: it runs
     on ``gpus`` only. An attempt on fewer GPUs is ``specs.resize_unit(spec, n)``."""
+    gpus_step: int = 1
+    """Elastic: below ``gpus`` it runs on multiples of this many GPUs (its data-parallel
+    replicas); ``gpus`` and ``min_gpus`` are multiples of it."""
     nodes: int = 1
     """A multi-node (gang) unit: this many pods, one per node, started together or not at
     all (an Indexed Job). ``gpus``, ``cpu`` and ``memory`` are the unit's totals; each pod

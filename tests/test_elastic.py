@@ -411,3 +411,151 @@ def test_a_cover_frees_the_need_exactly_when_it_shrinks_and_never_costs_more(job
     if len({j.priority for j in running_jobs}) == 1:
         ceiling = cost([(j, 0) for j in whole])
         assert cost(cover) <= ceiling * (1 + 1e-5) + 1e-6
+
+
+# ----------------------------------------------------------------------------- gpus_step
+
+
+def test_gpus_step_reaches_the_unit_and_a_resize_off_the_step_is_refused():
+    (unit,) = expand_units(validate_request(request(gpus=32, min_gpus=16, gpus_step=8)))
+    assert (unit.gpus, unit.min_gpus, unit.gpus_step) == (32, 16, 8)
+    assert resize_unit(unit, 24).gpus == 24 and resize_unit(unit, 16).gpus == 16
+    with pytest.raises(ValueError, match="runs on 16 to 32 GPUs in steps of 8, not 20"):
+        resize_unit(unit, 20)
+    (plain,) = expand_units(validate_request(request()))
+    assert plain.gpus_step == 1
+    # a step inherits the job's, or sets its own
+    steps = [{"name": "sft"}, {"name": "eval", "gpus": 4, "min_gpus": 2, "gpus_step": 2}]
+    units = expand_units(validate_request(request(gpus=32, min_gpus=16, gpus_step=8,
+                                                  steps=steps)))
+    assert [(u.step, u.gpus_step) for u in units] == [("sft", 8), ("eval", 2)]
+
+
+@pytest.mark.parametrize("over, field, words", [
+    ({"gpus_step": 3}, "gpus_step:", "must both be multiples of gpus_step 3"),
+    ({"gpus_step": 3}, "gpus_step:", "use a gpus_step that divides both, e.g. 2"),
+    ({"gpus_step": 0}, "gpus_step:", "gpus_step must be at least 1 (got 0)"),
+    ({"gpus_step": 10**30}, "gpus_step:", "e.g. 8"),
+    ({"gpus_step": "x"}, "gpus_step:", "dividing gpus and min_gpus, or leave it out"),
+    ({"gpus_step": 4, "min_gpus": None}, "gpus_step:",
+     "only applies to an elastic unit, which this is not; add min_gpus"),
+    ({"steps": [{"name": "sft", "gpus_step": 5}]}, "steps.0.gpus_step:", "multiples of"),
+])
+def test_gpus_step_errors_name_the_field_and_the_fix(over, field, words):
+    with pytest.raises(SpecError) as err:
+        expand_units(validate_request(request(**over), source="req.yaml"))
+    text = str(err.value)
+    assert f"req.yaml: {field}" in text and words in text, text
+    assert "\n" not in text
+
+
+def test_the_daemon_rechecks_gpus_step_on_a_stored_unit():
+    from idlegpu.scheduler.config import AdmissionConfig
+    from idlegpu.scheduler.specs import recheck_unit
+
+    (unit,) = expand_units(validate_request(request(gpus_step=4)))
+    recheck_unit(unit, "alignment", AdmissionConfig())
+    for bad in (replace(unit, gpus_step=3), replace(unit, gpus_step=0),
+                replace(unit, gpus_step=4, min_gpus=None)):
+        with pytest.raises(SpecError, match="gpus_step: gpus_step .* does not fit"):
+            recheck_unit(bad, "alignment", AdmissionConfig())
+
+
+def test_a_stepped_elastic_job_starts_on_the_largest_whole_step_that_fits():
+    job = replace(waiting("pretrain", 32, 6, min_gpus=16), gpus_step=8)
+    (d,) = decide(T0, flat(31, 12), [], [job], ServingSignals(observed_at=T0), {},
+                  SETTINGS).decisions
+    assert (d.action, d.gpus) == (Action.ADMIT, 24)
+    assert d.reason.startswith("24 of its 32 GPUs (32 do not fit now; it may run on 16 in "
+                               "steps of 8)")
+    # 23 free: 16, not 23; 15 free: not at all
+    (d,) = decide(T0, flat(23, 12), [], [job], ServingSignals(observed_at=T0), {},
+                  SETTINGS).decisions
+    assert (d.action, d.gpus) == (Action.ADMIT, 16)
+    (d,) = decide(T0, flat(15, 12), [], [job], ServingSignals(observed_at=T0), {},
+                  SETTINGS).decisions
+    assert d.action is Action.DEFER
+    # with a step of 1 the same job takes every GPU free
+    (d,) = decide(T0, flat(23, 12), [], [replace(job, gpus_step=1)],
+                  ServingSignals(observed_at=T0), {}, SETTINGS).decisions
+    assert (d.action, d.gpus) == (Action.ADMIT, 23)
+
+
+def test_a_stepped_shrink_frees_a_whole_step_for_a_smaller_need():
+    job = replace(running("pretrain", 32, since_ckpt_h=0.0, min_gpus=16), gpus_step=8)
+    (d,) = decide(T0, flat(64), [job], [], short(3), {}, SETTINGS).decisions
+    assert (d.action, d.gpus) == (Action.SHRINK, 24)
+    (d,) = decide(T0, flat(64), [job], [], short(9), {}, SETTINGS).decisions
+    assert (d.action, d.gpus) == (Action.SHRINK, 16)
+    # more than it can give: a whole stop
+    (d,) = decide(T0, flat(64), [job], [], short(17), {}, SETTINGS).decisions
+    assert d.action is Action.PREEMPT
+    # 10 short beside a 2-GPU eval: two steps (16 x 600 GPU-s of reload) cost less than a
+    # step and the eval (24 x 600 + 2 x 600), though they free 6 GPUs beyond the need
+    jobs = [job, running("eval", 2, since_ckpt_h=0.0)]
+    plan = decide(T0, flat(64), jobs, [], short(10), {}, SETTINGS)
+    assert [(d.job_id, d.action, d.gpus) for d in plan.decisions] == [
+        ("pretrain", Action.SHRINK, 16)]
+
+
+def test_the_simulator_runs_a_stepped_elastic_job_on_whole_steps_only():
+    # 32 GPUs free at night, 12 by day (7 replicas): a 24-GPU unit elastic down to 8 runs on
+    # 24 by night and on 8 by day with a step of 8, never on 12
+    settings, history = sim_pool(day_replicas=7.0)
+    jobs = [replace(sim_job("pretrain", 24, 30.0, min_gpus=8, submit=(7, 20)), gpus_step=8)]
+    entry = TraceEntry.model_validate({
+        "submit_at": "2026-01-12T19:00:00+09:00", "actual_runtime": "6h",
+        "request": request(gpus=24, min_gpus=8, gpus_step=8)})
+    assert trace_jobs([entry], lambda unit: 6 * H)[0].gpus_step == 8
+    assert jobs[0].as_waiting().gpus_step == 8
+    for policy in ("reactive", "forecast"):
+        result = simulate(history, settings, jobs, policy, start=at(7, 0), end=at(10, 0))
+        sizes = set(result.runs["gpus"])
+        assert sizes <= {24, 16, 8} and 8 in sizes, (policy, sizes)
+        check_conservation(result)
+    stepless = simulate(history, settings, [replace(jobs[0], gpus_step=1)], "reactive",
+                        start=at(7, 0), end=at(10, 0))
+    assert 12 in set(stepless.runs["gpus"])
+
+
+def test_a_stepped_elastic_job_whose_window_closes_keeps_a_whole_step():
+    prof = FreeProfile(start=T0, step_s=300, free=np.array([32.0] * 2 + [30.0] * 70),
+                       confidence=0.9, made_at=T0)
+    closing = RunningJob(id="pretrain", team="a", gpus=32, priority=0,
+                         started_at=T0 - timedelta(hours=5), checkpointable=True,
+                         remaining_s=6 * H, last_checkpoint_at=T0,
+                         stop_by=T0 + timedelta(minutes=5), min_gpus=16, gpus_step=8)
+    (d,) = decide(T0, prof, [closing], [], ServingSignals(observed_at=T0), {},
+                  SETTINGS).decisions
+    assert (d.action, d.gpus, d.planned) == (Action.SHRINK, 24, True)
+    (d,) = decide(T0, prof, [replace(closing, gpus_step=1)], [], ServingSignals(observed_at=T0),
+                  {}, SETTINGS).decisions
+    assert (d.action, d.gpus) == (Action.SHRINK, 30)
+
+
+@given(st.lists(st.tuples(st.sampled_from([(8, 4, 4), (16, 8, 8), (32, 16, 8), (24, 8, 8),
+                                           (6, 2, 2), (4, None, 1), (2, None, 1)]),
+                          st.floats(0.0, 3.0), st.integers(0, 1)), min_size=1, max_size=6),
+       st.integers(1, 60))
+@hsettings(max_examples=300, deadline=None)
+def test_a_stepped_cover_shrinks_by_whole_steps_and_overshoots_by_less_than_one(jobs, need):
+    from idlegpu.scheduler.policy import _cover, _shrink_cost, _stop_cost, _victims
+
+    running_jobs = [replace(running(f"j{i}", g, since_ckpt_h=h, min_gpus=m, priority=p),
+                            gpus_step=s) for i, ((g, m, s), h, p) in enumerate(jobs)]
+    cover = _cover(running_jobs, need, T0, {}, restart_cost_s=600)
+    freed = sum(j.gpus - keep for j, keep in cover)
+    assert freed >= min(need, sum(j.gpus for j in running_jobs))
+    shrunk = [j for j, keep in cover if keep]
+    for job, keep in cover:
+        assert keep == 0 or (job.min_gpus <= keep < job.gpus and keep % job.gpus_step == 0)
+    if shrunk:
+        # what the shrinks free beyond the need is less than any one of them could give back
+        assert freed - need < min(j.gpus_step for j in shrunk)
+
+    def cost(c):
+        return sum(_shrink_cost(j, k, T0, 600) if k else _stop_cost(j, T0, 600) for j, k in c)
+
+    if len({j.priority for j in running_jobs}) == 1:
+        whole = _victims(running_jobs, need, T0, {}, restart_cost_s=600)
+        assert cost(cover) <= cost([(j, 0) for j in whole]) * (1 + 1e-5) + 1e-6

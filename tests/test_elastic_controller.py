@@ -188,6 +188,34 @@ def test_the_store_refuses_sizes_outside_the_unit_range(setup):
         store.shrunk(unit, T0 + MIN)
 
 
+STEPPED = {**ELASTIC, "gpus_step": 4}
+
+
+@pytest.mark.parametrize("setup", [STEPPED], indirect=True)
+def test_a_stepped_unit_shrinks_and_is_admitted_by_whole_steps(setup):
+    store, cluster, signals, controller, free, unit = setup
+    first = running_at(controller, cluster, T0)
+    signals.value = ServingSignals(observed_at=T0 + 20 * MIN, gpus_short=3)
+    report = controller.reconcile_once(T0 + 20 * MIN)
+    (d,) = report.plan.decisions
+    assert (d.action.value, d.gpus) == ("shrink", 4)  # a whole step, though 3 would do
+    assert report.stopped == [first] and store.unit(unit).shrink_to == 4
+    # the store refuses a size off the step, as the policy never asks for one
+    with pytest.raises(TransitionRefusedError, match="runs on 4 to 8 GPUs in steps of 4, not 6"):
+        store.shrinking(unit, T0 + 21 * MIN, 6)
+
+
+@pytest.mark.parametrize("setup", [STEPPED], indirect=True)
+def test_a_stepped_unit_waits_for_a_whole_step(setup):
+    store, cluster, _, controller, free, unit = setup
+    free["values"] = np.full(288, 7.0)  # 7 free: one step of 4, not 7
+    (d,) = controller.reconcile_once(T0).plan.decisions
+    assert (d.action.value, d.gpus) == ("admit", 4)
+    assert [a.gpus for a in store.attempts(unit)] == [4]
+    (job,) = cluster.jobs.values()
+    assert job.gpus == 4
+
+
 def test_a_cancel_during_a_shrink_cancels_instead_of_restarting(setup):
     store, cluster, signals, controller, _, unit = setup
     running_at(controller, cluster, T0)

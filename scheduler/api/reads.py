@@ -131,7 +131,7 @@ class Reads:
                             checkpointable=u.checkpointable, priority=u.priority,
                             submitted_at=now, deadline=u.deadline,
                             max_preemptions=u.max_preemptions, kind=u.kind,
-                            min_gpus=u.min_gpus, nodes=u.nodes)
+                            min_gpus=u.min_gpus, gpus_step=u.gpus_step, nodes=u.nodes)
                  for k, u in enumerate(units) if u.step_index == 0]
         out: list[dict[str, Any]] = [
             {"id": ids[k], "runtime": {"seconds": round(e.seconds, 1), "source": e.source,

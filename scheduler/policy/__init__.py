@@ -17,7 +17,8 @@
    restart cost per GPU (GPU-seconds since the last checkpoint, plus ``restart_cost_s`` per
    GPU), then the fewest victims; and no more victims than the need requires. An elastic job
    (``min_gpus`` below its GPUs) may instead be **shrunk**: it checkpoints and restarts on
-   exactly the GPUs the need leaves it (any whole number down to ``min_gpus``), which costs
+   the GPUs the need leaves it (down to ``min_gpus``, by whole ``gpus_step``: with a step
+   above 1 it may free up to a step beyond the need), which costs
    its unsaved work plus the restart of the GPUs it keeps; chosen when that is the cheaper
    cover (``Action.SHRINK``, ``Decision.gpus`` the GPUs it keeps).
 4. **Admission** walks the queue by priority, then team fair share (fewest GPU-hours used
@@ -26,7 +27,8 @@
    worthwhile segment, stopping before the window closes). The first job that cannot start gets
    a reservation at its earliest fitting time; later jobs backfill only around it (EASY
    backfilling), so small jobs never starve a big one. An elastic job whose full size does
-   not fit now starts on the most GPUs that do (at least its ``min_gpus``), its runtime
+   not fit now starts on the most GPUs that do (at least its ``min_gpus``, a multiple of its
+   ``gpus_step``), its runtime
    scaled linearly (``runtime_s * gpus / granted``).
    **Two curves.** Where the profile carries the pool's median free GPUs beside the promise
    (``FreeProfile.likely``, from the refresh's scenarios) and ``checkpointable_on_likely`` is

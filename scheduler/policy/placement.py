@@ -292,7 +292,7 @@ def _place(
     # its full size first; an elastic job then on the most GPUs that fit now, its runtime
     # scaled linearly (the same work on fewer GPUs takes gpus / granted as long)
     no_node = False  # the pool had room for some size, but no node held it
-    for gpus in range(job.gpus, job.min_gpus - 1, -1):
+    for gpus in job.sizes:
         if gpus > avail[i0]:
             continue
         node = None
@@ -424,7 +424,7 @@ def _admit_now(job: WaitingJob, gpus: int, whole: bool, now: datetime, profile: 
         return None
     fewer = "" if gpus == job.gpus else (
         f"{gpus} of its {job.gpus} GPUs ({job.gpus} do not fit now; it may run on "
-        f"{job.min_gpus}): "
+        f"{job.min_gpus}{f' in steps of {job.gpus_step}' if job.gpus_step > 1 else ''}): "
     )
     run = capacity.run_from_now(gpus, whole)
     if run >= need_steps:

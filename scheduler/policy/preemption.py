@@ -16,7 +16,13 @@ from idlegpu.scheduler.policy.steps import (
     _min_segment_s,
     _steps,
 )
-from idlegpu.scheduler.types import FreeProfile, PolicySettings, RunningJob
+from idlegpu.scheduler.types import (
+    FreeProfile,
+    PolicySettings,
+    RunningJob,
+    fitting_size,
+    smaller_sizes,
+)
 
 
 def _stops_after_checkpoint(
@@ -144,8 +150,9 @@ def _cover(
     an exact min-cost cover over the GPUs needed (a knapsack where each job is stopped,
     shrunk by some GPUs, or spared). A shrink frees no more than the need still open (the
     job keeps every GPU it can: what stops free beyond the need goes back to it, unless whole
-    stops are then cheaper); any whole number of GPUs from ``min_gpus`` up is a size it
-    accepts. Only checkpointable jobs shrink (a shrink is a checkpoint and a restart).
+    stops are then cheaper); its sizes are the multiples of its ``gpus_step`` from
+    ``min_gpus`` up (any whole number with a step of 1), so with a step a shrink may free up
+    to a step beyond the need. Only checkpointable jobs shrink (a shrink is a checkpoint and a restart).
     ``planned``: the stops are planned (a unit that saves on stop loses no work to them)."""
     if need <= 0:
         return []
@@ -188,14 +195,21 @@ def _cover(
         took[i, better] = -1
         if shrink and job.elastic:
             assert job.min_gpus is not None  # RunningJob.__post_init__ always sets it
-            for freed in range(1, min(job.gpus - job.min_gpus, need) + 1):
-                cost = (_shrink_cost(job, job.gpus - freed, now, restart_cost_s, planned)
+            # its sizes below its own, freeing ever more: each covers what the next larger
+            # size cannot (with a size step, up to a step beyond it), never more
+            covered = 0
+            for keep in smaller_sizes(job.gpus, job.min_gpus, job.gpus_step):
+                freed = job.gpus - keep
+                cost = (_shrink_cost(job, keep, now, restart_cost_s, planned)
                         + penalty(job, freed) + per_victim)
                 with_f = np.full(need + 1, np.inf)
-                with_f[freed:] = best[: need + 1 - freed] + cost  # never beyond the need
+                with_f[covered + 1:] = best[np.maximum(0, at[covered + 1:] - freed)] + cost
                 better = with_f < new
                 new[better] = with_f[better]
                 took[i, better] = freed
+                covered = freed
+                if covered >= need:
+                    break
         best = new
     chosen: list[tuple[RunningJob, int]] = []
     x = need
@@ -214,9 +228,11 @@ def _cover(
     extra = sum(job.gpus - keep for job, keep in chosen) - need
     for n, (job, keep) in sorted(enumerate(chosen), key=lambda c: c[1][0].id):
         if keep and extra > 0:
-            back = min(extra, job.gpus - keep)
-            chosen[n] = (job, keep + back)
-            extra -= back
+            assert job.min_gpus is not None  # RunningJob.__post_init__ always sets it
+            more = fitting_size(job.gpus, job.min_gpus, job.gpus_step,
+                                keep + min(extra, job.gpus - keep))
+            chosen[n] = (job, more)
+            extra -= more - keep
     chosen = [(job, keep) for job, keep in chosen if keep != job.gpus]
     if any(keep for _, keep in chosen):
         # giving GPUs back costs restarts: whole stops win if they are now the cheaper
@@ -276,8 +292,7 @@ def _keep_after_window(job: RunningJob, now: datetime, free: np.ndarray, used: n
     left = free[start:stop] - others
     if np.isnan(left).any():
         return 0
-    keep = min(job.gpus - 1, int(np.floor(left.min())))
-    return keep if keep >= job.min_gpus else 0
+    return job.shrunk_size(float(np.floor(left.min())))
 
 
 def _after_shrink(job: RunningJob, keep: int, profile: FreeProfile, free: np.ndarray,

@@ -35,6 +35,8 @@ class SimJob:
     min_gpus: int | None = None
     """Elastic: the fewest GPUs it can run on (None: ``gpus`` only); on fewer GPUs its work
     goes proportionally slower."""
+    gpus_step: int = 1
+    """Elastic: below ``gpus`` it runs on multiples of this many GPUs (whole replicas)."""
     nodes: int = 1
     """Pods of a multi-node (gang) unit, one per whole node (set by a simulation on nodes)."""
     saves_on_stop: bool = False
@@ -49,6 +51,7 @@ class SimJob:
             checkpointable=self.checkpointable, priority=self.priority,
             submitted_at=self.submit_at, deadline=self.deadline, preemptions=preemptions,
             max_preemptions=self.max_preemptions, kind=self.kind, min_gpus=self.min_gpus,
+            gpus_step=self.gpus_step,
             checkpoint_interval_s=self.checkpoint_interval_s if self.checkpointable else None,
             **({"nodes": self.nodes} if self.nodes != 1 else {}),
         )
@@ -114,6 +117,7 @@ def trace_jobs(entries, estimate: Callable[[object], float]) -> list[SimJob]:
                     max_preemptions=unit.max_preemptions,
                     depends_on=tuple(f"{prefix}-{s}-{m}" for s, m in unit.depends_on),
                     min_gpus=unit.min_gpus,
+                    gpus_step=unit.gpus_step,
                     saves_on_stop=unit.checkpointable and unit.saves_on_stop,
                 )
             )
@@ -302,7 +306,8 @@ def _running(job: _Job, now: datetime, step_s: int, overruns: Overruns, *,
         started_at=job.started_at, checkpointable=spec.checkpointable or at_will,
         remaining_s=max(step_s, left),
         last_checkpoint_at=job.last_checkpoint_at, stop_by=job.stop_by, kind=spec.kind,
-        min_gpus=spec.min_gpus, nodes=tuple(f"node-{i}" for i in sorted(job.where)),
+        min_gpus=spec.min_gpus, gpus_step=spec.gpus_step,
+        nodes=tuple(f"node-{i}" for i in sorted(job.where)),
         checkpoint_interval_s=(spec.checkpoint_interval_s
                                if spec.checkpointable and not at_will else None),
         saves_on_stop=spec.checkpointable and spec.saves_on_stop,

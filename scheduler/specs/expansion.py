@@ -31,7 +31,13 @@ from idlegpu.scheduler.specs.errors import SpecError, _RuleError
 from idlegpu.scheduler.specs.parts import Checkpoint, EnvFrom, EphemeralStorage, ValueFrom, Volume
 from idlegpu.scheduler.specs.quantities import _format_bytes, quantity_bytes, scalar_text
 from idlegpu.scheduler.specs.rechecks import _admission_problems, _structure_problems
-from idlegpu.scheduler.types import EnvFromSource, EnvKeyRef, UnitSpec, UnitVolume
+from idlegpu.scheduler.types import (
+    EnvFromSource,
+    EnvKeyRef,
+    UnitSpec,
+    UnitVolume,
+    smaller_sizes,
+)
 
 
 class _StepFields(Protocol):
@@ -81,6 +87,7 @@ class _Step:
     env: dict[str, Any]
     gpus: int | None
     min_gpus: int | None
+    gpus_step: int | None
     nodes: int | None
     gpus_per_node: int | None
     cpu: float | None
@@ -100,8 +107,8 @@ class _Step:
 
 
 _STEP_FIELDS = (
-    "kind", "image", "command", "args", "gpus", "min_gpus", "nodes", "gpus_per_node", "cpu",
-    "memory", "runtime_estimate",
+    "kind", "image", "command", "args", "gpus", "min_gpus", "gpus_step", "nodes",
+    "gpus_per_node", "cpu", "memory", "runtime_estimate",
     "checkpoint", "priority", "deadline", "max_preemptions", "output", "volumes", "env_from",
     "ephemeral_storage",
 )
@@ -113,7 +120,8 @@ def _step(index: int, name: str, value: Mapping[str, Any], parameters: dict[str,
     return _Step(
         index=index, name=name, kind=value["kind"], image=value["image"],
         command=list(value["command"]), args=list(value["args"]), parameters=parameters,
-        env=env, gpus=value["gpus"], min_gpus=value["min_gpus"], nodes=value["nodes"],
+        env=env, gpus=value["gpus"], min_gpus=value["min_gpus"],
+        gpus_step=value["gpus_step"], nodes=value["nodes"],
         gpus_per_node=value["gpus_per_node"], cpu=value["cpu"],
         memory=value["memory"],
         runtime=value["runtime_estimate"], checkpoint=value["checkpoint"],
@@ -278,6 +286,7 @@ class _StepUnits:
     gpus: int
     nodes: int
     min_gpus: int | None
+    gpus_step: int
     cpu: float
     memory: str
     checkpointable: bool
@@ -364,11 +373,13 @@ def _step_units(step: _Step, req: ExpandableRequest,
             "one gang and is not elastic; remove min_gpus (or run it on one node)", where,
             step, req))
     min_gpus = _check_min_gpus(step, gpus, checkpointable, req)
+    gpus_step = _check_gpus_step(step, gpus, min_gpus, req)
     if nodes > 1:
         _check_gang_name(req, step, len(members) - 1, nodes)
     # with nodes given, cpu and memory are per node; a split plain request shares its own
     cpu_total, memory_total = _gang_resources(step, gpus, nodes, split)
     return _StepUnits(members=members, base=base, gpus=gpus, nodes=nodes, min_gpus=min_gpus,
+                      gpus_step=gpus_step,
                       cpu=cpu_total, memory=memory_total, checkpointable=checkpointable)
 
 
@@ -417,6 +428,7 @@ def _unit(req: ExpandableRequest, step: _Step, shared: _StepUnits, member: int,
         parameters=tuple((k, scalar_text(params[k])) for k in sorted(params)),
         gpus=shared.gpus,
         min_gpus=shared.min_gpus,
+        gpus_step=shared.gpus_step,
         nodes=shared.nodes,
         cpu=shared.cpu,
         memory=shared.memory,
@@ -531,6 +543,34 @@ def _check_min_gpus(step: _Step, gpus: int, checkpointable: bool,
     return least
 
 
+def _check_gpus_step(step: _Step, gpus: int, min_gpus: int | None,
+                     req: ExpandableRequest) -> int:
+    """The unit's ``gpus_step`` (1 when left out), or ``_RuleError`` at the field."""
+    if step.gpus_step is None:
+        return 1
+    where = step.where["gpus_step"]
+    size = int(step.gpus_step)
+
+    def refuse(message: str) -> _RuleError:
+        return _RuleError(where, _in_step_text(message, where, step, req))
+
+    if size < 1:
+        raise refuse(f"gpus_step must be at least 1 (got {size}); set it to the GPUs of one "
+                     "replica of the unit, or leave it out")
+    if min_gpus is None:
+        if size == 1:
+            return 1
+        raise refuse(f"gpus_step {size} only applies to an elastic unit, which this is not; "
+                     f"add min_gpus (a multiple of {size} below gpus), or remove gpus_step")
+    if gpus % size or min_gpus % size:
+        common = math.gcd(gpus, min_gpus)
+        fits = max(d for d in range(1, min(size, common, 4096) + 1) if common % d == 0)
+        raise refuse(f"gpus {gpus} and min_gpus {min_gpus} must both be multiples of "
+                     f"gpus_step {size} (the unit runs on whole steps); use a gpus_step that "
+                     f"divides both, e.g. {fits}, or change gpus and min_gpus")
+    return size
+
+
 def _node_layout(step: _Step, req: ExpandableRequest,
                  shapes: Sequence[tuple[int, float | None, int | None]]) -> tuple[int, int, bool]:
     """``(gpus in all, nodes, split)`` of a step's units, or ``_RuleError`` at the field:
@@ -640,9 +680,10 @@ def resize_unit(spec: UnitSpec, gpus: int) -> UnitSpec:
     if gpus == full:
         return spec
     least = spec.min_gpus or full
-    if not least <= gpus < full:
-        raise ValueError(f"unit {spec.step}/{spec.member} runs on {least} to {full} GPUs, "
-                         f"not {gpus}")
+    if gpus not in smaller_sizes(full, least, spec.gpus_step):
+        steps = f" in steps of {spec.gpus_step}" if spec.gpus_step > 1 else ""
+        raise ValueError(f"unit {spec.step}/{spec.member} runs on {least} to {full} "
+                         f"GPUs{steps}, not {gpus}")
     memory = quantity_bytes(spec.memory) * gpus / full
     mib = max(1, int((memory / 2**20).to_integral_value(rounding="ROUND_CEILING")))
     env = tuple((k, str(gpus) if k == "IDLEGPU_GPUS" else v) for k, v in spec.env)

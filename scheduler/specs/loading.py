@@ -24,6 +24,8 @@ _EXAMPLES = "see examples/jobs/ for valid requests"
 _HINTS = {
     "gpus": "use a whole number of GPUs from 1 to {max_gpus}",
     "min_gpus": "use a whole number of GPUs from 1 to the unit's gpus, or leave it out",
+    "gpus_step": "use a whole number of GPUs (one replica) dividing gpus and min_gpus, or "
+                 "leave it out",
     "cpu": "use a number of CPU cores such as 8, 0.5 or 500m",
     "memory": "use a Kubernetes quantity such as 64Gi",
     "runtime_estimate": "use a duration such as 90m, 36h or 2d",

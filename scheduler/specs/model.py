@@ -149,6 +149,7 @@ class StepSpec(_Runnable):
     env: EnvMap = Field(default_factory=dict)
     gpus: int | None = None
     min_gpus: int | None = None
+    gpus_step: int | None = None
     nodes: int | None = None
     gpus_per_node: int | None = None
     cpu: Cpu | None = None
@@ -201,6 +202,10 @@ class JobRequest(_Runnable):
     while it runs (checkpoint, then restart on fewer GPUs from the checkpoint) when the service
     needs GPUs back. The unit reads its GPU count from ``IDLEGPU_GPUS``. Left out: always
     ``gpus``."""
+    gpus_step: int | None = None
+    """Elastic units: below ``gpus`` it runs on multiples of this many GPUs only, e.g. 8 for
+    data-parallel replicas of 8 GPUs (32 GPUs, ``min_gpus: 16``: 32, 24 or 16). ``gpus`` and
+    ``min_gpus`` must be multiples of it. Left out: 1, any whole number from ``min_gpus``."""
     nodes: int | None = None
     """A multi-node unit: this many pods, one per node (an Indexed Job with a headless
     Service and the rendezvous environment), all started together or none; ``gpus`` is then

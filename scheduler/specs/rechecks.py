@@ -299,6 +299,12 @@ def recheck_unit(spec: UnitSpec, team: str, admission: AdmissionConfig) -> None:
             f"min_gpus {spec.min_gpus} does not fit a unit of {spec.gpus} GPUs that "
             f"{'can' if spec.checkpointable else 'cannot'} checkpoint; an elastic unit runs on "
             "1 to gpus - 1 GPUs and checkpoints (resubmit it)")))
+    step = spec.gpus_step
+    if not isinstance(step, int) or step < 1 or (step > 1 and (
+            spec.min_gpus is None or spec.gpus % step or spec.min_gpus % step)):
+        problems.append(("gpus_step", (
+            f"gpus_step {step!r} does not fit a unit of {spec.gpus} GPUs elastic down to "
+            f"{spec.min_gpus}; it is 1, or a whole number dividing both (resubmit it)")))
     if spec.nodes < 1 or spec.gpus % spec.nodes or (spec.nodes > 1 and spec.min_gpus):
         problems.append(("nodes", (
             f"{spec.gpus} GPUs on {spec.nodes} nodes{' elastic' if spec.min_gpus else ''} is "

@@ -27,7 +27,7 @@ from idlegpu.scheduler.adapters.store.errors import (
 )
 from idlegpu.scheduler.adapters.store.rows import AttemptOutcome, CancelResult
 from idlegpu.scheduler.adapters.store.schema import _HOLDING, ATTEMPTS, EVENTS, UNIT_DEPS, UNITS
-from idlegpu.scheduler.types import EventKind, JobState
+from idlegpu.scheduler.types import EventKind, JobState, smaller_sizes
 
 
 class TransitionsMixin(StoreBase):
@@ -152,10 +152,12 @@ class TransitionsMixin(StoreBase):
         more than it asks for: what it asks for)."""
         if gpus is None or int(gpus) >= row.gpus:
             return int(row.gpus)
-        least = spec_from_json(row.spec).min_gpus or row.gpus
-        if not least <= int(gpus) <= row.gpus:
+        spec = spec_from_json(row.spec)
+        least = spec.min_gpus or row.gpus
+        if int(gpus) not in smaller_sizes(row.gpus, least, spec.gpus_step):
+            steps = f" in steps of {spec.gpus_step}" if spec.gpus_step > 1 else ""
             raise TransitionRefusedError(
-                f"unit {row.id} runs on {least} to {row.gpus} GPUs, not {gpus}")
+                f"unit {row.id} runs on {least} to {row.gpus} GPUs{steps}, not {gpus}")
         return int(gpus)
 
     @staticmethod
