@@ -193,7 +193,7 @@ STEPPED = {**ELASTIC, "gpus_step": 4}
 
 @pytest.mark.parametrize("setup", [STEPPED], indirect=True)
 def test_a_stepped_unit_shrinks_and_is_admitted_by_whole_steps(setup):
-    store, cluster, signals, controller, free, unit = setup
+    store, cluster, signals, controller, _, unit = setup
     first = running_at(controller, cluster, T0)
     signals.value = ServingSignals(observed_at=T0 + 20 * MIN, gpus_short=3)
     report = controller.reconcile_once(T0 + 20 * MIN)
