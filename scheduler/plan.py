@@ -23,6 +23,7 @@ import numpy as np
 
 from idlegpu.forecast.capacity import idle_windows, windows_frame
 from idlegpu.scheduler.policy import MAX_RESERVATION_ATTEMPTS, decide, policy_settings
+from idlegpu.scheduler.policy.steps import _min_segment_s
 from idlegpu.scheduler.queue_view import overruns_of, running_jobs, waiting_jobs
 from idlegpu.scheduler.runtime import RuntimeEstimator
 from idlegpu.scheduler.types import (
@@ -195,7 +196,8 @@ class _Queue:
                  for j in self.jobs]
         # the fewest steps its GPUs must stay free to start: its runtime, or a segment
         self.min_steps = np.array([
-            max(1, math.ceil(((j.runtime_s if w else min(j.runtime_s, settings.min_segment_s))
+            max(1, math.ceil(((j.runtime_s if w
+                               else min(j.runtime_s, _min_segment_s(j, settings)))
                               + settings.grace_s) / step_s))
             for j, w in zip(self.jobs, whole, strict=True)], float)
         self.deadline = np.array([j.deadline.timestamp() if j.deadline else math.inf
@@ -340,7 +342,8 @@ def wait_reason(job: WaitingJob, steps: _Steps, reasons: Mapping[int, str],
     whole = not job.checkpointable or (
         job.max_preemptions is not None and job.preemptions >= job.max_preemptions)
     runtime_s = job.runtime_s * job.gpus / need
-    need_s = (runtime_s if whole else min(runtime_s, settings.min_segment_s)) + settings.grace_s
+    need_s = ((runtime_s if whole else min(runtime_s, _min_segment_s(job, settings)))
+              + settings.grace_s)
     step_s = steps.step.total_seconds()
     for_what = (f"for {_hours(runtime_s)} + grace without a stop" if whole else
                 f"for a worthwhile segment ({_hours(need_s - settings.grace_s)} + grace)")

@@ -98,7 +98,8 @@ def waiting_job(row: QueueRow, estimate_s: float, overruns: Overruns, *,
     when it will resume from that progress, the ``restart_cost_s`` its reload takes."""
     total = float(estimate_s)
     runtime = overruns.remaining_s(total, row.work_done_s) if row.checkpointable else total
-    runtime += reload_s(row.checkpointable, row.work_done_s, restart_cost_s)
+    reload = reload_s(row.checkpointable, row.work_done_s, restart_cost_s)
+    runtime += reload
     return WaitingJob(
         id=row.id, team=row.team, gpus=row.gpus, runtime_s=runtime,
         checkpointable=row.checkpointable, priority=row.priority,
@@ -106,7 +107,7 @@ def waiting_job(row: QueueRow, estimate_s: float, overruns: Overruns, *,
         preemptions=row.preemptions, max_preemptions=row.spec.max_preemptions,
         kind=row.kind, min_gpus=row.spec.min_gpus,
         gpus_step=getattr(row.spec, "gpus_step", 1),
-        checkpoint_interval_s=checkpoint_interval(row),
+        checkpoint_interval_s=checkpoint_interval(row), reload_s=reload,
     )
 
 

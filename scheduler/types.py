@@ -144,6 +144,9 @@ class WaitingJob:
     checkpoint_interval_s: float | None = None
     """Seconds between its periodic checkpoints (None: unknown). A segment shorter than one
     interval would save nothing of its own, so none is offered."""
+    reload_s: float = 0.0
+    """Of ``runtime_s``, the reload of its checkpoint a resume begins with: it does no work
+    in it, so a segment must outlast it by a checkpoint interval to save anything."""
 
     def __post_init__(self) -> None:
         _elastic_min(self)

@@ -191,6 +191,7 @@ def test_the_daemon_sees_a_resumed_attempt_reload_its_checkpoint_first(tmp_path)
         [queued] = waiting_jobs([r for r in store.ready_units(T0) if r.id == unit], estimates,
                                 restart_cost_s=600)
         assert fresh.runtime_s == 3600 and queued.runtime_s == 3600 + 600  # work left + reload
+        assert (fresh.reload_s, queued.reload_s) == (0.0, 600.0)
         store.admit(unit, T0)
         store.started(unit, T0)
         now = T0 + timedelta(minutes=5)

@@ -613,3 +613,17 @@ def test_a_unit_that_cannot_checkpoint_runs_into_the_headroom_until_the_service_
     short = ServingSignals(observed_at=T0, idle_gpus=0, service_gpus=64, gpus_short=4)
     (stop,) = plan(refresh, running=[sft], signals=short, settings=settings).decisions
     assert stop.action is Action.PREEMPT and stop.job_id == "sft" and not stop.planned
+
+
+def test_a_resume_needs_a_segment_that_outlasts_its_reload_by_a_checkpoint_interval():
+    # a checkpoint every 30 min, a 10-min reload first when it resumes: a fresh start saves
+    # its first checkpoint 30 min in, a resume only 40 min in
+    fresh = job("sft", gpus=16, hours=4.0, ckpt=True, checkpoint_interval_s=1800)
+    resume = replace(fresh, runtime_s=4 * H + 600, reload_s=600)
+    window = flat(16, 45 / 60)  # 45 min: 30 min + grace, not 40 min + grace
+    (d,) = decide(T0, window, [], [fresh], FRESH, {}, SETTINGS).decisions
+    assert d.action is Action.ADMIT and d.stop_by is not None
+    (d,) = decide(T0, window, [], [resume], FRESH, {}, SETTINGS).decisions
+    assert d.action is Action.DEFER
+    (d,) = decide(T0, flat(16, 55 / 60), [], [resume], FRESH, {}, SETTINGS).decisions
+    assert d.action is Action.ADMIT and d.stop_by is not None

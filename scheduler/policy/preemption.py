@@ -284,7 +284,7 @@ def _keep_after_window(job: RunningJob, now: datetime, free: np.ndarray, used: n
     assert job.min_gpus is not None  # RunningJob.__post_init__ always sets it
     start = min(n_steps, i0 + grace_steps)
     runtime_s = max(0.0, job.remaining_s) * job.gpus / job.min_gpus
-    segment_s = min(runtime_s, _min_segment_s(job, settings))
+    segment_s = min(runtime_s, _min_segment_s(job, settings, settings.restart_cost_s))
     stop = min(n_steps, start + _steps(segment_s + settings.grace_s, step))
     if stop <= start:
         return 0
@@ -310,7 +310,8 @@ def _after_shrink(job: RunningJob, keep: int, profile: FreeProfile, free: np.nda
     runtime = max(0.0, job.remaining_s) * job.gpus / keep
     if run >= _steps(runtime + settings.grace_s, step):
         return True, None
-    if run >= _steps(min(runtime, _min_segment_s(job, settings)) + settings.grace_s, step):
+    if run >= _steps(min(runtime, _min_segment_s(job, settings, settings.restart_cost_s))
+                     + settings.grace_s, step):
         return True, profile.time_at(release + run) - timedelta(seconds=settings.grace_s)
     return False, None
 

@@ -43,7 +43,8 @@ class SimJob:
     """It saves all it did when told to stop (``checkpoint.saves_on_stop``): a planned stop
     loses it nothing."""
 
-    def as_waiting(self, *, runtime_s: float | None = None, preemptions: int = 0) -> WaitingJob:
+    def as_waiting(self, *, runtime_s: float | None = None, preemptions: int = 0,
+                   reload_s: float = 0.0) -> WaitingJob:
         """What the policy sees of it in the queue (by default: never started)."""
         return WaitingJob(
             id=self.id, team=self.team, gpus=self.gpus,
@@ -53,7 +54,7 @@ class SimJob:
             max_preemptions=self.max_preemptions, kind=self.kind, min_gpus=self.min_gpus,
             gpus_step=self.gpus_step,
             checkpoint_interval_s=self.checkpoint_interval_s if self.checkpointable else None,
-            **({"nodes": self.nodes} if self.nodes != 1 else {}),
+            reload_s=reload_s, **({"nodes": self.nodes} if self.nodes != 1 else {}),
         )
 
 
@@ -236,8 +237,9 @@ def _waiting(live: list[_Job], state: dict[str, _Job], step_s: int, overruns: Ov
         if job.queued_view is None or job.queued_view[0] != key:
             left = (spec.work_s - job.saved_s if oracle
                     else overruns.remaining_s(spec.estimate_s, job.saved_s))
-            left += reload_s(spec.checkpointable, job.saved_s, restart_cost_s)
-            view = spec.as_waiting(runtime_s=max(step_s, left), preemptions=job.preemptions)
+            reload = reload_s(spec.checkpointable, job.saved_s, restart_cost_s)
+            view = spec.as_waiting(runtime_s=max(step_s, left + reload),
+                                   preemptions=job.preemptions, reload_s=reload)
             if at_will:
                 # (it saves at will: no interval bounds its segments)
                 view = replace(view, checkpointable=True, max_preemptions=None,
