@@ -262,5 +262,16 @@ def spread_of(goals: pd.DataFrame) -> pd.DataFrame:
         out[variant] = row
     return pd.DataFrame(out)
 
+def _record_name(argv: list[str]) -> str:
+    """Each pool's record file of its own (docs/bench/real_pool.md, servegen_pool.md)."""
+    pool = "real"
+    for n, arg in enumerate(argv):
+        if arg == "--pool" and n + 1 < len(argv):
+            pool = argv[n + 1]
+        elif arg.startswith("--pool="):
+            pool = arg.split("=", 1)[1]
+    return "real_pool" if pool == "real" else f"{pool}_pool"
+
+
 if __name__ == "__main__":
-    record.run("real_pool", main)
+    record.run(_record_name(sys.argv[1:]), main)
