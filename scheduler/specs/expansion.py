@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import math
 import string
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from decimal import Decimal
@@ -499,17 +499,23 @@ def _unit_env(req: ExpandableRequest, step: _Step, env_user: Mapping[str, str],
     return tuple(env)
 
 
+def _refusal(step: _Step, field: str, req: ExpandableRequest) -> Callable[[str], _RuleError]:
+    """A ``_RuleError`` at ``field`` of ``step``, its message said of that step."""
+    where = step.where[field]
+
+    def refuse(message: str) -> _RuleError:
+        return _RuleError(where, _in_step_text(message, where, step, req))
+
+    return refuse
+
+
 def _check_min_gpus(step: _Step, gpus: int, checkpointable: bool,
                     req: ExpandableRequest) -> int | None:
     """The unit's ``min_gpus`` (None: not elastic), or ``_RuleError`` at the field."""
     if step.min_gpus is None:
         return None
-    where = step.where["min_gpus"]
     least = int(step.min_gpus)
-
-    def refuse(message: str) -> _RuleError:
-        return _RuleError(where, _in_step_text(message, where, step, req))
-
+    refuse = _refusal(step, "min_gpus", req)
     if least < 1:
         raise refuse(f"min_gpus must be at least 1 (got {least}); set it to the fewest GPUs "
                      f"the unit can run on, from 1 to its {gpus} GPUs")
@@ -548,12 +554,8 @@ def _check_gpus_step(step: _Step, gpus: int, min_gpus: int | None,
     """The unit's ``gpus_step`` (1 when left out), or ``_RuleError`` at the field."""
     if step.gpus_step is None:
         return 1
-    where = step.where["gpus_step"]
     size = int(step.gpus_step)
-
-    def refuse(message: str) -> _RuleError:
-        return _RuleError(where, _in_step_text(message, where, step, req))
-
+    refuse = _refusal(step, "gpus_step", req)
     if size < 1:
         raise refuse(f"gpus_step must be at least 1 (got {size}); set it to the GPUs of one "
                      "replica of the unit, or leave it out")
