@@ -152,7 +152,8 @@ def _cover(
     job keeps every GPU it can: what stops free beyond the need goes back to it, unless whole
     stops are then cheaper); its sizes are the multiples of its ``gpus_step`` from
     ``min_gpus`` up (any whole number with a step of 1), so with a step a shrink may free up
-    to a step beyond the need. Only checkpointable jobs shrink (a shrink is a checkpoint and a restart).
+    to a step beyond the need. Only checkpointable jobs shrink (a shrink is a checkpoint and
+    a restart).
     ``planned``: the stops are planned (a unit that saves on stop loses no work to them)."""
     if need <= 0:
         return []
