@@ -179,7 +179,9 @@ def test_the_standby_takes_over_from_a_killed_leader_without_losing_or_doubling_
         assert standby.get("/healthz") == (200, "ok (standby)\n")
         assert standby.metric("idlegpu_leader") == 0 and leader.metric("idlegpu_leader") == 1
         assert 'idlegpu_passes_total{kind="reconcile"}' not in standby.get("/metrics")[1]
-        assert "forecast refreshed at" in standby.log()
+        # (the age gauge is exported, at 0, before the first refresh ends: the log says when)
+        wait_for(lambda: "forecast refreshed at" in standby.log(), 60,
+                 what="the standby's forecast refresh in its log")
 
         leader.proc.send_signal(signal.SIGKILL)  # mid-way: some running, some queued
         killed = time.monotonic()
