@@ -332,13 +332,23 @@ def test_trace_jobs_carries_min_gpus():
     assert job.as_waiting().min_gpus == 8 and job.as_waiting().elastic
 
 
-def test_an_elastic_job_whose_window_closes_shrinks_to_what_stays_free():
-    prof = FreeProfile(start=T0, step_s=300, free=np.array([16.0] * 2 + [12.0] * 70),
+def window_closing(id, gpus, min_gpus, **over):
+    """A unit that just checkpointed, with 6 h of work left, whose window closes in 5 min."""
+    return RunningJob(id=id, team="a", gpus=gpus, priority=0,
+                      started_at=T0 - timedelta(hours=5), checkpointable=True,
+                      remaining_s=6 * H, last_checkpoint_at=T0,
+                      stop_by=T0 + timedelta(minutes=5), min_gpus=min_gpus, **over)
+
+
+def falls_to(before, after):
+    """``before`` GPUs free for the next two steps, then ``after``."""
+    return FreeProfile(start=T0, step_s=300, free=np.array([before] * 2 + [after] * 70),
                        confidence=0.9, made_at=T0)
-    closing = RunningJob(id="sft", team="a", gpus=16, priority=0,
-                         started_at=T0 - timedelta(hours=5), checkpointable=True,
-                         remaining_s=6 * H, last_checkpoint_at=T0,
-                         stop_by=T0 + timedelta(minutes=5), min_gpus=8)
+
+
+def test_an_elastic_job_whose_window_closes_shrinks_to_what_stays_free():
+    prof = falls_to(16.0, 12.0)
+    closing = window_closing("sft", 16, 8)
     (d,) = decide(T0, prof, [closing], [], ServingSignals(observed_at=T0), {},
                   SETTINGS).decisions
     assert (d.action, d.gpus, d.planned) == (Action.SHRINK, 12, True)
@@ -364,10 +374,7 @@ def test_the_daemon_rechecks_min_gpus_on_a_stored_unit():
 
 
 def test_a_shrunk_job_stops_before_its_smaller_window_closes_or_stops_now_without_one():
-    closing = RunningJob(id="sft", team="a", gpus=16, priority=0,
-                         started_at=T0 - timedelta(hours=5), checkpointable=True,
-                         remaining_s=6 * H, last_checkpoint_at=T0,
-                         stop_by=T0 + timedelta(minutes=5), min_gpus=8)
+    closing = window_closing("sft", 16, 8)
     # 12 stay free for 2 h after the grace period, then none
     prof = FreeProfile(start=T0, step_s=300, free=np.array([16.0] * 2 + [12.0] * 24 + [0.0] * 40),
                        confidence=0.9, made_at=T0)
@@ -519,12 +526,8 @@ def test_the_simulator_runs_a_stepped_elastic_job_on_whole_steps_only():
 
 
 def test_a_stepped_elastic_job_whose_window_closes_keeps_a_whole_step():
-    prof = FreeProfile(start=T0, step_s=300, free=np.array([32.0] * 2 + [30.0] * 70),
-                       confidence=0.9, made_at=T0)
-    closing = RunningJob(id="pretrain", team="a", gpus=32, priority=0,
-                         started_at=T0 - timedelta(hours=5), checkpointable=True,
-                         remaining_s=6 * H, last_checkpoint_at=T0,
-                         stop_by=T0 + timedelta(minutes=5), min_gpus=16, gpus_step=8)
+    prof = falls_to(32.0, 30.0)
+    closing = window_closing("pretrain", 32, 16, gpus_step=8)
     (d,) = decide(T0, prof, [closing], [], ServingSignals(observed_at=T0), {},
                   SETTINGS).decisions
     assert (d.action, d.gpus, d.planned) == (Action.SHRINK, 24, True)
