@@ -149,7 +149,7 @@ def goals_of(rows: dict[str, dict]) -> dict[str, object]:
     }
 
 
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pool", choices=list(RUNS), default="real")
     parser.add_argument("--days", type=int, help="default: the pool's job trace's span")
@@ -178,7 +178,11 @@ def main() -> None:
                              "them (e.g. -48,-24,0,24,48); the forecasts are made once")
     parser.add_argument("--unanswered-share", type=float, default=0.0,
                         help="the share of units that never answer a notice")
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = _parser().parse_args()
     run = RUNS[args.pool]
     days = args.days or run.days
     settings = load_config(run.spec.directory / "idlegpu.yaml")
@@ -264,12 +268,7 @@ def spread_of(goals: pd.DataFrame) -> pd.DataFrame:
 
 def _record_name(argv: list[str]) -> str:
     """Each pool's record file of its own (docs/bench/real_pool.md, servegen_pool.md)."""
-    pool = "real"
-    for n, arg in enumerate(argv):
-        if arg == "--pool" and n + 1 < len(argv):
-            pool = argv[n + 1]
-        elif arg.startswith("--pool="):
-            pool = arg.split("=", 1)[1]
+    pool = _parser().parse_known_args(argv)[0].pool
     return "real_pool" if pool == "real" else f"{pool}_pool"
 
 

@@ -197,7 +197,7 @@ class _Queue:
         # the fewest steps its GPUs must stay free to start: its runtime, or a segment
         self.min_steps = np.array([
             max(1, math.ceil(((j.runtime_s if w
-                               else min(j.runtime_s, _min_segment_s(j, settings)))
+                               else min(j.runtime_s, _min_segment_s(j, settings, j.reload_s)))
                               + settings.grace_s) / step_s))
             for j, w in zip(self.jobs, whole, strict=True)], float)
         self.deadline = np.array([j.deadline.timestamp() if j.deadline else math.inf
@@ -342,7 +342,7 @@ def wait_reason(job: WaitingJob, steps: _Steps, reasons: Mapping[int, str],
     whole = not job.checkpointable or (
         job.max_preemptions is not None and job.preemptions >= job.max_preemptions)
     runtime_s = job.runtime_s * job.gpus / need
-    need_s = ((runtime_s if whole else min(runtime_s, _min_segment_s(job, settings)))
+    need_s = ((runtime_s if whole else min(runtime_s, _min_segment_s(job, settings, job.reload_s)))
               + settings.grace_s)
     step_s = steps.step.total_seconds()
     for_what = (f"for {_hours(runtime_s)} + grace without a stop" if whole else

@@ -457,8 +457,8 @@ def _run_steps(job: WaitingJob, runtime_s: float, whole: bool, settings: PolicyS
     need_steps = _steps(runtime_s + settings.grace_s, step)
     if whole:
         return need_steps, need_steps
-    return need_steps, _steps(min(runtime_s, _min_segment_s(job, settings)) + settings.grace_s,
-                              step)
+    segment_s = min(runtime_s, _min_segment_s(job, settings, job.reload_s))
+    return need_steps, _steps(segment_s + settings.grace_s, step)
 
 
 def _hold_earliest(capacity: _Availability, avail: np.ndarray, earliest: int, gpus: int,

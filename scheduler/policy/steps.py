@@ -42,11 +42,9 @@ def _notice_s(job: RunningJob) -> float:
 
 
 def _min_segment_s(job: WaitingJob | RunningJob, settings: PolicySettings,
-                   reload_s: float | None = None) -> float:
+                   reload_s: float) -> float:
     """The shortest segment worth starting for a checkpointable unit: ``min_segment_s``, and
-    at least the reload it begins with (a queued unit's ``reload_s``, unless given: a shrink
-    restarts on a reload too) plus one checkpoint interval (a shorter one would save nothing:
-    a stop's SIGTERM is no checkpoint, and the reload does no work)."""
-    if reload_s is None:
-        reload_s = job.reload_s if isinstance(job, WaitingJob) else 0.0
+    at least the reload it begins with (``reload_s``: a queued unit's own, a shrink's restart
+    the configured cost) plus one checkpoint interval (a shorter one would save nothing: a
+    stop's SIGTERM is no checkpoint, and the reload does no work)."""
     return max(settings.min_segment_s, reload_s + (job.checkpoint_interval_s or 0.0))
