@@ -206,7 +206,8 @@ def main() -> None:
     for name in args.variants.split(","):
         history, jobs = variant_inputs(VARIANTS[name], settings, entries, estimator, run)
         began = time.perf_counter()
-        profiles = forecast_profiles_for(history, settings, index, 17, pd.Timedelta(hours=48))
+        profiles = forecast_profiles_for(history, settings, index, 17, pd.Timedelta(hours=48),
+                                         workers=2)
         seconds = time.perf_counter() - began
         for hours in offsets:
             shifted = shifted_jobs(jobs, timedelta(hours=hours))

@@ -31,7 +31,13 @@ from idlegpu.scheduler.coverage import (
     promise_of,
     score,
 )
-from idlegpu.scheduler.replay import forecast_free, forecast_pool_free, pool_free, profile_of
+from idlegpu.scheduler.replay import (
+    MadeForecasts,
+    forecast_free,
+    forecast_pool_free,
+    pool_free,
+    profile_of,
+)
 from idlegpu.scheduler.types import FreeProfile
 
 
@@ -60,12 +66,16 @@ class Refresher:
 
     ``refresh_hour``: the local hour of the nightly refresh, where the backfill places the
     refreshes of the last week; ``widened``: the quantile a service that under-covers is
-    planned with; ``options`` go to the model (the ``auto`` cache of the simulator)."""
+    planned with; ``options`` go to the model (the ``auto`` cache of the simulator);
+    ``forecasts``: the replica forecasts made ahead, elsewhere (the simulator's refits in
+    worker processes, ``idlegpu.scheduler.simulate.fits``), instead of fitting here."""
 
     def __init__(self, settings: Settings, *, horizon: timedelta = timedelta(hours=48),
                  model: str = "auto", refresh_hour: int | None = None,
-                 widened: float = WIDENED, window: timedelta = WINDOW, **options) -> None:
+                 widened: float = WIDENED, window: timedelta = WINDOW,
+                 forecasts: MadeForecasts | None = None, **options) -> None:
         self.settings = settings
+        self.forecasts = forecasts
         self.horizon = horizon
         self.model = model
         self.refresh_hour = (settings.daemon.forecast_refresh_hour if refresh_hour is None
@@ -90,7 +100,7 @@ class Refresher:
         quantiles = planned_quantiles(coverage)
         free, likely, forecast = forecast_pool_free(
             replicas, self.settings, now, horizon=self.horizon, model=self.model,
-            quantiles=quantiles, **self.options)
+            quantiles=quantiles, forecasts=self.forecasts, **self.options)
         promise = promise_of(forecast, now, services, confidence)
         self._keep(promise, now)
         return Refresh(now, free, profile_of(free, confidence, now, likely), promise, coverage,
@@ -118,6 +128,20 @@ class Refresher:
     def backfill(self, replicas: pd.DataFrame, now: datetime, **options) -> None:
         """Make the forecasts of the nightly refreshes over the last ``window`` (each from
         the history before it, ``options`` to the model) and keep their promises."""
+        confidence = self.settings.admission.confidence
+        for moment in self.backfill_moments(replicas, now):
+            try:
+                _, forecast = forecast_free(replicas, self.settings, moment,
+                                            horizon=self.horizon, model=self.model,
+                                            forecasts=self.forecasts, **options)
+            except HistoryError:  # too little history then: that evening has no promise
+                continue
+            self._keep(promise_of(forecast, moment, self.settings.service_names, confidence),
+                       now)
+
+    def backfill_moments(self, replicas: pd.DataFrame, now: datetime) -> list[datetime]:
+        """The nightly refreshes over the last ``window`` before ``now`` that ``backfill``
+        makes the forecasts of, in time order (those a day into the history on)."""
         tz = self.settings.pool.timezone
         local = pd.Timestamp(now).tz_convert(tz)
         day = local.date()
@@ -130,15 +154,7 @@ class Refresher:
             moments.append(at.tz_convert("UTC").to_pydatetime())
             day -= timedelta(days=1)
             at = pd.Timestamp(local_hour(day, self.refresh_hour, tz))
-        confidence = self.settings.admission.confidence
-        for moment in sorted(moments):
-            try:
-                _, forecast = forecast_free(replicas, self.settings, moment,
-                                            horizon=self.horizon, model=self.model, **options)
-            except HistoryError:  # too little history then: that evening has no promise
-                continue
-            self._keep(promise_of(forecast, moment, self.settings.service_names, confidence),
-                       now)
+        return sorted(moments)
 
     def _keep(self, promise: Promise, now: datetime) -> None:
         self.promises.append(promise)

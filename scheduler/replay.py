@@ -6,7 +6,7 @@ the pool as it was at ``T`` (audits, demos on the sample data, tests).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 
 import numpy as np
@@ -103,6 +103,11 @@ class HistorySignals:
                               service_gpus=int(round(row[SERVICE_GPUS])))
 
 
+MadeForecasts = Callable[[pd.DataFrame, datetime, pd.Timedelta, list[float]], pd.DataFrame]
+"""A replica forecast made ahead: ``(past, now, horizon, levels) -> tidy forecast``, the same
+frame ``model_for(...).fit(past).predict(horizon, levels)`` gives."""
+
+
 def free_forecast(history: pd.DataFrame, settings: Settings, now: datetime, *,
                   horizon: timedelta = timedelta(hours=48), model: str = "auto",
                   **options) -> pd.Series:
@@ -115,17 +120,20 @@ def free_forecast(history: pd.DataFrame, settings: Settings, now: datetime, *,
 def forecast_free(history: pd.DataFrame, settings: Settings, now: datetime, *,
                   horizon: timedelta = timedelta(hours=48), model: str = "auto",
                   quantiles: Mapping[str, float] | None = None,
+                  forecasts: MadeForecasts | None = None,
                   **options) -> tuple[pd.Series, pd.DataFrame]:
     """Free GPUs per step and the replica forecast they come from (``forecast_pool_free``
     without the median)."""
     free, _, forecast = forecast_pool_free(history, settings, now, horizon=horizon,
-                                           model=model, quantiles=quantiles, **options)
+                                           model=model, quantiles=quantiles,
+                                           forecasts=forecasts, **options)
     return free, forecast
 
 
 def forecast_pool_free(history: pd.DataFrame, settings: Settings, now: datetime, *,
                        horizon: timedelta = timedelta(hours=48), model: str = "auto",
                        quantiles: Mapping[str, float] | None = None,
+                       forecasts: MadeForecasts | None = None,
                        **options) -> tuple[pd.Series, pd.Series, pd.DataFrame]:
     """Free GPUs per step (promised), the pool's median free GPUs per step (likely, never
     below the promise) and the replica forecast they come from, fitted on the replicas
@@ -136,14 +144,21 @@ def forecast_pool_free(history: pd.DataFrame, settings: Settings, now: datetime,
     being recorded earlier than the others (a metrics gap) is forecast that much further, so
     it still covers the horizon, but by no more than ``max_forecast_age`` (no forecast is
     trusted older than that): beyond, the pool's free GPUs are NaN, a hole the policy admits
-    nothing into."""
+    nothing into.
+
+    ``forecasts``: where the replica forecast was made ahead (the simulator's refits in
+    worker processes): asked for the forecast of ``past`` at ``now`` over the horizon (the
+    lag included) at the levels, in place of fitting ``model`` here."""
     replicas = metric_rows(history, REPLICAS)
     past = replicas[replicas[DS] < pd.Timestamp(now)]
     lag, _ = _forecast_lag(past, settings)
     levels = forecast_levels(settings, settings.admission.confidence,
                              list((quantiles or {}).values()))
-    forecast = model_for(model, settings, **options).fit(past).predict(
-        pd.Timedelta(horizon) + lag, levels)
+    if forecasts is not None:
+        forecast = forecasts(past, now, pd.Timedelta(horizon) + lag, levels)
+    else:
+        forecast = model_for(model, settings, **options).fit(past).predict(
+            pd.Timedelta(horizon) + lag, levels)
     free, likely = pool_free(forecast, past, settings, horizon=horizon, quantiles=quantiles)
     return free, likely, forecast
 
@@ -216,5 +231,5 @@ def forecast_profile(history: pd.DataFrame, settings: Settings, now: datetime, *
     return profile_of(free, settings.admission.confidence, now)
 
 
-__all__ = ["HistorySignals", "forecast_free", "forecast_profile", "free_forecast", "profile_of",
-           "serving_pressure"]
+__all__ = ["HistorySignals", "MadeForecasts", "forecast_free", "forecast_profile",
+           "free_forecast", "profile_of", "serving_pressure"]

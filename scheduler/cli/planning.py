@@ -67,8 +67,9 @@ def simulate(
         help="The share of units (0-1) that never answer a notice: stopped blind at its "
         "deadline.")] = 0.0,
     workers: Annotated[Optional[int], typer.Option(
-        help="Policies simulated at once, each in its own process (the results are the same "
-        "as one by one). Default: the CPUs this process may use.")] = None,
+        help="Processes to simulate in: the policies at once, each in its own, and the "
+        "forecast policy's evening refits first, a group of services each (the results are "
+        "the same as in one). Default: the CPUs this process may use.")] = None,
     forecast_cache: Annotated[Optional[Path], typer.Option(
         help="Directory to keep the forecast policy's nightly forecasts in: a later run on "
         "the same history, config and span (any job trace, policies or notices) reads them "

@@ -25,10 +25,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from idlegpu.forecast.capacity import pool_usage
 from idlegpu.scheduler.config import Settings
-from idlegpu.scheduler.simulate.profiles import forecast_profiles_for
-from idlegpu.scheduler.simulate.timeline import _span_steps
+from idlegpu.scheduler.simulate.profiles import HORIZON, REFRESH_HOUR, forecast_profiles_for
+from idlegpu.scheduler.simulate.timeline import simulated_steps
 from idlegpu.scheduler.types import FreeProfile
 
 MAX_FILE_BYTES = 256 * 2**20
@@ -142,20 +141,19 @@ def load_profiles(path: Path) -> dict[datetime, FreeProfile] | None:
 
 def cached_forecast_profiles(
     directory: Path, history: pd.DataFrame, settings: Settings, start: datetime,
-    end: datetime, *, refresh_hour: int = 17, horizon: timedelta = timedelta(hours=48),
-    on_refresh: Callable[[int, int], None] | None = None,
+    end: datetime, *, refresh_hour: int = REFRESH_HOUR, horizon: timedelta = HORIZON,
+    on_refresh: Callable[[int, int], None] | None = None, workers: int = 1,
 ) -> tuple[dict[datetime, FreeProfile], Path, bool]:
     """The forecast policy's profiles for ``simulate(history, settings, ..., start=start,
     end=end)`` at these defaults: read from ``directory`` when a run on the same inputs made
     them, else made (``forecast_profiles_for``) and written there. Returns them, the file and
-    whether it was read."""
-    # the steps the simulation runs (its timeline's), without the rest of its timeline
-    index = _span_steps(pool_usage(history, settings).index, start, end)
+    whether it was read. ``workers``: processes to make them in (``pool_profiles_for``)."""
+    index = simulated_steps(history, settings, start, end)
     path = Path(directory) / f"{profiles_key(history, settings, index, refresh_hour, horizon)}.npz"
     found = load_profiles(path)
     if found is not None:
         return found, path, True
     made = forecast_profiles_for(history, settings, index, refresh_hour, horizon,
-                                 on_refresh=on_refresh)
+                                 on_refresh=on_refresh, workers=workers)
     save_profiles(path, made)
     return made, path, False

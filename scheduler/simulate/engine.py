@@ -37,7 +37,12 @@ from idlegpu.scheduler.simulate.jobs import (
     _working_s,
 )
 from idlegpu.scheduler.simulate.nodes import _Nodes
-from idlegpu.scheduler.simulate.profiles import _latest, forecast_profiles_for
+from idlegpu.scheduler.simulate.profiles import (
+    HORIZON,
+    REFRESH_HOUR,
+    _latest,
+    forecast_profiles_for,
+)
 from idlegpu.scheduler.simulate.results import (
     EVICTION,
     RUN_COLUMNS,
@@ -69,8 +74,8 @@ def simulate(
     *,
     start: datetime,
     end: datetime,
-    horizon: timedelta = timedelta(hours=48),
-    refresh_hour: int = 17,
+    horizon: timedelta = HORIZON,
+    refresh_hour: int = REFRESH_HOUR,
     policy_config: PolicySettings | None = None,
     forecast_profiles: dict[datetime, FreeProfile] | None = None,
     on_refresh: Callable[[int, int], None] | None = None,

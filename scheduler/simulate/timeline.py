@@ -23,6 +23,12 @@ def _span_steps(steps: pd.DatetimeIndex, start: datetime, end: datetime) -> pd.D
     return steps[(steps >= start) & (steps < end)]
 
 
+def simulated_steps(history: pd.DataFrame, settings: Settings, start: datetime,
+                    end: datetime) -> pd.DatetimeIndex:
+    """The steps a simulation of ``[start, end)`` on ``history`` runs (its timeline's)."""
+    return _span_steps(pool_usage(history, settings).index, start, end)
+
+
 class _PoolTimeline:
     """The actual pool, step by step: service GPUs, free GPUs and live signals."""
 

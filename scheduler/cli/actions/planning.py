@@ -98,9 +98,12 @@ def simulate(*, history: Path, jobs: Path, config: Path, runs: Path | None, poli
     start, end = _simulated_span(frame, sim_jobs, warmup_days, days)
     out.mkdir(parents=True, exist_ok=True)
     cached = {}
+    if workers is None:
+        workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+            os.cpu_count() or 1)
     if forecast_cache is not None and "forecast" in names:
         cached["forecast_profiles"] = _cached_forecasts(forecast_cache, frame, settings, start,
-                                                        end)
+                                                        end, workers)
     results = _run_policies(frame, settings, sim_jobs, names, start, end, workers,
                             placement=placement, saves_on_stop=saves_on_stop, **notice_options,
                             **cached)
@@ -116,8 +119,9 @@ def simulate(*, history: Path, jobs: Path, config: Path, runs: Path | None, poli
                   placement=placement, saves_on_stop=saves_on_stop, **notice_options)
 
 
-def _cached_forecasts(directory: Path, frame, settings, start, end):
-    """The forecast policy's nightly profiles, from ``directory`` or made and kept there."""
+def _cached_forecasts(directory: Path, frame, settings, start, end, workers: int):
+    """The forecast policy's nightly profiles, from ``directory`` or made (in ``workers``
+    processes) and kept there."""
     from rich.progress import Progress
 
     with Progress(console=err_console, transient=True) as progress:
@@ -125,7 +129,8 @@ def _cached_forecasts(directory: Path, frame, settings, start, end):
         try:
             profiles, path, read = cached_forecast_profiles(
                 directory, frame, settings, start.to_pydatetime(), end.to_pydatetime(),
-                on_refresh=lambda k, n: progress.update(task, completed=k, total=n))
+                on_refresh=lambda k, n: progress.update(task, completed=k, total=n),
+                workers=workers)
         except OSError as error:
             raise typer.BadParameter(f"cannot keep forecasts in {directory}: "
                                      f"{error.strerror or error}; give a directory you can "
@@ -148,15 +153,12 @@ def _simulated_span(frame, sim_jobs, warmup_days: int, days: int | None):
     return start, end
 
 
-def _run_policies(frame, settings, sim_jobs, names, start, end, workers: int | None, *,
+def _run_policies(frame, settings, sim_jobs, names, start, end, workers: int, *,
                   placement: str, saves_on_stop: bool, **notice_options):
-    """Each policy simulated over ``start``-``end`` (``workers`` at once, default the CPUs this
-    process may use), with a progress line per policy (and the forecast's evening refits)."""
+    """Each policy simulated over ``start``-``end`` (``workers`` at once), with a progress
+    line per policy (and the forecast's evening refits)."""
     from rich.progress import Progress
 
-    if workers is None:
-        workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
-            os.cpu_count() or 1)
     with Progress(console=err_console, transient=True) as progress:
         tasks = {}
         for name in names:

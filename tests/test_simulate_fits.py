@@ -1,0 +1,152 @@
+"""``simulate.fits``: the forecast policy's evening refits made ahead, a group of services per
+worker process (real forkserver workers), give exactly the profiles of refitting in place."""
+
+from datetime import timedelta
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from idlegpu.forecast.errors import HistoryError
+from idlegpu.forecast.models import model_for
+from idlegpu.forecast.schema import REPLICAS, metric_rows
+from idlegpu.forecast.sources import read_history
+from idlegpu.scheduler.config import load_config
+from idlegpu.scheduler.refresh import Refresher
+from idlegpu.scheduler.simulate import forecast_profiles_for, simulate_policies, trace_jobs
+from idlegpu.scheduler.simulate.fits import (
+    BACKFILL,
+    REFRESH,
+    MadeForecasts,
+    fit_group,
+    fit_plan,
+    groups_of,
+)
+from idlegpu.scheduler.simulate.profiles import refresh_moments
+from idlegpu.scheduler.specs import load_trace
+
+REPO = Path(__file__).resolve().parents[1]
+START = pd.Timestamp("2025-10-15T00:00:00+09:00").tz_convert("UTC")
+
+
+def sample(days: int = 4, **admission):
+    settings = load_config(REPO / "idlegpu.yaml")
+    if admission:
+        settings = settings.model_copy(update={
+            "admission": settings.admission.model_copy(update=admission)})
+    history = read_history(REPO / "data" / "sample" / "history.parquet")
+    index = pd.date_range(START, START + pd.Timedelta(days=days), freq="5min", inclusive="left")
+    return settings, history, index
+
+
+def same_profiles(a, b) -> bool:
+    return a.keys() == b.keys() and all(
+        np.array_equal(a[k].free, b[k].free, equal_nan=True)
+        and np.array_equal(a[k].likely, b[k].likely, equal_nan=True)
+        and a[k].start == b[k].start for k in a)
+
+
+def test_refits_in_two_worker_processes_give_the_profiles_of_one_and_report_progress():
+    settings, history, index = sample()
+    assert len(settings.services) == 4  # two groups of two services
+    serial = forecast_profiles_for(history, settings, index, 17, timedelta(hours=48))
+    seen: list[tuple[int, int]] = []
+    parallel = forecast_profiles_for(history, settings, index, 17, timedelta(hours=48),
+                                     workers=2, on_refresh=lambda k, n: seen.append((k, n)))
+    assert len(serial) == 5 and same_profiles(serial, parallel)
+    # the refits (the backfill's week and each refresh), then each evening's pool arithmetic
+    assert seen[-1][0] == seen[-1][1] == 2 * (7 + 5) - 7
+    assert [k for k, _ in seen] == sorted(k for k, _ in seen)
+
+
+def test_the_plan_foresees_every_refit_the_refreshes_ask_for():
+    # ``sum``: the wider quantile is a level of its own, so each refresh is forecast twice
+    settings, history, _ = sample(pool_uncertainty="sum")
+    replicas = metric_rows(history, REPLICAS)
+    moments = refresh_moments(
+        pd.date_range(START, START + pd.Timedelta(days=3), freq="5min", inclusive="left"),
+        settings, 17)
+    plan = fit_plan(replicas, settings, Refresher(settings, refresh_hour=17), moments)
+    assert [r.chain for r in plan] == [BACKFILL] * 7 + [REFRESH] * len(moments)
+    assert all(len(r.levels) == 2 for r in plan if r.chain == REFRESH)
+    assert plan[-1].levels[1] == (0.5, settings.admission.confidence, 0.98)
+    made = MadeForecasts(plan, [fit_group(g, settings, "auto", plan)
+                                for g in groups_of(replicas, 3)], "auto", settings)
+    refresher = Refresher(settings, refresh_hour=17, forecasts=made)
+    for moment in moments:
+        refresher.refresh(replicas, moment)
+    assert made.unforeseen == 0
+    # the first refit (a cache still empty): either set of levels is what a fit here gives
+    first = plan[0]
+    past = replicas[replicas["ds"] < pd.Timestamp(first.moment)]
+    for levels in first.levels:
+        alone = model_for("auto", settings).fit(past).predict(first.horizon, list(levels))
+        pd.testing.assert_frame_equal(made(past, first.moment, first.horizon, list(levels)),
+                                      alone)
+    # one the plan did not foresee is fitted here
+    unforeseen = made(past, first.moment, first.horizon, [0.5, 0.75])
+    assert made.unforeseen == 1 and "q0.75" in unforeseen.columns
+
+
+def two_services(samples_a: int, samples_b: int):
+    settings = load_config(data={
+        "pool": {"total_gpus": 40, "headroom_gpus": 0, "timezone": "UTC"},
+        "query_templates": {"replicas": "r"},
+        "services": [{"name": n, "gpus_per_replica": 4, "min_replicas": 1,
+                      "max_replicas": 9} for n in ("a", "b")]})
+    days = pd.date_range("2025-01-01", periods=6 * 96, freq="15min", tz="UTC")
+    rows = [pd.DataFrame({"unique_id": f"{n}/replicas", "ds": days[-count:] if count else
+                          days[:0], "y": 3.0}) for n, count in (("a", samples_a),
+                                                                ("b", samples_b))]
+    return settings, pd.concat(rows, ignore_index=True), days[-1] + pd.Timedelta(minutes=15)
+
+
+@pytest.mark.parametrize("samples_a,samples_b,names", [(1, 1, "a"), (500, 1, "b"),
+                                                       (1, 500, "a")])
+def test_a_refit_that_fails_raises_what_refitting_them_all_in_place_raises(samples_a,
+                                                                           samples_b, names):
+    settings, replicas, now = two_services(samples_a, samples_b)
+    plan = fit_plan(replicas, settings, Refresher(settings, refresh_hour=17),
+                    [now.to_pydatetime()])[-1:]
+    with pytest.raises(HistoryError) as in_place:
+        model_for("auto", settings).fit(replicas)
+    made = MadeForecasts(plan, [fit_group(g, settings, "auto", plan)
+                                for g in groups_of(replicas, 2)], "auto", settings)
+    with pytest.raises(HistoryError) as ahead:
+        made(replicas, plan[0].moment, plan[0].horizon, list(plan[0].levels[0]))
+    assert str(ahead.value) == str(in_place.value)
+    assert f"series {names}/replicas has fewer than two samples" in str(ahead.value)
+
+
+def test_a_group_without_samples_yet_adds_nothing():
+    settings, replicas, now = two_services(500, 0)
+    plan = fit_plan(replicas, settings, Refresher(settings, refresh_hour=17),
+                    [now.to_pydatetime()])[-1:]
+    groups = [replicas[replicas["unique_id"] == "a/replicas"], replicas.iloc[:0]]
+    made = MadeForecasts(plan, [fit_group(g, settings, "auto", plan) for g in groups], "auto",
+                         settings)
+    levels = list(plan[0].levels[0])
+    pd.testing.assert_frame_equal(
+        made(replicas, plan[0].moment, plan[0].horizon, levels),
+        model_for("auto", settings).fit(replicas).predict(plan[0].horizon, levels))
+    assert made.unforeseen == 0
+
+
+def test_the_policies_in_two_processes_with_the_refits_ahead_give_what_one_process_gives():
+    settings, history, index = sample(days=3)
+    entries = load_trace(REPO / "data" / "sample" / "jobs.yaml", settings.admission)
+    jobs = trace_jobs(entries, lambda unit: 4 * 3600.0)
+    window = {"start": index[0].to_pydatetime(), "end": index[-1].to_pydatetime()}
+    names = ["reactive", "forecast"]
+    serial = simulate_policies(history, settings, jobs, names, workers=1, **window)
+    seen: list[tuple] = []
+    parallel = simulate_policies(history, settings, jobs, names, workers=2,
+                                 on_progress=lambda *a: seen.append(a), **window)
+    for name in names:
+        assert parallel[name].metrics == serial[name].metrics, name
+        pd.testing.assert_frame_equal(parallel[name].runs, serial[name].runs)
+    assert serial["forecast"].metrics["useful_gpu_hours"] > 0
+    refreshes = [(done, total) for name, what, done, total in seen
+                 if (name, what) == ("forecast", "refreshes")]
+    assert refreshes[-1][0] == refreshes[-1][1] == 2 * (7 + 4) - 7  # 7 backfilled, 4 refreshes
