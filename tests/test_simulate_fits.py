@@ -14,7 +14,14 @@ from idlegpu.forecast.schema import REPLICAS, metric_rows
 from idlegpu.forecast.sources import read_history
 from idlegpu.scheduler.config import load_config
 from idlegpu.scheduler.refresh import Refresher
-from idlegpu.scheduler.simulate import forecast_profiles_for, simulate_policies, trace_jobs
+from idlegpu.scheduler.simulate import (
+    FRONTIER_METRICS,
+    forecast_profiles_for,
+    simulate,
+    simulate_policies,
+    sweep,
+    trace_jobs,
+)
 from idlegpu.scheduler.simulate.fits import (
     BACKFILL,
     REFRESH,
@@ -150,3 +157,23 @@ def test_the_policies_in_two_processes_with_the_refits_ahead_give_what_one_proce
     refreshes = [(done, total) for name, what, done, total in seen
                  if (name, what) == ("forecast", "refreshes")]
     assert refreshes[-1][0] == refreshes[-1][1] == 2 * (7 + 4) - 7  # 7 backfilled, 4 refreshes
+
+
+def test_the_sweep_makes_the_refits_once_and_gives_the_frontier_of_refitting_at_each_point():
+    settings, history, index = sample(days=3)
+    entries = load_trace(REPO / "data" / "sample" / "jobs.yaml", settings.admission)
+    jobs = trace_jobs(entries, lambda unit: 4 * 3600.0)
+    window = {"start": index[0].to_pydatetime(), "end": index[-1].to_pydatetime()}
+    confidences = [0.6, 0.9]  # 0.6: a level of its own, forecast only for its point
+    seen: list[tuple[int, int]] = []
+    frontier = sweep(history, settings, jobs, confidences, workers=2, references={},
+                     on_point=lambda n, total: seen.append((n, total)), **window)
+    for row, confidence in zip(frontier.itertuples(), confidences, strict=True):
+        admission = settings.admission.model_copy(update={"confidence": confidence})
+        alone = simulate(history, settings.model_copy(update={"admission": admission}), jobs,
+                         "forecast", **window).metrics
+        assert row.confidence == confidence
+        assert {k: getattr(row, k) for k in FRONTIER_METRICS} == {
+            k: alone[k] for k in FRONTIER_METRICS}
+    assert (frontier["useful_gpu_hours"] > 0).all() and len(frontier) == 2
+    assert sorted(seen) == [(1, 2), (2, 2)]

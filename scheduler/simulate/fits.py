@@ -68,6 +68,18 @@ def fit_plan(replicas: pd.DataFrame, settings: Settings, refresher: Refresher,
     return plan
 
 
+def merged(plans: list[list[FitRequest]]) -> list[FitRequest]:
+    """One plan of the refits of several (the forecast policy at several confidences: the
+    same refits, forecast at each one's levels), in order."""
+    out: dict[tuple[str, datetime, pd.Timedelta], tuple[tuple[float, ...], ...]] = {}
+    for plan in plans:
+        for request in plan:
+            key = (request.chain, request.moment, request.horizon)
+            out[key] = tuple(dict.fromkeys((*out.get(key, ()), *request.levels)))
+    return [FitRequest(chain, moment, horizon, levels)
+            for (chain, moment, horizon), levels in out.items()]
+
+
 Outcome = dict[tuple[float, ...], pd.DataFrame | None] | BaseException
 """One refit of one group: its forecast per set of levels (None: none of its series had a
 sample yet), or the error the fit raised."""
@@ -213,4 +225,4 @@ def per_series(model: str) -> bool:
 
 
 __all__ = ["FitRequest", "MadeForecasts", "fit_group", "fit_in_worker", "fit_plan", "groups_of",
-           "made_in_workers", "per_series"]
+           "made_in_workers", "merged", "per_series"]

@@ -22,6 +22,8 @@ from idlegpu.scheduler.simulate.fits import (
     fit_in_worker,
     fit_plan,
     groups_of,
+    made_in_workers,
+    merged,
 )
 from idlegpu.scheduler.simulate.jobs import SimJob
 from idlegpu.scheduler.simulate.profiles import FORECAST_MODEL as FIT_MODEL
@@ -222,6 +224,7 @@ def sweep(
     end: datetime,
     references: dict[str, dict[str, float]] | None = None,
     on_point: Callable[[int, int], None] | None = None,
+    workers: int = 1,
     **options,
 ) -> pd.DataFrame:
     """The frontier an operator picks from: the ``forecast`` policy at each admission
@@ -230,36 +233,99 @@ def sweep(
     ``simulate`` returned them; each runs here when not given). Columns: ``policy``,
     ``confidence`` (NaN for the references) and ``FRONTIER_METRICS``. A higher confidence
     promises fewer GPUs: less harvest, less lost work, less service delay; where the curve
-    bends is the point to run at."""
+    bends is the point to run at.
+
+    The refits do not depend on the confidence (only the levels each forecasts at do): they
+    are made once, for every point (in ``workers`` processes, a group of services each), and
+    each point's refreshes read them back; the points and references then run ``workers`` at
+    once. The same frontier as refitting at each point."""
     if not confidences:
         raise ValueError("give at least one confidence to sweep")
     bad = [c for c in confidences if not 0.5 <= c < 1.0]
     if bad:
         raise ValueError(f"a confidence is from 0.5 up to (not including) 1, as "
                          f"admission.confidence, not {bad[0]}")
-    rows = []
-    cache: dict = {}
     levels = sorted(set(confidences))
-    names = [p for p in POLICIES if p != "forecast"]
-    total = len(levels) + (0 if references is not None else len(names))
-    for n, confidence in enumerate(levels):
+    at: dict[float, Settings] = {}
+    for confidence in levels:
         admission = settings.admission.model_copy(update={"confidence": confidence})
-        at = settings.model_copy(update={"admission": admission})
-        metrics = simulate(history, at, jobs, "forecast", start=start, end=end,
-                                     forecast_cache=cache, **options).metrics
-        rows.append({"policy": "forecast", "confidence": confidence,
-                     **{k: metrics[k] for k in FRONTIER_METRICS}})
-        if on_point:
-            on_point(n + 1, total)
-    if references is None:
-        references = {}
-        for n, name in enumerate(names):
-            references[name] = simulate(history, settings, jobs, name, start=start,
-                                                  end=end, **options).metrics
-            if on_point:
-                on_point(len(levels) + n + 1, total)
-    for name, metrics in references.items():
+        at[confidence] = settings.model_copy(update={"admission": admission})
+    names = [] if references is not None else [p for p in POLICIES if p != "forecast"]
+    total = len(levels) + len(names)
+    made = None
+    if "forecast_profiles" not in options and options.get("forecast_cache") is None:
+        made = _refits_for(history, list(at.values()), start, end, workers, options)
+    calls: list[tuple[Callable[..., Any], tuple]] = [
+        (_forecast_point, (history, at[c], jobs, start, end, made, options)) for c in levels]
+    calls += [(_reference_point, (history, settings, jobs, name, start, end, options))
+              for name in names]
+    metrics = _run_all(calls, workers, on_point, total)
+    rows = [{"policy": "forecast", "confidence": c, **{k: m[k] for k in FRONTIER_METRICS}}
+            for c, m in zip(levels, metrics)]
+    references = dict(references or {})
+    references.update(zip(names, metrics[len(levels):]))
+    for name, figures in references.items():
         if name != "forecast":
             rows.append({"policy": name, "confidence": float("nan"),
-                         **{k: metrics[k] for k in FRONTIER_METRICS}})
+                         **{k: figures[k] for k in FRONTIER_METRICS}})
     return pd.DataFrame(rows, columns=["policy", "confidence", *FRONTIER_METRICS])
+
+
+def _refits_for(history: pd.DataFrame, points: list[Settings], start: datetime,
+                end: datetime, workers: int, options: dict[str, Any]) -> MadeForecasts:
+    """The refits the forecast policy makes at every one of ``points``, made once."""
+    refresh_hour = int(options.get("refresh_hour", REFRESH_HOUR))
+    horizon = options.get("horizon", HORIZON)
+    index = simulated_steps(history, points[0], start, end)
+    replicas = metric_rows(history, REPLICAS)
+    moments = refresh_moments(index, points[0], refresh_hour)
+    plan = merged([fit_plan(replicas, point, Refresher(point, horizon=horizon, model=FIT_MODEL,
+                                                       refresh_hour=refresh_hour), moments)
+                   for point in points])
+    return made_in_workers(replicas, points[0], plan, FIT_MODEL, workers)
+
+
+def _forecast_point(history, settings, jobs, start, end, made, options) -> dict[str, float]:
+    """The forecast policy at ``settings``' confidence, on refits made ahead (``made``) or
+    its own (with the ``forecast_cache`` of ``options``)."""
+    point = dict(options)
+    if made is not None:
+        index = simulated_steps(history, settings, start, end)
+        point["forecast_profiles"] = forecast_profiles_for(
+            history, settings, index, int(options.get("refresh_hour", REFRESH_HOUR)),
+            options.get("horizon", HORIZON), forecasts=made)
+    return simulate(history, settings, jobs, "forecast", start=start, end=end,
+                    **point).metrics
+
+
+def _reference_point(history, settings, jobs, name, start, end, options) -> dict[str, float]:
+    return simulate(history, settings, jobs, name, start=start, end=end, **options).metrics
+
+
+def _run_all(calls: list[tuple[Callable[..., Any], tuple]], workers: int,
+             on_done: Callable[[int, int], None] | None, total: int) -> list[Any]:
+    """Each call's result, in order: here one after another, or in ``workers`` processes
+    (forkserver, as ``simulate_policies`` starts them) the first ones first.
+    ``on_done(done, total)`` as each ends."""
+    if workers <= 1 or len(calls) <= 1:
+        out = []
+        for n, (call, args) in enumerate(calls):
+            out.append(call(*args))
+            if on_done:
+                on_done(n + 1, total)
+        return out
+    import multiprocessing
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload([__name__])
+    results: dict[int, Any] = {}
+    with ProcessPoolExecutor(min(workers, len(calls)), mp_context=context) as pool:
+        pending = {pool.submit(call, *args): n for n, (call, args) in enumerate(calls)}
+        while pending:
+            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for future in done:
+                results[pending.pop(future)] = future.result()
+                if on_done:
+                    on_done(len(results), total)
+    return [results[n] for n in range(len(calls))]

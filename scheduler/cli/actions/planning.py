@@ -116,7 +116,8 @@ def simulate(*, history: Path, jobs: Path, config: Path, runs: Path | None, poli
                   f"the service waited for GPUs units held); chart: {chart}")
     if confidences:
         _frontier(frame, settings, sim_jobs, confidences, rows, out, start=start, end=end,
-                  placement=placement, saves_on_stop=saves_on_stop, **notice_options)
+                  placement=placement, saves_on_stop=saves_on_stop, workers=workers,
+                  **notice_options)
 
 
 def _cached_forecasts(directory: Path, frame, settings, start, end, workers: int):
@@ -292,9 +293,11 @@ def _duration_s(text: str, option: str, example: str) -> float:
 
 
 def _frontier(frame, settings, sim_jobs, confidences, rows, out: Path, *, start, end,
-              placement: str, saves_on_stop: bool = False, **options) -> None:
+              placement: str, saves_on_stop: bool = False, workers: int = 1,
+              **options) -> None:
     """``simulate --sweep``: the forecast policy at each confidence beside the policies just
-    run (and any not run yet), as a table, frontier.csv and frontier.png."""
+    run (and any not run yet), as a table, frontier.csv and frontier.png (``workers`` points
+    at once)."""
     import pandas as pd
     from rich.progress import Progress
     from rich.table import Table
@@ -307,7 +310,7 @@ def _frontier(frame, settings, sim_jobs, confidences, rows, out: Path, *, start,
         frontier = sweep_policies(
             frame, settings, sim_jobs, confidences, start=start.to_pydatetime(),
             end=end.to_pydatetime(), references=references, placement=placement,
-            saves_on_stop=saves_on_stop, **options,
+            saves_on_stop=saves_on_stop, workers=workers, **options,
             on_point=lambda n, total: progress.update(task, completed=n, total=total))
     write_csv(frontier, out / "frontier.csv")
     chart = plots.frontier_chart(
