@@ -177,3 +177,17 @@ def test_the_sweep_makes_the_refits_once_and_gives_the_frontier_of_refitting_at_
             k: alone[k] for k in FRONTIER_METRICS}
     assert (frontier["useful_gpu_hours"] > 0).all() and len(frontier) == 2
     assert sorted(seen) == [(1, 2), (2, 2)]
+
+
+def test_a_refit_asked_for_on_other_replica_samples_than_the_plan_s_is_made_here():
+    settings, replicas, now = two_services(500, 500)
+    plan = fit_plan(replicas, settings, Refresher(settings, refresh_hour=17),
+                    [now.to_pydatetime()])[-1:]
+    made = MadeForecasts(plan, [fit_group(g, settings, "auto", plan)
+                                for g in groups_of(replicas, 2)], "auto", settings)
+    other = replicas.assign(y=np.where(replicas["unique_id"] == "a/replicas", 7.0, 3.0)).iloc[1:]
+    levels = list(plan[0].levels[0])
+    got = made(other, plan[0].moment, plan[0].horizon, levels)
+    assert made.unforeseen == 1
+    pd.testing.assert_frame_equal(
+        got, model_for("auto", settings).fit(other).predict(plan[0].horizon, levels))

@@ -37,13 +37,15 @@ BACKFILL, REFRESH = "backfill", "refresh"  # the chains of refits, each with a c
 
 @dataclass(frozen=True)
 class FitRequest:
-    """One refit: on the replicas before ``moment``, forecast ``horizon`` ahead at each of
-    ``levels`` (tuples of quantiles); ``chain``: which cache of growing prefixes it reuses."""
+    """One refit: on the replicas before ``moment`` (``rows`` of them), forecast ``horizon``
+    ahead at each of ``levels`` (tuples of quantiles); ``chain``: which cache of growing
+    prefixes it reuses."""
 
     chain: str
     moment: datetime
     horizon: pd.Timedelta
     levels: tuple[tuple[float, ...], ...]
+    rows: int
 
 
 def fit_plan(replicas: pd.DataFrame, settings: Settings, refresher: Refresher,
@@ -55,29 +57,31 @@ def fit_plan(replicas: pd.DataFrame, settings: Settings, refresher: Refresher,
     wide = tuple(forecast_levels(settings, confidence, [refresher.widened]))
     plan = []
 
-    def horizon_at(moment: datetime) -> pd.Timedelta:
-        lag, _ = _forecast_lag(replicas[replicas[DS] < pd.Timestamp(moment)], settings)
-        return pd.Timedelta(refresher.horizon) + lag
+    def request(chain: str, moment: datetime, levels: tuple[tuple[float, ...], ...]
+                ) -> FitRequest:
+        past = replicas[replicas[DS] < pd.Timestamp(moment)]
+        lag, _ = _forecast_lag(past, settings)
+        return FitRequest(chain, moment, pd.Timedelta(refresher.horizon) + lag, levels,
+                          len(past))
 
     if moments and not refresher.promises:
         for moment in refresher.backfill_moments(replicas, moments[0]):
-            plan.append(FitRequest(BACKFILL, moment, horizon_at(moment), (plain,)))
+            plan.append(request(BACKFILL, moment, (plain,)))
     for moment in moments:
-        plan.append(FitRequest(REFRESH, moment, horizon_at(moment),
-                               tuple(dict.fromkeys((plain, wide)))))
+        plan.append(request(REFRESH, moment, tuple(dict.fromkeys((plain, wide)))))
     return plan
 
 
 def merged(plans: list[list[FitRequest]]) -> list[FitRequest]:
     """One plan of the refits of several (the forecast policy at several confidences: the
     same refits, forecast at each one's levels), in order."""
-    out: dict[tuple[str, datetime, pd.Timedelta], tuple[tuple[float, ...], ...]] = {}
+    out: dict[tuple[str, datetime, pd.Timedelta, int], tuple[tuple[float, ...], ...]] = {}
     for plan in plans:
         for request in plan:
-            key = (request.chain, request.moment, request.horizon)
+            key = (request.chain, request.moment, request.horizon, request.rows)
             out[key] = tuple(dict.fromkeys((*out.get(key, ()), *request.levels)))
-    return [FitRequest(chain, moment, horizon, levels)
-            for (chain, moment, horizon), levels in out.items()]
+    return [FitRequest(chain, moment, horizon, levels, rows)
+            for (chain, moment, horizon, rows), levels in out.items()]
 
 
 Outcome = dict[tuple[float, ...], pd.DataFrame | None] | BaseException
@@ -113,20 +117,22 @@ class MadeForecasts:
     """The refits of ``plan`` made by groups of services (``fit_group``'s outcomes, the groups
     in ``unique_id`` order), read back as ``replay.MadeForecasts``: the forecast of all the
     groups at the moment and levels asked for. One not made ahead (a refresh the plan did not
-    foresee) is fitted here, from scratch."""
+    foresee, or on more or fewer replica samples than the plan's) is fitted here, from
+    scratch."""
 
     def __init__(self, plan: list[FitRequest], outcomes: list[list[Outcome]], model: str,
                  settings: Settings):
         self.model = model
         self.settings = settings
-        self.made: dict[tuple[datetime, pd.Timedelta], list[Outcome]] = {}
+        self.made: dict[tuple[datetime, pd.Timedelta, int], list[Outcome]] = {}
         for n, request in enumerate(plan):
-            self.made[request.moment, request.horizon] = [group[n] for group in outcomes]
+            self.made[request.moment, request.horizon, request.rows] = [
+                group[n] for group in outcomes]
         self.unforeseen = 0  # refits asked for that were not made ahead
 
     def __call__(self, past: pd.DataFrame, now: datetime, horizon: pd.Timedelta,
                  levels: list[float]) -> pd.DataFrame:
-        groups = self.made.get((now, pd.Timedelta(horizon)))
+        groups = self.made.get((now, pd.Timedelta(horizon), len(past)))
         key = tuple(levels)
         if groups is not None and all(isinstance(g, BaseException) or key in g
                                       for g in groups):
@@ -162,7 +168,7 @@ def made_in_workers(replicas: pd.DataFrame, settings: Settings, plan: list[FitRe
     context.set_forkserver_preload([__name__])
     channel = context.Queue()
     done = [0] * len(groups)
-    with ProcessPoolExecutor(len(groups), mp_context=context, initializer=_worker_started,
+    with ProcessPoolExecutor(len(groups), mp_context=context, initializer=report_progress_to,
                              initargs=(channel,)) as pool:
         futures = [pool.submit(fit_in_worker, group, settings, model, plan, n)
                    for n, group in enumerate(groups)]
@@ -182,10 +188,11 @@ def made_in_workers(replicas: pd.DataFrame, settings: Settings, plan: list[FitRe
     return MadeForecasts(plan, outcomes, model, settings)
 
 
-_progress_queue: Any = None  # a worker's channel for its progress (``_worker_started``)
+_progress_queue: Any = None  # a worker's channel for its progress (``report_progress_to``)
 
 
-def _worker_started(channel: Any) -> None:
+def report_progress_to(channel: Any) -> None:
+    """A worker's initializer: ``fit_in_worker`` reports its progress on ``channel``."""
     global _progress_queue
     _progress_queue = channel
 
@@ -225,4 +232,4 @@ def per_series(model: str) -> bool:
 
 
 __all__ = ["FitRequest", "MadeForecasts", "fit_group", "fit_in_worker", "fit_plan", "groups_of",
-           "made_in_workers", "merged", "per_series"]
+           "made_in_workers", "merged", "per_series", "report_progress_to"]

@@ -12,7 +12,6 @@ import pandas as pd
 from idlegpu.forecast.schema import REPLICAS, metric_rows
 from idlegpu.scheduler.config import Settings
 from idlegpu.scheduler.refresh import Refresher
-from idlegpu.scheduler.simulate import fits
 from idlegpu.scheduler.simulate.choices import CLAIRVOYANT, POLICIES
 from idlegpu.scheduler.simulate.engine import simulate
 from idlegpu.scheduler.simulate.fits import (
@@ -24,6 +23,8 @@ from idlegpu.scheduler.simulate.fits import (
     groups_of,
     made_in_workers,
     merged,
+    per_series,
+    report_progress_to,
 )
 from idlegpu.scheduler.simulate.jobs import SimJob
 from idlegpu.scheduler.simulate.profiles import FORECAST_MODEL as FIT_MODEL
@@ -108,20 +109,20 @@ def simulate_policies(
 
     with ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_started,
                              initargs=(channel,)) as pool:
-        fits: dict[Future, int] = {} if ahead is None else {
+        refits: dict[Future, int] = {} if ahead is None else {
             pool.submit(fit_in_worker, group, settings, FIT_MODEL, ahead.plan, n): n
             for n, group in enumerate(ahead.groups)}
-        pending: dict[Future, str] = {pool.submit(_simulate_one, history, settings, jobs, name, start, end,
-                               options): name
-                   for name in order if ahead is None or name != "forecast"}
-        while pending or fits:
-            done, _ = wait([*pending, *fits], timeout=0.2, return_when=FIRST_COMPLETED)
+        pending: dict[Future, str] = {
+            pool.submit(_simulate_one, history, settings, jobs, name, start, end, options): name
+            for name in order if ahead is None or name != "forecast"}
+        while pending or refits:
+            done, _ = wait([*pending, *refits], timeout=0.2, return_when=FIRST_COMPLETED)
             drain()
             for future in done:
-                if future in fits:
+                if future in refits:
                     assert ahead is not None
-                    ahead.outcomes[fits.pop(future)] = future.result()
-                    if not fits:  # every group made: the evenings' profiles, here
+                    ahead.outcomes[refits.pop(future)] = future.result()
+                    if not refits:  # every group made: the evenings' profiles, here
                         profiles = ahead.profiles(history, settings, tell, drain)
                         pending[pool.submit(_simulate_one, history, settings, jobs, "forecast",
                                             start, end, {**options,
@@ -158,7 +159,7 @@ class _ForecastsAhead:
         """The refits to make ahead, or None where the forecast policy makes its own: not
         among ``policies``, given its profiles or a cache of refits to reuse, or one worker."""
         if ("forecast" not in policies or workers < 2 or "forecast_profiles" in options
-                or options.get("forecast_cache") is not None):
+                or options.get("forecast_cache") is not None or not per_series(FIT_MODEL)):
             return None
         refresh_hour = int(options.get("refresh_hour", REFRESH_HOUR))
         horizon = options.get("horizon", HORIZON)
@@ -177,6 +178,8 @@ class _ForecastsAhead:
     def profiles(self, history: pd.DataFrame, settings: Settings,
                  tell: Callable[[tuple], None], drain: Callable[[], None]
                  ) -> dict[datetime, FreeProfile]:
+        """The evenings' profiles from the groups' refits; ``tell`` a progress report, and
+        ``drain`` the workers' reports between the evenings."""
         made = MadeForecasts(self.plan, [self.outcomes[n] for n in range(len(self.groups))],
                              FIT_MODEL, settings)
 
@@ -191,7 +194,7 @@ class _ForecastsAhead:
 def _worker_started(channel) -> None:
     global _progress_queue
     _progress_queue = channel
-    fits._worker_started(channel)
+    report_progress_to(channel)  # the forecast's refits report on it too
 
 
 def _simulate_one(history, settings, jobs, name: str, start, end, options) -> SimResult:
