@@ -191,3 +191,19 @@ def test_a_refit_asked_for_on_other_replica_samples_than_the_plan_s_is_made_here
     assert made.unforeseen == 1
     pd.testing.assert_frame_equal(
         got, model_for("auto", settings).fit(other).predict(plan[0].horizon, levels))
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_the_caller_gets_the_profiles_the_forecast_policy_ran_on(workers):
+    settings, history, index = sample(days=2)
+    window = {"start": index[0].to_pydatetime(), "end": index[-1].to_pydatetime()}
+    got: list[dict] = []
+    simulate_policies(history, settings, [], ["night", "forecast"], workers=workers,
+                      on_profiles=got.append, **window)
+    assert len(got) == 1
+    own = forecast_profiles_for(history, settings, index, 17, timedelta(hours=48))
+    assert same_profiles(got[0], own)
+    given: list[dict] = []
+    simulate_policies(history, settings, [], ["forecast"], workers=workers,
+                      on_profiles=given.append, forecast_profiles=own, **window)
+    assert given == []  # given, not made: nothing to keep

@@ -139,6 +139,15 @@ def load_profiles(path: Path) -> dict[datetime, FreeProfile] | None:
         return None
 
 
+def profiles_path(directory: Path, history: pd.DataFrame, settings: Settings,
+                  start: datetime, end: datetime, *, refresh_hour: int = REFRESH_HOUR,
+                  horizon: timedelta = HORIZON) -> Path:
+    """The file in ``directory`` that keeps the forecast policy's profiles for
+    ``simulate(history, settings, ..., start=start, end=end)`` at these defaults."""
+    index = simulated_steps(history, settings, start, end)
+    return Path(directory) / f"{profiles_key(history, settings, index, refresh_hour, horizon)}.npz"
+
+
 def cached_forecast_profiles(
     directory: Path, history: pd.DataFrame, settings: Settings, start: datetime,
     end: datetime, *, refresh_hour: int = REFRESH_HOUR, horizon: timedelta = HORIZON,
@@ -148,11 +157,12 @@ def cached_forecast_profiles(
     end=end)`` at these defaults: read from ``directory`` when a run on the same inputs made
     them, else made (``forecast_profiles_for``) and written there. Returns them, the file and
     whether it was read. ``workers``: processes to make them in (``pool_profiles_for``)."""
-    index = simulated_steps(history, settings, start, end)
-    path = Path(directory) / f"{profiles_key(history, settings, index, refresh_hour, horizon)}.npz"
+    path = profiles_path(directory, history, settings, start, end, refresh_hour=refresh_hour,
+                         horizon=horizon)
     found = load_profiles(path)
     if found is not None:
         return found, path, True
+    index = simulated_steps(history, settings, start, end)
     made = forecast_profiles_for(history, settings, index, refresh_hour, horizon,
                                  on_refresh=on_refresh, workers=workers)
     save_profiles(path, made)

@@ -9,7 +9,7 @@ from typing import Any
 
 import pandas as pd
 
-from idlegpu.forecast.schema import REPLICAS, metric_rows
+from idlegpu.forecast.schema import REPLICAS, UNIQUE_ID, metric_rows
 from idlegpu.scheduler.config import Settings
 from idlegpu.scheduler.refresh import Refresher
 from idlegpu.scheduler.simulate.choices import CLAIRVOYANT, POLICIES
@@ -54,6 +54,7 @@ def simulate_policies(
     end: datetime,
     workers: int = 1,
     on_progress: Callable[[str, str, int, int], None] | None = None,
+    on_profiles: Callable[[dict[datetime, FreeProfile]], None] | None = None,
     **options,
 ) -> dict[str, SimResult]:
     """``simulate`` of each of ``policies`` on the same inputs, by policy in ``policies``
@@ -63,12 +64,28 @@ def simulate_policies(
     first, a group of services each, its profiles then here while the workers go on with
     the other policies (``_ForecastsAhead``: the same profiles).
     ``on_progress(policy, what, done, total)``: ``what`` is ``"steps"`` or ``"refreshes"``
-    (the forecast policy's evening refits), called in this process."""
+    (the forecast policy's evening refits), called in this process. ``on_profiles``: called
+    here with the forecast policy's profiles, unless they were given (to keep them: the
+    ``--forecast-cache``)."""
     policies = list(dict.fromkeys(policies))
     for name in policies:
         if name not in POLICIES:
             raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")
-    workers = max(1, min(int(workers), len(policies)))
+    # the forecast's refits go to as many workers as there are services to split them by
+    useful = max(len(policies), _services_in(history) if "forecast" in policies else 1)
+    workers = max(1, min(int(workers), useful))
+    ahead = _ForecastsAhead.of(history, settings, policies, start, end, workers, options)
+    if (ahead is None and on_profiles is not None and "forecast" in policies
+            and "forecast_profiles" not in options):
+        # no refits ahead: the forecast's profiles made here first, for the caller to keep
+        profiles = forecast_profiles_for(
+            history, settings, simulated_steps(history, settings, start, end),
+            int(options.get("refresh_hour", REFRESH_HOUR)), options.get("horizon", HORIZON),
+            cache=options.get("forecast_cache"),
+            on_refresh=None if on_progress is None else (
+                lambda k, n: on_progress("forecast", "refreshes", k, n)))
+        on_profiles(profiles)
+        options = {**options, "forecast_profiles": profiles}
     if workers == 1:
         out = {}
         for name in policies:
@@ -91,7 +108,6 @@ def simulate_policies(
     channel = context.Queue()
     order = sorted(policies, key=lambda n: (-_COST.get(n, 1.0), policies.index(n)))
     results: dict[str, SimResult] = {}
-    ahead = _ForecastsAhead.of(history, settings, policies, start, end, workers, options)
 
     def tell(report: tuple) -> None:
         if len(report) == 2:  # a group of the forecast's refits: (group, refits done)
@@ -124,6 +140,8 @@ def simulate_policies(
                     ahead.outcomes[refits.pop(future)] = future.result()
                     if not refits:  # every group made: the evenings' profiles, here
                         profiles = ahead.profiles(history, settings, tell, drain)
+                        if on_profiles is not None:
+                            on_profiles(profiles)
                         pending[pool.submit(_simulate_one, history, settings, jobs, "forecast",
                                             start, end, {**options,
                                                          "forecast_profiles": profiles})] = (
@@ -133,6 +151,11 @@ def simulate_policies(
     drain()
     channel.close()
     return {name: results[name] for name in policies}
+
+
+def _services_in(history: pd.DataFrame) -> int:
+    """How many replica series ``history`` has (what the forecast's refits split by)."""
+    return int(metric_rows(history, REPLICAS)[UNIQUE_ID].nunique())
 
 
 class _ForecastsAhead:

@@ -5,6 +5,7 @@ tonight's dry run of it over the forecast."""
 from __future__ import annotations
 
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,7 +60,6 @@ from idlegpu.scheduler.simulate import (
     trace_jobs,
 )
 from idlegpu.scheduler.simulate import sweep as sweep_policies
-from idlegpu.scheduler.simulate.cache import cached_forecast_profiles
 from idlegpu.scheduler.specs import SpecError, load_trace, parse_duration
 from idlegpu.scheduler.types import JobState
 
@@ -101,12 +101,16 @@ def simulate(*, history: Path, jobs: Path, config: Path, runs: Path | None, poli
     if workers is None:
         workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
             os.cpu_count() or 1)
+    keep = None
     if forecast_cache is not None and "forecast" in names:
-        cached["forecast_profiles"] = _cached_forecasts(forecast_cache, frame, settings, start,
-                                                        end, workers)
+        found, keep = _kept_forecasts(forecast_cache, frame, settings, start, end, workers)
+        if found is not None:
+            cached["forecast_profiles"] = found
     results = _run_policies(frame, settings, sim_jobs, names, start, end, workers,
                             placement=placement, saves_on_stop=saves_on_stop, **notice_options,
-                            **cached)
+                            **cached, **({"on_profiles": keep} if keep else {}))
+    if keep is not None:
+        keep.say()
     rows, table, curves, losses, delays = _policy_tables(results, settings, out)
     chart = _print_policies(table, curves, settings, out, start=start, end=end,
                             requests=len(entries), units=len(sim_jobs), placement=placement)
@@ -120,24 +124,52 @@ def simulate(*, history: Path, jobs: Path, config: Path, runs: Path | None, poli
                   **notice_options)
 
 
-def _cached_forecasts(directory: Path, frame, settings, start, end, workers: int):
-    """The forecast policy's nightly profiles, from ``directory`` or made (in ``workers``
-    processes) and kept there."""
-    from rich.progress import Progress
+class _Keeper:
+    """Keeps the forecast policy's profiles in ``path`` when the simulation made them (its
+    ``on_profiles``); ``say`` tells where, or why not."""
 
-    with Progress(console=err_console, transient=True) as progress:
-        task = progress.add_task("forecast: refitting each evening", total=None)
+    def __init__(self, path: Path):
+        self.path = path
+        self.kept = False
+        self.error: OSError | None = None
+
+    def __call__(self, profiles) -> None:
+        from idlegpu.scheduler.simulate.cache import save_profiles
+
         try:
-            profiles, path, read = cached_forecast_profiles(
-                directory, frame, settings, start.to_pydatetime(), end.to_pydatetime(),
-                on_refresh=lambda k, n: progress.update(task, completed=k, total=n),
-                workers=workers)
-        except OSError as error:
-            raise typer.BadParameter(f"cannot keep forecasts in {directory}: "
-                                     f"{error.strerror or error}; give a directory you can "
-                                     "write to", param_hint="--forecast-cache") from None
-    console.print(f"forecasts {'read from' if read else 'kept in'} {escape(str(path))}")
-    return profiles
+            save_profiles(self.path, profiles)
+            self.kept = True
+        except OSError as error:  # the simulation goes on: only a later run is slower
+            self.error = error
+
+    def say(self) -> None:
+        if self.kept:
+            console.print(f"forecasts kept in {escape(str(self.path))}")
+        elif self.error is not None:
+            err_console.print(f"could not keep the forecasts in {escape(str(self.path))}: "
+                              f"{escape(self.error.strerror or str(self.error))}")
+
+
+def _kept_forecasts(directory: Path, frame, settings, start, end, workers: int):
+    """The forecast policy's nightly profiles read from ``directory``, or (None and) what
+    keeps them there once the simulation has made them (its refits in ``workers`` processes,
+    beside the other policies)."""
+    from idlegpu.scheduler.simulate.cache import load_profiles, profiles_path
+
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=directory):
+            pass  # writable: a run that cannot keep its forecasts is told so before it runs
+    except OSError as error:
+        raise typer.BadParameter(f"cannot keep forecasts in {directory}: "
+                                 f"{error.strerror or error}; give a directory you can "
+                                 "write to", param_hint="--forecast-cache") from None
+    path = profiles_path(directory, frame, settings, start.to_pydatetime(), end.to_pydatetime())
+    found = load_profiles(path)
+    if found is not None:
+        console.print(f"forecasts read from {escape(str(path))}")
+        return found, None
+    return None, _Keeper(path)
 
 
 def _simulated_span(frame, sim_jobs, warmup_days: int, days: int | None):
