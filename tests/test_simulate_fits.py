@@ -2,6 +2,7 @@
 worker process (real forkserver workers), give exactly the profiles of refitting in place."""
 
 from datetime import timedelta
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -47,6 +48,13 @@ def sample(days: int = 4, **admission):
     return settings, history, index
 
 
+@lru_cache(maxsize=4)
+def own_profiles(days: int):
+    """The sample's profiles refitted in this process (shared by the tests that compare)."""
+    settings, history, index = sample(days)
+    return forecast_profiles_for(history, settings, index, 17, timedelta(hours=48))
+
+
 def same_profiles(a, b) -> bool:
     return a.keys() == b.keys() and all(
         np.array_equal(a[k].free, b[k].free, equal_nan=True)
@@ -57,7 +65,7 @@ def same_profiles(a, b) -> bool:
 def test_refits_in_two_worker_processes_give_the_profiles_of_one_and_report_progress():
     settings, history, index = sample()
     assert len(settings.services) == 4  # two groups of two services
-    serial = forecast_profiles_for(history, settings, index, 17, timedelta(hours=48))
+    serial = own_profiles(4)
     seen: list[tuple[int, int]] = []
     parallel = forecast_profiles_for(history, settings, index, 17, timedelta(hours=48),
                                      workers=2, on_refresh=lambda k, n: seen.append((k, n)))
@@ -201,7 +209,7 @@ def test_the_caller_gets_the_profiles_the_forecast_policy_ran_on(workers):
     simulate_policies(history, settings, [], ["night", "forecast"], workers=workers,
                       on_profiles=got.append, **window)
     assert len(got) == 1
-    own = forecast_profiles_for(history, settings, index, 17, timedelta(hours=48))
+    own = own_profiles(2)
     assert same_profiles(got[0], own)
     given: list[dict] = []
     simulate_policies(history, settings, [], ["forecast"], workers=workers,
