@@ -17,11 +17,11 @@ from idlegpu.scheduler.config import load_config
 from idlegpu.scheduler.refresh import Refresher
 from idlegpu.scheduler.simulate import (
     FRONTIER_METRICS,
+    SimJob,
     forecast_profiles_for,
     simulate,
     simulate_policies,
     sweep,
-    trace_jobs,
 )
 from idlegpu.scheduler.simulate.fits import (
     BACKFILL,
@@ -32,7 +32,6 @@ from idlegpu.scheduler.simulate.fits import (
     groups_of,
 )
 from idlegpu.scheduler.simulate.profiles import refresh_moments
-from idlegpu.scheduler.specs import load_trace
 
 REPO = Path(__file__).resolve().parents[1]
 START = pd.Timestamp("2025-10-15T00:00:00+09:00").tz_convert("UTC")
@@ -48,10 +47,34 @@ def sample(days: int = 4, **admission):
     return settings, history, index
 
 
+def small_pool():
+    """Two services of 4-GPU replicas in a 40-GPU pool, 14 days: one busy by day, one in the
+    evening (a group each); the simulated window, 3 days from its day 9; two units."""
+    settings = load_config(data={
+        "pool": {"total_gpus": 40, "headroom_gpus": 0, "timezone": "UTC"},
+        "query_templates": {"replicas": "r"},
+        "services": [{"name": n, "gpus_per_replica": 4, "min_replicas": 1,
+                      "max_replicas": 6} for n in ("day", "evening")],
+        "admission": {"grace_seconds": 900}})
+    steps = pd.date_range("2025-03-03", periods=14 * 96, freq="15min", tz="UTC")
+    hour = steps.hour.to_numpy()
+    shapes = {"day": np.where((hour >= 8) & (hour < 20), 5.0, 1.0),
+              "evening": np.where((hour >= 16) & (hour < 23), 4.0, 1.0)}
+    history = pd.concat([pd.DataFrame({"unique_id": f"{n}/replicas", "ds": steps, "y": y})
+                         for n, y in shapes.items()], ignore_index=True)
+    start = steps[0] + pd.Timedelta(days=9)
+    jobs = [SimJob(id=name, team="t", kind="x", gpus=gpus, work_s=hours * 3600,
+                   estimate_s=hours * 3600, submit_at=start.to_pydatetime(),
+                   checkpointable=ckpt, checkpoint_interval_s=3600)
+            for name, gpus, hours, ckpt in (("train", 16, 20, True), ("eval", 8, 3, False))]
+    index = pd.date_range(start, start + pd.Timedelta(days=3), freq="15min", inclusive="left")
+    return settings, history, index, jobs
+
+
 @lru_cache(maxsize=4)
-def own_profiles(days: int):
-    """The sample's profiles refitted in this process (shared by the tests that compare)."""
-    settings, history, index = sample(days)
+def own_profiles():
+    """The small pool's profiles refitted in this process (shared by the tests that compare)."""
+    settings, history, index, _ = small_pool()
     return forecast_profiles_for(history, settings, index, 17, timedelta(hours=48))
 
 
@@ -65,7 +88,7 @@ def same_profiles(a, b) -> bool:
 def test_refits_in_two_worker_processes_give_the_profiles_of_one_and_report_progress():
     settings, history, index = sample()
     assert len(settings.services) == 4  # two groups of two services
-    serial = own_profiles(4)
+    serial = forecast_profiles_for(history, settings, index, 17, timedelta(hours=48))
     seen: list[tuple[int, int]] = []
     parallel = forecast_profiles_for(history, settings, index, 17, timedelta(hours=48),
                                      workers=2, on_refresh=lambda k, n: seen.append((k, n)))
@@ -149,9 +172,7 @@ def test_a_group_without_samples_yet_adds_nothing():
 
 
 def test_the_policies_in_two_processes_with_the_refits_ahead_give_what_one_process_gives():
-    settings, history, index = sample(days=3)
-    entries = load_trace(REPO / "data" / "sample" / "jobs.yaml", settings.admission)
-    jobs = trace_jobs(entries, lambda unit: 4 * 3600.0)
+    settings, history, index, jobs = small_pool()
     window = {"start": index[0].to_pydatetime(), "end": index[-1].to_pydatetime()}
     names = ["reactive", "forecast"]
     serial = simulate_policies(history, settings, jobs, names, workers=1, **window)
@@ -165,12 +186,11 @@ def test_the_policies_in_two_processes_with_the_refits_ahead_give_what_one_proce
     refreshes = [(done, total) for name, what, done, total in seen
                  if (name, what) == ("forecast", "refreshes")]
     assert refreshes[-1][0] == refreshes[-1][1] == 2 * (7 + 4) - 7  # 7 backfilled, 4 refreshes
+    assert len(own_profiles()) == 4
 
 
 def test_the_sweep_makes_the_refits_once_and_gives_the_frontier_of_refitting_at_each_point():
-    settings, history, index = sample(days=3)
-    entries = load_trace(REPO / "data" / "sample" / "jobs.yaml", settings.admission)
-    jobs = trace_jobs(entries, lambda unit: 4 * 3600.0)
+    settings, history, index, jobs = small_pool()
     window = {"start": index[0].to_pydatetime(), "end": index[-1].to_pydatetime()}
     confidences = [0.6, 0.9]  # 0.6: a level of its own, forecast only for its point
     seen: list[tuple[int, int]] = []
@@ -203,13 +223,13 @@ def test_a_refit_asked_for_on_other_replica_samples_than_the_plan_s_is_made_here
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_the_caller_gets_the_profiles_the_forecast_policy_ran_on(workers):
-    settings, history, index = sample(days=2)
+    settings, history, index, _ = small_pool()
     window = {"start": index[0].to_pydatetime(), "end": index[-1].to_pydatetime()}
     got: list[dict] = []
     simulate_policies(history, settings, [], ["night", "forecast"], workers=workers,
                       on_profiles=got.append, **window)
     assert len(got) == 1
-    own = own_profiles(2)
+    own = own_profiles()
     assert same_profiles(got[0], own)
     given: list[dict] = []
     simulate_policies(history, settings, [], ["forecast"], workers=workers,

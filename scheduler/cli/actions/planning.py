@@ -60,6 +60,7 @@ from idlegpu.scheduler.simulate import (
     trace_jobs,
 )
 from idlegpu.scheduler.simulate import sweep as sweep_policies
+from idlegpu.scheduler.simulate.cache import load_profiles, profiles_path, save_profiles
 from idlegpu.scheduler.specs import SpecError, load_trace, parse_duration
 from idlegpu.scheduler.types import JobState
 
@@ -134,8 +135,6 @@ class _Keeper:
         self.error: OSError | None = None
 
     def __call__(self, profiles) -> None:
-        from idlegpu.scheduler.simulate.cache import save_profiles
-
         try:
             save_profiles(self.path, profiles)
             self.kept = True
@@ -154,8 +153,6 @@ def _kept_forecasts(directory: Path, frame, settings, start, end, workers: int):
     """The forecast policy's nightly profiles read from ``directory``, or (None and) what
     keeps them there once the simulation has made them (its refits in ``workers`` processes,
     beside the other policies)."""
-    from idlegpu.scheduler.simulate.cache import load_profiles, profiles_path
-
     try:
         directory.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=directory):
