@@ -7,8 +7,11 @@ import numpy as np
 import pandas as pd
 from test_simulate import at, job, pool
 
-from idlegpu.scheduler.simulate import simulate
+from idlegpu.forecast.sources import read_history
+from idlegpu.scheduler.config import load_config
+from idlegpu.scheduler.simulate import forecast_profiles_for, simulate
 from idlegpu.scheduler.simulate.cache import cached_forecast_profiles, load_profiles
+from idlegpu.scheduler.simulate.timeline import simulated_steps
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -87,10 +90,23 @@ def test_simulate_reads_the_forecasts_it_kept(tmp_path, cli):
     args = ["simulate", "--history", str(REPO / "data/sample/history.parquet"),
             "--jobs", str(REPO / "data/sample/jobs.yaml"),
             "--runs", str(REPO / "data/sample/runs.csv"), "--policies", "forecast",
-            "--days", "3", "--forecast-cache", str(cache)]
+            "--days", "3", "--workers", "2", "--forecast-cache", str(cache)]
     code, out, err = cli([*args, "--out", str(tmp_path / "first")])
     assert code == 0, err
-    assert "forecasts kept in" in out and len(list(cache.glob("*.npz"))) == 1
+    [kept] = list(cache.glob("*.npz"))
+    assert f"forecasts kept in {kept}" in out.replace("\n", "")
+    # what the first run's workers made, beside its policy, is what a fit makes on its own
+    settings = load_config(REPO / "idlegpu.yaml")
+    history = read_history(REPO / "data/sample/history.parquet")
+    profiles = load_profiles(kept)
+    assert profiles is not None
+    first = min(profiles)  # the run's start: its first refresh
+    index = simulated_steps(history, settings, first, first + pd.Timedelta(days=3))
+    own = forecast_profiles_for(history, settings, index, 17, pd.Timedelta(hours=48))
+    assert list(own) == list(profiles) and len(own) == 4
+    for moment, profile in own.items():
+        np.testing.assert_array_equal(profiles[moment].free, profile.free)
+        np.testing.assert_array_equal(profiles[moment].likely, profile.likely)
     code, out, err = cli([*args, "--out", str(tmp_path / "second")])
     assert code == 0, err
     assert "forecasts read from" in out and len(list(cache.glob("*.npz"))) == 1
@@ -102,32 +118,3 @@ def test_simulate_reads_the_forecasts_it_kept(tmp_path, cli):
     code, _, err = cli([*args[:-1], str(blocked / "cache"), "--out", str(tmp_path / "third")])
     assert code == 2 and "--forecast-cache" in err and "Traceback" not in err
 
-
-def test_the_first_run_keeps_the_profiles_its_workers_made_and_they_are_a_fit_s_own(tmp_path,
-                                                                                   cli):
-    cache = tmp_path / "cache"
-    code, out, err = cli(["simulate", "--history", str(REPO / "data/sample/history.parquet"),
-                          "--jobs", str(REPO / "data/sample/jobs.yaml"),
-                          "--runs", str(REPO / "data/sample/runs.csv"), "--days", "2",
-                          "--policies", "reactive,forecast", "--workers", "2",
-                          "--forecast-cache", str(cache), "--out", str(tmp_path / "out")])
-    assert code == 0, err
-    [kept] = list(cache.glob("*.npz"))
-    assert f"forecasts kept in {kept}" in out.replace("\n", "")
-    from idlegpu.forecast.sources import read_history
-    from idlegpu.scheduler.config import load_config
-    from idlegpu.scheduler.simulate import forecast_profiles_for
-    from idlegpu.scheduler.simulate.timeline import simulated_steps
-
-    settings = load_config(REPO / "idlegpu.yaml")
-    history = read_history(REPO / "data/sample/history.parquet")
-    profiles = load_profiles(kept)
-    assert profiles is not None
-    first, last = min(profiles), max(profiles)
-    # the run's span: from its first refresh (its start) to two days on
-    index = simulated_steps(history, settings, first, first + pd.Timedelta(days=2))
-    own = forecast_profiles_for(history, settings, index, 17, pd.Timedelta(hours=48))
-    assert list(own) == list(profiles) and last > first
-    for moment, profile in own.items():
-        np.testing.assert_array_equal(profiles[moment].free, profile.free)
-        np.testing.assert_array_equal(profiles[moment].likely, profile.likely)
