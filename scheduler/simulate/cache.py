@@ -144,7 +144,12 @@ def profiles_path(directory: Path, history: pd.DataFrame, settings: Settings,
                   horizon: timedelta = HORIZON) -> Path:
     """The file in ``directory`` that keeps the forecast policy's profiles for
     ``simulate(history, settings, ..., start=start, end=end)`` at these defaults."""
-    index = simulated_steps(history, settings, start, end)
+    return _path(directory, history, settings, simulated_steps(history, settings, start, end),
+                 refresh_hour, horizon)
+
+
+def _path(directory: Path, history: pd.DataFrame, settings: Settings, index: pd.DatetimeIndex,
+          refresh_hour: int, horizon: timedelta) -> Path:
     return Path(directory) / f"{profiles_key(history, settings, index, refresh_hour, horizon)}.npz"
 
 
@@ -157,12 +162,11 @@ def cached_forecast_profiles(
     end=end)`` at these defaults: read from ``directory`` when a run on the same inputs made
     them, else made (``forecast_profiles_for``) and written there. Returns them, the file and
     whether it was read. ``workers``: processes to make them in (``pool_profiles_for``)."""
-    path = profiles_path(directory, history, settings, start, end, refresh_hour=refresh_hour,
-                         horizon=horizon)
+    index = simulated_steps(history, settings, start, end)
+    path = _path(directory, history, settings, index, refresh_hour, horizon)
     found = load_profiles(path)
     if found is not None:
         return found, path, True
-    index = simulated_steps(history, settings, start, end)
     made = forecast_profiles_for(history, settings, index, refresh_hour, horizon,
                                  on_refresh=on_refresh, workers=workers)
     save_profiles(path, made)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -158,6 +159,33 @@ def _services_in(history: pd.DataFrame) -> int:
     return int(metric_rows(history, REPLICAS)[UNIQUE_ID].nunique())
 
 
+@dataclass(frozen=True)
+class _Planned:
+    """The forecast policy's refits over a simulation: its steps, the replicas the refits read,
+    its refresh hour, horizon and refreshes, and the plan of the refits."""
+
+    index: pd.DatetimeIndex
+    replicas: pd.DataFrame
+    refresh_hour: int
+    horizon: timedelta
+    refreshes: int
+    plan: list[FitRequest]
+
+    @classmethod
+    def of(cls, history: pd.DataFrame, points: list[Settings], start: datetime,
+           end: datetime, options: dict[str, Any]) -> _Planned:
+        """The refits the forecast policy makes at each of ``points`` (one plan)."""
+        refresh_hour = int(options.get("refresh_hour", REFRESH_HOUR))
+        horizon = options.get("horizon", HORIZON)
+        index = simulated_steps(history, points[0], start, end)
+        replicas = metric_rows(history, REPLICAS)
+        moments = refresh_moments(index, points[0], refresh_hour)
+        plan = merged([fit_plan(replicas, point, Refresher(
+            point, horizon=horizon, model=FIT_MODEL, refresh_hour=refresh_hour), moments)
+            for point in points])
+        return cls(index, replicas, refresh_hour, horizon, len(moments), plan)
+
+
 class _ForecastsAhead:
     """The forecast policy's refits made in the workers beside the other policies, a group of
     services each (``idlegpu.scheduler.simulate.fits``), then its profiles made here from them:
@@ -184,14 +212,9 @@ class _ForecastsAhead:
         if ("forecast" not in policies or workers < 2 or "forecast_profiles" in options
                 or options.get("forecast_cache") is not None or not per_series(FIT_MODEL)):
             return None
-        refresh_hour = int(options.get("refresh_hour", REFRESH_HOUR))
-        horizon = options.get("horizon", HORIZON)
-        index = simulated_steps(history, settings, start, end)
-        replicas = metric_rows(history, REPLICAS)
-        moments = refresh_moments(index, settings, refresh_hour)
-        probe = Refresher(settings, horizon=horizon, model=FIT_MODEL, refresh_hour=refresh_hour)
-        return cls(index, fit_plan(replicas, settings, probe, moments),
-                   groups_of(replicas, workers), refresh_hour, horizon, len(moments))
+        planned = _Planned.of(history, [settings], start, end, options)
+        return cls(planned.index, planned.plan, groups_of(planned.replicas, workers),
+                   planned.refresh_hour, planned.horizon, planned.refreshes)
 
     def fitted(self, group: int, done: int) -> tuple[str, str, int, int]:
         """The progress report of the refits, ``done`` of them in ``group``."""
@@ -300,15 +323,8 @@ def sweep(
 def _refits_for(history: pd.DataFrame, points: list[Settings], start: datetime,
                 end: datetime, workers: int, options: dict[str, Any]) -> MadeForecasts:
     """The refits the forecast policy makes at every one of ``points``, made once."""
-    refresh_hour = int(options.get("refresh_hour", REFRESH_HOUR))
-    horizon = options.get("horizon", HORIZON)
-    index = simulated_steps(history, points[0], start, end)
-    replicas = metric_rows(history, REPLICAS)
-    moments = refresh_moments(index, points[0], refresh_hour)
-    plan = merged([fit_plan(replicas, point, Refresher(point, horizon=horizon, model=FIT_MODEL,
-                                                       refresh_hour=refresh_hour), moments)
-                   for point in points])
-    return made_in_workers(replicas, points[0], plan, FIT_MODEL, workers)
+    planned = _Planned.of(history, points, start, end, options)
+    return made_in_workers(planned.replicas, points[0], planned.plan, FIT_MODEL, workers)
 
 
 def _forecast_point(history, settings, jobs, start, end, made, options) -> dict[str, float]:
