@@ -113,6 +113,13 @@ class AdmissionConfig(StrictModel):
     service's replicas make the nodes an unreliable promise, and the reservation idles them
     for hours: on the sample pool as 8-GPU nodes, unbounded reservations finished fewer gangs
     than none, 4 h the most (``bench/node_placement_bench.py``)."""
+    grow_window_seconds: int = Field(default=7200, ge=0)
+    """An elastic unit (``min_gpus``) admitted on fewer GPUs than it asks, because no more
+    were free then, is stopped just after a checkpoint to restart on more where at least one
+    more of its steps is free now and stays free at the admission confidence for this many
+    seconds, it has work left for that long, and the extra GPUs' work outweighs the restart
+    (the stop's grace and a reload of every GPU). It goes back to the queue in its turn and
+    is admitted on the most GPUs that fit. 0: elastic units never grow."""
     pool_uncertainty: PoolUncertainty = "joint"
     """How the pool's free GPUs at the confidence come from the services' forecasts: ``joint``
     takes the quantile of scenarios that keep the services' measured co-movement

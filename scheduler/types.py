@@ -249,6 +249,15 @@ class RunningJob:
     ``remaining_s`` are what it holds and needs at its current size."""
     gpus_step: int = 1
     """An elastic job shrinks to multiples of this many GPUs (whole replicas)."""
+    max_gpus: int | None = None
+    """The GPUs it asks for (None: ``gpus``): an elastic unit running on fewer may be
+    stopped to restart on more where they come free (``policy.growth``)."""
+    deadline: datetime | None = None
+    """Its request's deadline, if any: past it, a stopped unit is not admitted again, so it
+    is never stopped to grow."""
+    max_preemptions: int | None = None
+    """Its request's limit on stops, if any: the job store counts every stop against it, so
+    a unit with a limit is never stopped to grow (the limit is the user's, for the service)."""
     nodes: tuple[str, ...] = ()
     """The nodes its pods hold GPUs on (one per pod, its GPUs split evenly), when known: with a
     node view, ``decide()`` counts them back on these nodes when it ends, for a reservation
@@ -437,13 +446,17 @@ class PolicySettings:
     node_reservation_s: float = 14400.0
     """With a node view, whole nodes are reserved for the first unit the nodes refuse only
     where they free up within this many seconds (0: never)."""
+    grow_window_s: float = 7200.0
+    """An elastic unit running on fewer GPUs than it asks is stopped just after a checkpoint
+    to restart on more where at least one more step of them is free now and stays free on the
+    promise for this long, with work left for that long (``policy.growth``); 0: never."""
     live_cap_s: float = 3600.0
     """For this long, new jobs get no more than the GPUs idle right now (minus headroom), even
     where the forecast promises more: a service above its forecast (an unplanned spike) tends
     to stay there a while, and starting jobs into it would only have them evicted."""
 
 
-STOP_CAUSES = ("window", "forecast", "live", "signals")
+STOP_CAUSES = ("window", "forecast", "live", "signals", "grow")
 
 
 @dataclass(frozen=True)
@@ -473,8 +486,9 @@ class Decision:
     cause: str = ""
     """For preemptions and shrinks, what made it (``STOP_CAUSES``): ``window`` (its window
     closes), ``forecast`` (the forecast needs its GPUs within the grace period), ``live``
-    (the live signals say the service needs them now: the backstop) or ``signals`` (the live
-    signals are missing too long)."""
+    (the live signals say the service needs them now: the backstop), ``signals`` (the live
+    signals are missing too long) or ``grow`` (an elastic unit stops to restart on more
+    GPUs, ``policy.growth``)."""
 
 
 @dataclass(frozen=True)

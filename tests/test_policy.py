@@ -453,7 +453,8 @@ def test_a_closing_window_and_a_ramp_together_stop_enough():
 
 def test_every_stop_names_its_cause():
     """What made each stop, for the simulator's lost-work breakdown: the window, the profile,
-    the live backstop or missing signals (``STOP_CAUSES``), agreeing with ``planned``."""
+    the live backstop, missing signals or a growth (``STOP_CAUSES``), agreeing with
+    ``planned``."""
     from idlegpu.scheduler.types import STOP_CAUSES
 
     window = plan(flat(32, 0.25), running=[run("seg", stop_by=T0 + timedelta(minutes=5))])
@@ -462,13 +463,19 @@ def test_every_stop_names_its_cause():
                 signals=ServingSignals(observed_at=T0, gpus_short=8))
     gone = plan(flat(32, 6), running=[run("r")],
                 signals=ServingSignals(observed_at=T0 - timedelta(minutes=30)))
+    on_half = RunningJob(id="e", team="a", gpus=16, priority=0,
+                         started_at=T0 - timedelta(hours=3), checkpointable=True,
+                         remaining_s=10 * H, last_checkpoint_at=T0 - timedelta(minutes=2),
+                         min_gpus=16, gpus_step=8, max_gpus=32, checkpoint_interval_s=1800.0)
+    grow = plan(flat(40, 6), running=[on_half])
     seen = {}
     for name, result in (("window", window), ("forecast", ramp), ("live", live),
-                         ("signals", gone)):
+                         ("signals", gone), ("grow", grow)):
         (d,) = result.of(Action.PREEMPT)
         seen[name] = (d.cause, d.planned)
     assert seen == {"window": ("window", True), "forecast": ("forecast", True),
-                    "live": ("live", False), "signals": ("signals", False)}
+                    "live": ("live", False), "signals": ("signals", False),
+                    "grow": ("grow", True)}
     assert set(STOP_CAUSES) == {cause for cause, _ in seen.values()}
     admitted = plan(flat(32, 6), [job("j")]).decisions[0]
     assert admitted.action is Action.ADMIT and admitted.cause == ""

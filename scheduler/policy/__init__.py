@@ -61,6 +61,12 @@
    reservation, as in 5. Gangs are never elastic (the spec refuses ``min_gpus`` with
    ``nodes``). The simulator's node-aware mode relies on exactly this contract, e.g. the
    sample trace's 24-32 GPU units on 8-GPU nodes are gangs of 3-4 whole nodes.
+7. **Growth** (``policy.growth``). After the admissions, an elastic unit running on fewer
+   GPUs than it asks that has just checkpointed is stopped (planned, cause ``grow``) to go
+   back to the queue and restart on more, where at least one more of its steps is free now
+   and stays free on the promise for ``grow_window_s`` and the extra work outweighs the
+   restart; it takes only what the queue left. Only where the pool is one bin (``nodes``
+   None).
 Same inputs, same decisions: every ordering has a total tie-break on the job id.
 """
 
@@ -75,6 +81,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from idlegpu.scheduler.policy.growth import _growths
 from idlegpu.scheduler.policy.placement import (
     _Availability,
     _NodeRoom,
@@ -150,11 +157,16 @@ def decide(
     if gate:
         decisions.extend(Decision(Action.DEFER, j.id, j.gpus, gate) for j in ordered)
         return Plan(tuple(decisions))
-    admitted = _admissions(now, profile, running, ordered, signals, view, gives_back,
-                           settings, nodes, renewing)
+    admitted, capacity = _admissions(now, profile, running, ordered, signals, view,
+                                     gives_back, settings, nodes, renewing)
     renewed = {d.job_id for d in admitted if d.action is Action.RENEW}
     decisions = [d for d in decisions if d.job_id not in renewed]
     decisions.extend(admitted)
+    if nodes is None:
+        # on a node view a restart on more GPUs needs a node with room for them, which the
+        # pool's promise does not say: elastic units grow only where the pool is one bin
+        decisions.extend(_growths(now, running, {d.job_id for d in decisions}, capacity,
+                                  view.step, settings))
     return Plan(tuple(decisions))
 
 
@@ -496,11 +508,12 @@ def _gate(now: datetime, profile: FreeProfile, view: _PoolView, live: _Live,
 def _admissions(now: datetime, profile: FreeProfile, running: Sequence[RunningJob],
                 ordered: Sequence[WaitingJob], signals: ServingSignals, view: _PoolView,
                 gives_back: Mapping[str, list[tuple[int, int]]], settings: PolicySettings,
-                nodes: NodeView | None, renewing: Mapping[str, Decision]) -> list[Decision]:
+                nodes: NodeView | None, renewing: Mapping[str, Decision]
+                ) -> tuple[list[Decision], _Availability]:
     """The queue in order, each unit admitted where it fits now, the first that cannot
     reserved where it fits first (EASY backfilling), the rest deferred with why; the units in
     ``renewing`` (their window closes: stopped by this pass) in it too, renewed where they
-    would be admitted again."""
+    would be admitted again. Also what they leave available (for ``_growths``)."""
     step, i0, n_steps, used = view.step, view.i0, view.n_steps, view.used
     values = view.free[:n_steps] - used[:n_steps]
     if signals.idle_gpus is not None:
@@ -562,7 +575,7 @@ def _admissions(now: datetime, profile: FreeProfile, running: Sequence[RunningJo
             # reserved for it then
             reserved = decision.start_at is not None
         decisions.append(decision)
-    return decisions
+    return decisions, avail
 
 
 def _renewal(unit: WaitingJob, stop: Decision, release: int, now: datetime,
@@ -635,6 +648,7 @@ def policy_settings(admission: AdmissionConfig, headroom_gpus: int = 0,
         restart_cost_s=float(admission.restart_cost_seconds),
         nowcast_half_life_s=float(admission.nowcast_half_life_seconds),
         node_reservation_s=float(admission.node_reservation_seconds),
+        grow_window_s=float(admission.grow_window_seconds),
     )
 
 __all__ = ["MAX_RESERVATION_ATTEMPTS", "decide", "nowcast", "policy_settings"]

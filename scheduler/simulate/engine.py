@@ -185,8 +185,9 @@ class _Simulation:
         if policy in ("night", "reactive"):
             # the baselines stay what they were defined as: every unit stopped as the
             # service eats into the headroom, and once the signals stay missing
+            # and never stopped to grow (borrowing quota restarts nothing on its own)
             config = replace(config, whole_units_into_headroom=False,
-                             whole_units_through_outages=False)
+                             whole_units_through_outages=False, grow_window_s=0.0)
         self.pool = pool = _PoolTimeline(history, settings, start, end)
         self.step_s = step_s = pool.step_s
         self.total = settings.pool.total_gpus

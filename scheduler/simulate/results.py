@@ -22,6 +22,7 @@ CAUSE_NAMES = {
     "forecast": "planned stop: profile falls short",
     "live": "backstop preemption",
     "signals": "live signals missing",
+    "grow": "planned stop: to grow",
     EVICTION: "scheduler eviction",
     RESTART: "restart: reloading a checkpoint",
 }

@@ -1,0 +1,96 @@
+"""Stops to grow: an elastic unit admitted on fewer GPUs than it asks (the rest were not free
+then) is stopped just after a checkpoint, to go back to the queue and be admitted again on the
+most GPUs that fit, where more have come free and stay free long enough to outweigh the
+restart. Pure: no I/O, no clock.
+
+A data-parallel unit grows by whole replicas (``gpus_step``) and only by a restart: a
+checkpoint, its pods stopped, a reload on more GPUs. So growing pays the stop's grace on the
+GPUs it holds and the reload on every GPU it restarts on (``restart_cost_s``), and earns the
+extra GPUs' work for as long as they stay free. The GPUs are read on the promise (the
+forecast at the admission confidence, as a unit that cannot checkpoint reads them), not the
+median its windows are planned on: a grown unit that must shrink again soon pays a second
+restart for nothing, and on the real pools growing on the median lost twice the work for
+little more harvest (docs/admission.md, "Growing elastic units").
+
+The growth comes after the queue's admissions and reservations in a pass, so it takes only
+GPUs no queued unit can use now; the unit itself then goes back into the queue in its order
+(priority, fair share, age), and is admitted on what fits once its stop is over (``decide()``
+admits an elastic unit on the most GPUs that fit).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from datetime import datetime, timedelta
+
+from idlegpu.scheduler.policy.placement import _Availability, _run_length
+from idlegpu.scheduler.policy.steps import _hours
+from idlegpu.scheduler.types import Action, Decision, PolicySettings, RunningJob
+
+GROW = "grow"
+"""The cause of a planned stop to grow (``Decision.cause``)."""
+
+
+def _growths(now: datetime, running: Sequence[RunningJob], decided: Collection[str],
+             capacity: _Availability, step_s: int, settings: PolicySettings) -> list[Decision]:
+    """Planned stops of the elastic units that would restart on more GPUs (``GROW``), taking
+    the extra GPUs from ``capacity`` (what the pass's admissions left) for as long as they
+    are counted on. ``decided``: units this pass already stops, shrinks or renews. Highest
+    priority first, then the longest running (it has waited longest for its GPUs)."""
+    if settings.grow_window_s <= 0:
+        return []
+    out = []
+    i0 = capacity.i0
+    for job in sorted(running, key=lambda j: (-j.priority, j.started_at, j.id)):
+        size = _grown_size(job, now, decided, capacity, step_s, settings)
+        if size is None:
+            continue
+        extra = size - job.gpus
+        steps = _run_length(capacity.whole, i0, extra)
+        capacity.take(i0, i0 + steps, extra)
+        out.append(Decision(
+            Action.PREEMPT, job.id, job.gpus,
+            f"{extra} more GPUs stay free for {_hours(steps * step_s)} and it has just "
+            f"checkpointed: checkpoint and stop, to restart on {size} of its "
+            f"{job.max_gpus} GPUs", planned=True, cause=GROW))
+    return out
+
+
+def _grown_size(job: RunningJob, now: datetime, decided: Collection[str],
+                capacity: _Availability, step_s: int, settings: PolicySettings) -> int | None:
+    """The most GPUs ``job`` would restart on, or None: it stays as it is. Only a unit below
+    the GPUs it asks, that checkpoints, has no limit on its stops and no deadline passed,
+    whose stop now loses at most a pass of work (it has
+    just checkpointed, or it saves when stopped) and that is not reloading; the extra GPUs
+    (a whole number of its steps) must be free now and stay free on the promise for
+    ``grow_window_s``, with enough work left to use them that long, and their work must
+    outweigh the restart: the stop's grace on what it holds and the reload on every GPU."""
+    assert job.min_gpus is not None  # RunningJob.__post_init__ always sets it
+    most = job.max_gpus or job.gpus
+    if (job.id in decided or not job.checkpointable or most <= job.gpus
+            or job.min_gpus >= most or job.max_preemptions is not None
+            or (job.deadline is not None and now >= job.deadline)):
+        return None
+    last = job.last_checkpoint(now)
+    reloading = job.last_checkpoint_at is not None and job.last_checkpoint_at > now
+    if reloading or now - job.started_at < timedelta(seconds=step_s):
+        return None
+    if not job.keeps_work_when_planned and (
+            job.next_checkpoint(now) is None or last <= job.started_at
+            or now - last >= timedelta(seconds=step_s)):
+        return None  # not just after a checkpoint of this attempt: a stop would lose work
+    window_s = settings.grow_window_s
+    work_gpu_s = max(0.0, job.remaining_s) * job.gpus
+    for size in range(most - (most - job.gpus) % job.gpus_step, job.gpus, -job.gpus_step):
+        extra = size - job.gpus
+        if extra > capacity.whole[capacity.i0]:
+            continue
+        held_s = _run_length(capacity.whole, capacity.i0, extra) * step_s
+        used_s = min(held_s, work_gpu_s / size)
+        cost_s = settings.restart_cost_s * size + settings.grace_s * job.gpus
+        if used_s >= window_s and extra * used_s > cost_s:
+            return size
+    return None
+
+
+__all__ = ["GROW"]
