@@ -156,7 +156,7 @@ def running_job(row: QueueRow, now: datetime, estimate_s: float, overruns: Overr
         last_checkpoint_at=checkpoint, stop_by=row.stop_by, kind=row.kind,
         min_gpus=row.spec.min_gpus, gpus_step=getattr(row.spec, "gpus_step", 1),
         max_gpus=row.spec.gpus, deadline=row.spec.deadline,
-        max_preemptions=row.spec.max_preemptions,
+        preemptions=row.preemptions, max_preemptions=row.spec.max_preemptions,
         checkpoint_interval_s=checkpoint_interval(row),
         saves_on_stop=row.checkpointable and bool(getattr(row.spec, "saves_on_stop",
                                                           False)),

@@ -255,9 +255,11 @@ class RunningJob:
     deadline: datetime | None = None
     """Its request's deadline, if any: past it, a stopped unit is not admitted again, so it
     is never stopped to grow."""
+    preemptions: int = 0
     max_preemptions: int | None = None
-    """Its request's limit on stops, if any: the job store counts every stop against it, so
-    a unit with a limit is never stopped to grow (the limit is the user's, for the service)."""
+    """Its stops so far and its request's limit on them, if any (past the limit it runs only
+    whole): a stop to grow spends one of them, so it is made only where at least one more is
+    left for the service."""
     nodes: tuple[str, ...] = ()
     """The nodes its pods hold GPUs on (one per pod, its GPUs split evenly), when known: with a
     node view, ``decide()`` counts them back on these nodes when it ends, for a reservation

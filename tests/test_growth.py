@@ -97,7 +97,9 @@ def test_no_growth_off_elastic_past_its_deadline_with_a_stop_limit_or_switched_o
     assert plan(flat(40, 6), [elastic(max_gpus=None)]).decisions == ()
     assert plan(flat(40, 6), [elastic(checkpointable=False)]).decisions == ()
     assert plan(flat(40, 6), [elastic(deadline=T0 - timedelta(minutes=1))]).decisions == ()
-    assert plan(flat(40, 6), [elastic(max_preemptions=3)]).decisions == ()
+    # a stop to grow spends one of its stops: only with one more left for the service
+    assert plan(flat(40, 6), [elastic(preemptions=1, max_preemptions=2)]).decisions == ()
+    assert growth(plan(flat(40, 6), [elastic(preemptions=1, max_preemptions=3)]))
     assert growth(plan(flat(40, 6), [elastic(deadline=T0 + timedelta(days=1))]))
     off = replace(SETTINGS, grow_window_s=0.0)
     assert plan(flat(40, 6), [elastic()], settings=off).decisions == ()

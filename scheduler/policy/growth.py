@@ -59,7 +59,8 @@ def _growths(now: datetime, running: Sequence[RunningJob], decided: Collection[s
 def _grown_size(job: RunningJob, now: datetime, decided: Collection[str],
                 capacity: _Availability, step_s: int, settings: PolicySettings) -> int | None:
     """The most GPUs ``job`` would restart on, or None: it stays as it is. Only a unit below
-    the GPUs it asks, that checkpoints, has no limit on its stops and no deadline passed,
+    the GPUs it asks, that checkpoints, has two stops left at least (one for the service)
+    and no deadline passed,
     whose stop now loses at most a pass of work (it has
     just checkpointed, or it saves when stopped) and that is not reloading; the extra GPUs
     (a whole number of its steps) must be free now and stay free on the promise for
@@ -68,7 +69,8 @@ def _grown_size(job: RunningJob, now: datetime, decided: Collection[str],
     assert job.min_gpus is not None  # RunningJob.__post_init__ always sets it
     most = job.max_gpus or job.gpus
     if (job.id in decided or not job.checkpointable or most <= job.gpus
-            or job.min_gpus >= most or job.max_preemptions is not None
+            or job.min_gpus >= most or (job.max_preemptions is not None
+                                        and job.preemptions + 1 >= job.max_preemptions)
             or (job.deadline is not None and now >= job.deadline)):
         return None
     last = job.last_checkpoint(now)
