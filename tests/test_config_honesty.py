@@ -56,13 +56,21 @@ def error_lines(err: str) -> list[str]:
 
 @pytest.fixture
 def no_fitting(monkeypatch):
-    """Any model fitted fails the test: the checks must come before."""
+    """Any model fitted fails the test: the checks must come before. Every module that binds
+    ``model_for`` at its import is imported first and patched too: patching the package alone
+    misses them once they are imported, and a first import under the patch would keep the
+    refusal for every later test in the process."""
     import idlegpu.forecast.models
+    import idlegpu.scheduler.cli.actions.forecasting
+    import idlegpu.scheduler.replay
+    import idlegpu.scheduler.simulate.fits
 
     def refuse(*args, **kwargs):
         raise AssertionError("a model was built before the options were checked")
 
-    monkeypatch.setattr(idlegpu.forecast.models, "model_for", refuse)
+    for module in (idlegpu.forecast.models, idlegpu.scheduler.cli.actions.forecasting,
+                   idlegpu.scheduler.replay, idlegpu.scheduler.simulate.fits):
+        monkeypatch.setattr(module, "model_for", refuse)
 
 
 # ------------------------------------------------------------------ the config-in-use line
