@@ -1,4 +1,4 @@
-"""Shrinks and reduced admissions through reconcile_once() (a real SQLite store, the in-memory
+"""Shrinks, growths and reduced admissions through reconcile_once() (a real SQLite store, the in-memory
 cluster of test_controller): the attempts, their GPUs and the accounting."""
 
 from __future__ import annotations
@@ -274,3 +274,31 @@ def test_a_shrink_with_a_window_gives_the_next_attempt_its_stop_by(backend, tmp_
         assert (row.gpus, row.stop_by, row.work_done_s, row.shrink_to) == (6, until, 1200.0,
                                                                            None)
         assert store.attempts(unit)[1].stop_by == until
+
+
+def test_a_unit_admitted_on_fewer_gpus_is_stopped_to_grow_and_admitted_again_on_more(setup):
+    """Admitted on 6 of its 8 GPUs, it is stopped as planned just after its first checkpoint
+    once 16 are free (policy.growth), its work kept, and admitted again on 8."""
+    store, cluster, signals, controller, free, unit = setup
+    free["values"] = np.full(288, 6.0)
+    first = running_at(controller, cluster, T0)
+    assert cluster.jobs[first].gpus == 6
+    free["values"] = np.full(288, 16.0)
+    signals.value = ServingSignals(observed_at=T0 + 20 * MIN)
+    assert controller.reconcile_once(T0 + 20 * MIN).plan.decisions == ()  # work unsaved
+    signals.value = ServingSignals(observed_at=T0 + 30 * MIN)
+    report = controller.reconcile_once(T0 + 30 * MIN)
+    (stop,) = report.plan.decisions
+    assert (stop.action.value, stop.cause, stop.planned) == ("preempt", "grow", True)
+    assert report.stopped == [first]
+    signals.value = ServingSignals(observed_at=T0 + 31 * MIN)
+    report = controller.reconcile_once(T0 + 31 * MIN)
+    second = cluster.job_name(unit, 2)
+    assert report.created == [second] and cluster.jobs[second].gpus == 8
+    row = store.unit(unit)
+    assert (row.state, row.gpus) == (JobState.ADMITTED, 8)
+    # its first checkpoint at +30 min kept 30 min on 6 of 8 GPUs; nothing was lost
+    assert row.work_done_s == pytest.approx(30 * 60 * 6 / 8)
+    one, two = store.attempts(unit)
+    assert (one.gpus, one.outcome, one.lost_gpu_seconds) == (6, AttemptOutcome.PREEMPTED, 0.0)
+    assert two.gpus == 8

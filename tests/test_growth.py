@@ -1,6 +1,6 @@
 """Elastic units grow back: one admitted on fewer GPUs than it asks is stopped just after a
 checkpoint to restart on more where they come free and stay free (``policy.growth``), in the
-pure policy, in the simulator and through the controller's queue."""
+pure policy and in the simulator (through the controller: tests/test_elastic_controller.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 import pandas as pd
 import pytest
+from test_elastic import TZ, at, sim_pool
 
-from idlegpu.scheduler.config import load_config
 from idlegpu.scheduler.policy import decide, policy_settings
 from idlegpu.scheduler.simulate import SimJob, lost_work, simulate
 from idlegpu.scheduler.types import (
@@ -138,32 +138,8 @@ def test_the_stopped_unit_is_admitted_again_on_more_gpus():
 
 # ----------------------------------------------------------------------------- simulator
 
-TZ = "Asia/Seoul"
-START = pd.Timestamp("2026-01-05 00:00", tz=TZ)
-
-
-def sim_pool():
-    """40 GPUs, one service of 4-GPU replicas: 2 by night (32 free), 9 by day (4 free)."""
-    settings = load_config(data={
-        "pool": {"total_gpus": 40, "headroom_gpus": 0, "timezone": TZ},
-        "query_templates": {"replicas": "r"},
-        "services": [{"name": "svc", "gpus_per_replica": 4, "min_replicas": 2,
-                      "max_replicas": 10}],
-        "admission": {"grace_seconds": 900, "min_segment_seconds": 1800},
-    })
-    local = pd.date_range(START, periods=14 * 96, freq="15min")
-    night = (local.hour >= 20) | (local.hour < 8)
-    history = pd.DataFrame({"unique_id": "svc/replicas", "ds": local.tz_convert("UTC"),
-                            "y": np.where(night, 2.0, 9.0)})
-    return settings, history
-
-
-def at(day, hour):
-    return (START + pd.Timedelta(days=day, hours=hour)).tz_convert("UTC").to_pydatetime()
-
-
 def night_jobs():
-    """At 20:00 a 16-GPU evaluation (2 h, first in the queue) and a 32-GPU fine-tuning that
+    """On test_elastic's pool (40 GPUs, 32 free from 20:00 to 08:00): at 20:00 a 16-GPU evaluation (2 h, first in the queue) and a 32-GPU fine-tuning that
     runs on 16 to 32 by 8 (8 h of work on 32, a checkpoint an hour): the fine-tuning starts
     on the 16 the evaluation leaves, which come back at 22:00."""
     return [
@@ -209,59 +185,3 @@ def test_reactive_never_grows_a_unit():
     result = simulate(history, settings, night_jobs(), "reactive", start=at(7, 12),
                       end=at(8, 12))
     assert "grow" not in set(result.runs["cause"])
-
-
-# ----------------------------------------------------------------------------- controller
-
-
-def test_the_controller_stops_a_unit_to_grow_and_admits_it_again_on_more(tmp_path):
-    """Through reconcile_once() on a real SQLite store (the in-memory cluster of
-    test_controller): admitted on 6 of its 8 GPUs, it is stopped as planned just after its
-    first checkpoint once 16 are free, its work kept, and admitted again on 8."""
-    from test_controller import T0 as START_AT
-    from test_controller import MemoryCluster, Signals
-    from test_elastic_controller import ELASTIC
-
-    from idlegpu.scheduler.adapters.store import AttemptOutcome, JobStore
-    from idlegpu.scheduler.controller import Controller
-    from idlegpu.scheduler.ports import JobPhase
-    from idlegpu.scheduler.specs import expand_units, validate_request
-    from idlegpu.scheduler.types import JobState
-
-    minute = timedelta(minutes=1)
-    store = JobStore(f"sqlite:///{tmp_path / 'jobs.db'}")
-    request = validate_request(ELASTIC)
-    store.submit(request.name, request.team, request.kind, ELASTIC, expand_units(request),
-                 START_AT - timedelta(hours=1))
-    cluster, signals = MemoryCluster(), Signals()
-    free = {"values": np.full(288, 6.0)}
-    controller = Controller(store, cluster, signals,
-                            lambda now: FreeProfile(START_AT, 300, free["values"], 0.9,
-                                                    START_AT),
-                            lambda spec: spec.runtime_estimate_s,
-                            PolicySettings(grace_s=600, restart_cost_s=600))
-    (unit,) = [row.id for row in store.queue()]
-    (first,) = controller.reconcile_once(START_AT).created
-    assert cluster.jobs[first].gpus == 6
-    cluster.set_phase(first, JobPhase.RUNNING, START_AT)
-    controller.reconcile_once(START_AT + minute)
-    free["values"] = np.full(288, 16.0)
-    signals.value = ServingSignals(observed_at=START_AT + 20 * minute)
-    assert controller.reconcile_once(START_AT + 20 * minute).plan.decisions == ()  # unsaved
-    signals.value = ServingSignals(observed_at=START_AT + 30 * minute)
-    report = controller.reconcile_once(START_AT + 30 * minute)
-    (stop,) = report.plan.decisions
-    assert (stop.action, stop.cause, stop.planned) == (Action.PREEMPT, "grow", True)
-    assert report.stopped == [first]
-    signals.value = ServingSignals(observed_at=START_AT + 31 * minute)
-    report = controller.reconcile_once(START_AT + 31 * minute)
-    second = cluster.job_name(unit, 2)
-    assert report.created == [second] and cluster.jobs[second].gpus == 8
-    row = store.unit(unit)
-    assert (row.state, row.gpus) == (JobState.ADMITTED, 8)
-    # its first checkpoint at +30 min kept 30 min on 6 of 8 GPUs; nothing was lost
-    assert row.work_done_s == pytest.approx(30 * 60 * 6 / 8)
-    one, two = store.attempts(unit)
-    assert (one.gpus, one.outcome, one.lost_gpu_seconds) == (6, AttemptOutcome.PREEMPTED, 0.0)
-    assert two.gpus == 8
-    store.close()
