@@ -73,6 +73,46 @@ def test_an_elastic_unit_on_8_gpus_is_shrunk_to_4_and_runs_again_on_4(pool) -> N
     assert daemon.reconcile().plan.decisions == ()
 
 
+def test_an_elastic_unit_admitted_on_4_of_8_gpus_grows_back_to_8(pool) -> None:
+    """A unit admitted on the 4 GPUs the forecast promised is stopped as planned once all 8
+    stay free (policy.growth: it saves on stop), its pod exits, and its next attempt's Job
+    asks for 8; on a replayed clock at 60x (a growth waits a profile step after the start)."""
+    daemon, sim = pool(gpus=8, shutdown_seconds=1.0, start_delay=0.5,
+                       harness={"speed": 60.0})
+    daemon.free = np.full(12 * 24, 4.0)
+    unit = submit(daemon.store, request("grows", gpus=8, min_gpus=4, cpu=8, memory="16Gi",
+                                        runtime_estimate="8h"))
+    (first,) = daemon.reconcile().created
+    daemon.until(lambda r: unit in r.started, what="the first pod running")
+    (pod,) = sim.running_pods()
+    assert gpus_of(pod) == ("4", "4")
+    daemon.free = np.full(12 * 24, 8.0)  # 4 more free, for the whole forecast
+    report = daemon.until(lambda r: r.stopped, what="the stop to grow")
+    (d,) = report.plan.decisions
+    assert (d.action, d.cause, d.planned) == (Action.PREEMPT, "grow", True)
+    assert "restart on 8 of its 8 GPUs" in d.reason and report.stopped == [first]
+    exited = sim.wait_pod(daemon.namespace, pod.name, "exited")
+    assert exited.exit_code == 143
+    second = daemon.cluster.job_name(unit, 2)
+    daemon.until(lambda r: second in r.created, what="the restart on 8 GPUs")
+    daemon.until(lambda r: unit in r.started, what="the second pod running")
+    (again,) = sim.running_pods()
+    assert again.name != pod.name and gpus_of(again) == ("8", "8")
+    env = again.env["job"]
+    assert env["IDLEGPU_GPUS"] == "8" and env["IDLEGPU_ATTEMPT"] == "2"
+    assert env["IDLEGPU_RESUME"] == "--resume"  # it resumes from its own checkpoint
+    # in the store: the first attempt kept its work (it saves on stop) and lost none
+    row = daemon.store.unit(unit)
+    assert (row.state, row.gpus) == (JobState.RUNNING, 8) and row.work_done_s > 0
+    one, two = daemon.store.attempts(unit)
+    assert (one.gpus, one.outcome, one.lost_gpu_seconds) == (4, AttemptOutcome.PREEMPTED, 0.0)
+    assert (two.gpus, two.outcome) == (8, None)
+    # never two pods of the unit at once; nothing more to do on 8 of its 8 GPUs
+    pods = sorted(sim.pods(), key=lambda p: p.seen_at)
+    assert len(pods) == 2 and pods[0].finished_at <= pods[1].seen_at
+    assert daemon.reconcile().plan.decisions == ()
+
+
 def test_the_server_lets_a_suspended_job_change_its_gpus(pool, kube_control_plane) -> None:
     """Finding on this 1.36 server: the pod template's resources of a suspended Job whose pods
     are gone may be changed (mutable pod resources for suspended Jobs are on by default), and
