@@ -3,6 +3,7 @@ cluster of test_controller): the attempts, their GPUs and the accounting."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 
 import numpy as np
@@ -302,3 +303,25 @@ def test_a_unit_admitted_on_fewer_gpus_is_stopped_to_grow_and_admitted_again_on_
     one, two = store.attempts(unit)
     assert (one.gpus, one.outcome, one.lost_gpu_seconds) == (6, AttemptOutcome.PREEMPTED, 0.0)
     assert two.gpus == 8
+
+
+def test_no_unit_is_stopped_to_grow_while_admission_is_paused(setup):
+    """A stop to grow is an admission of more GPUs: a paused admission would leave the unit
+    stopped in the queue, so it runs on where it is until the pause ends."""
+    from idlegpu.scheduler.adapters.store import AuditEntry
+
+    store, cluster, signals, controller, free, _ = setup
+    free["values"] = np.full(288, 6.0)
+    first = running_at(controller, cluster, T0)
+    free["values"] = np.full(288, 16.0)
+    who = AuditEntry(at=T0, actor="olga", auth="token", role="operator", team="platform",
+                     action="admission.pause", target="pool")
+    store.pause_admission(T0 + 29 * MIN, "node upgrade", who)
+    signals.value = ServingSignals(observed_at=T0 + 30 * MIN)
+    report = controller.reconcile_once(T0 + 30 * MIN)
+    assert report.plan.decisions == () and report.stopped == []
+    assert cluster.jobs[first].phase is JobPhase.RUNNING
+    store.resume_admission(T0 + 59 * MIN, replace(who, action="admission.resume"))
+    signals.value = ServingSignals(observed_at=T0 + 60 * MIN)
+    (stop,) = controller.reconcile_once(T0 + 60 * MIN).plan.decisions
+    assert stop.cause == "grow"

@@ -17,6 +17,8 @@ from idlegpu.scheduler.simulate import SimJob, lost_work, simulate
 from idlegpu.scheduler.types import (
     Action,
     FreeProfile,
+    NodeState,
+    NodeView,
     PolicySettings,
     RunningJob,
     ServingSignals,
@@ -47,9 +49,9 @@ def elastic(id="sft", gpus=16, most=32, since_ckpt_min=2.0, hours_left=10.0, **o
     return RunningJob(**{**fields, **over})
 
 
-def plan(profile, running, queue=(), settings=SETTINGS, now=T0):
+def plan(profile, running, queue=(), settings=SETTINGS, now=T0, nodes=None):
     signals = replace(FRESH, observed_at=now)
-    return decide(now, profile, list(running), list(queue), signals, {}, settings)
+    return decide(now, profile, list(running), list(queue), signals, {}, settings, nodes)
 
 
 def growth(result):
@@ -171,6 +173,39 @@ def test_the_simulator_grows_a_unit_when_gpus_come_free_and_it_finishes_sooner()
     assert set(rigid.runs.loc[rigid.runs["job_id"] == "b-sft", "gpus"]) <= {16}
     assert rigid.metrics["jobs_finished"] == 1
     assert grown.metrics["work_gpu_hours"] > rigid.metrics["work_gpu_hours"]
+
+
+def on_nodes(*free_by_node):
+    """32-GPU nodes n0, n1, ... with these many GPUs free."""
+    return NodeView(tuple(NodeState(name=f"n{i}", gpus=32, gpus_requested=32 - free)
+                          for i, free in enumerate(free_by_node)))
+
+
+def test_on_nodes_the_larger_pod_must_fit_its_own_node_or_another():
+    unit = elastic(nodes=("n0",))  # its 16 GPUs on n0
+    # n0 has 16 more free: it restarts on 32 there
+    (stop,) = growth(plan(flat(40, 6), [unit], nodes=on_nodes(16, 0)))
+    assert "restart on 32" in stop.reason
+    # 8 more on n0 and 12 on n1: 24 fits n0 (its own 16 back), 32 fits nowhere
+    (stop,) = growth(plan(flat(40, 6), [unit], nodes=on_nodes(8, 12)))
+    assert "restart on 24" in stop.reason
+    # n0 full; n1 has 32 free: the restart fits n1 whole
+    (stop,) = growth(plan(flat(40, 6), [unit], nodes=on_nodes(0, 32)))
+    assert "restart on 32" in stop.reason
+    # 4 more on each: the pool has 8 more, but no node holds a pod of 24
+    assert growth(plan(flat(40, 6), [unit], nodes=on_nodes(4, 4))) == []
+    # where its pod runs is not known: it does not grow on nodes
+    assert growth(plan(flat(40, 6), [elastic()], nodes=on_nodes(16, 16))) == []
+
+
+def test_on_nodes_two_units_do_not_count_on_the_same_node():
+    a = elastic("a", nodes=("n0",), started_at=T0 - timedelta(hours=5))
+    b = elastic("b", nodes=("n1",), last_checkpoint_at=T0 - timedelta(minutes=1))
+    # 16 free on n2 only, and the pool 16 more: one of them may move there, not both
+    nodes = NodeView((NodeState("n0", 16, gpus_requested=16), NodeState("n1", 16,
+                      gpus_requested=16), NodeState("n2", 32, gpus_requested=0)))
+    (stop,) = growth(plan(flat(64, 6), [a, b], nodes=nodes))
+    assert stop.job_id == "a" and "restart on 32" in stop.reason
 
 
 def test_the_config_switch_reaches_the_policy():

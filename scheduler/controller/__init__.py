@@ -212,16 +212,20 @@ class Controller(Reconciler):
                 read_ok.append(source)
                 if seen and not admission.paused:
                     waiting += source.units(now)[0]
+        # a stop to grow is an admission of more GPUs: never while admission is paused or
+        # blind, and on the nodes as any admission (policy.growth)
+        growth = (seen and not admission.paused and self.settings.grow_window_s > 0
+                  and any(row.gpus < row.spec.gpus for row in self.store.holding()))
         nodes: NodeView | None = None
-        if waiting and self._nodes_readable:
+        if (waiting or growth) and self._nodes_readable:
             read = self._read_nodes(now, report)
             if read is False:  # unreadable this pass: admit nothing rather than blind
-                waiting = []
+                waiting, growth = [], False
             elif read is not None:
                 nodes = read
                 waiting = [self._with_requests(job) for job in waiting]
         usage = self.store.team_gpu_hours(now, self.fair_share_days * 86400)
-        report = self._decide_and_apply(now, report, waiting, usage, nodes)
+        report = self._decide_and_apply(now, report, waiting, usage, nodes, growth=growth)
         if self.external:
             paused = (admission.reason or "no reason given") if admission.paused else ""
             active = self._can_decide(now, report, paused)
@@ -315,7 +319,9 @@ class Controller(Reconciler):
         return view
 
     def _decide_and_apply(self, now: datetime, report: PassReport, waiting, usage,
-                          nodes: NodeView | None = None) -> PassReport:
+                          nodes: NodeView | None = None, *, growth: bool = False
+                          ) -> PassReport:
+        """Decide and carry it out; ``growth``: units may be stopped to grow this pass."""
         holding = self._running(now, self._overrun_model())
         job_gpus = sum(job.gpus for job in holding)
         for source in self.external:
@@ -329,8 +335,9 @@ class Controller(Reconciler):
         running = [job for job in holding if job.id not in self._stopping]
         if nodes is not None and running and (nodes.bound_at or self._claims):
             running = self._placed(running, nodes)
+        settings = self.settings if growth else replace(self.settings, grow_window_s=0.0)
         report.plan = decide(now, self._profile(now, report), running, waiting,
-                             report.signals, usage, self.settings, nodes)
+                             report.signals, usage, settings, nodes)
         self._apply(now, report.plan, report)
         for source in self.external:
             source.apply(report.plan, report, self._stopping)

@@ -65,8 +65,8 @@
    GPUs than it asks that has just checkpointed is stopped (planned, cause ``grow``) to go
    back to the queue and restart on more, where at least one more of its steps is free now
    and stays free on the promise for ``grow_window_s`` and the extra work outweighs the
-   restart; it takes only what the queue left. Only where the pool is one bin (``nodes``
-   None).
+   restart; it takes only what the queue left, and with a node view only where its larger
+   pod fits a node (its own, its GPUs counted back, or another).
 Same inputs, same decisions: every ordering has a total tie-break on the job id.
 """
 
@@ -157,16 +157,13 @@ def decide(
     if gate:
         decisions.extend(Decision(Action.DEFER, j.id, j.gpus, gate) for j in ordered)
         return Plan(tuple(decisions))
-    admitted, capacity = _admissions(now, profile, running, ordered, signals, view,
-                                     gives_back, settings, nodes, renewing)
+    admitted, capacity, room = _admissions(now, profile, running, ordered, signals, view,
+                                           gives_back, settings, nodes, renewing)
     renewed = {d.job_id for d in admitted if d.action is Action.RENEW}
     decisions = [d for d in decisions if d.job_id not in renewed]
     decisions.extend(admitted)
-    if nodes is None:
-        # on a node view a restart on more GPUs needs a node with room for them, which the
-        # pool's promise does not say: elastic units grow only where the pool is one bin
-        decisions.extend(_growths(now, running, {d.job_id for d in decisions}, capacity,
-                                  view.step, settings))
+    decisions.extend(_growths(now, running, {d.job_id for d in decisions}, capacity, room,
+                              view.step, settings))
     return Plan(tuple(decisions))
 
 
@@ -509,11 +506,12 @@ def _admissions(now: datetime, profile: FreeProfile, running: Sequence[RunningJo
                 ordered: Sequence[WaitingJob], signals: ServingSignals, view: _PoolView,
                 gives_back: Mapping[str, list[tuple[int, int]]], settings: PolicySettings,
                 nodes: NodeView | None, renewing: Mapping[str, Decision]
-                ) -> tuple[list[Decision], _Availability]:
+                ) -> tuple[list[Decision], _Availability, _NodeRoom | None]:
     """The queue in order, each unit admitted where it fits now, the first that cannot
     reserved where it fits first (EASY backfilling), the rest deferred with why; the units in
     ``renewing`` (their window closes: stopped by this pass) in it too, renewed where they
-    would be admitted again. Also what they leave available (for ``_growths``)."""
+    would be admitted again. Also what they leave of the pool and of the nodes (for
+    ``_growths``)."""
     step, i0, n_steps, used = view.step, view.i0, view.n_steps, view.used
     values = view.free[:n_steps] - used[:n_steps]
     if signals.idle_gpus is not None:
@@ -575,7 +573,7 @@ def _admissions(now: datetime, profile: FreeProfile, running: Sequence[RunningJo
             # reserved for it then
             reserved = decision.start_at is not None
         decisions.append(decision)
-    return decisions, avail
+    return decisions, avail, room
 
 
 def _renewal(unit: WaitingJob, stop: Decision, release: int, now: datetime,

@@ -15,7 +15,9 @@ little more harvest (docs/admission.md, "Growing elastic units").
 The growth comes after the queue's admissions and reservations in a pass, so it takes only
 GPUs no queued unit can use now; the unit itself then goes back into the queue in its order
 (priority, fair share, age), and is admitted on what fits once its stop is over (``decide()``
-admits an elastic unit on the most GPUs that fit).
+admits an elastic unit on the most GPUs that fit). With a node view the larger pod must fit a
+node too, as its admission will ask. The caller stops no unit to grow where it would admit
+nothing (a paused admission: the controller passes ``grow_window_s = 0`` then).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from datetime import datetime, timedelta
 
-from idlegpu.scheduler.policy.placement import _Availability, _run_length
+from idlegpu.scheduler.policy.placement import _Availability, _NodeRoom, _run_length
 from idlegpu.scheduler.policy.steps import _hours
 from idlegpu.scheduler.types import Action, Decision, PolicySettings, RunningJob
 
@@ -32,22 +34,26 @@ GROW = "grow"
 
 
 def _growths(now: datetime, running: Sequence[RunningJob], decided: Collection[str],
-             capacity: _Availability, step_s: int, settings: PolicySettings) -> list[Decision]:
+             capacity: _Availability, room: _NodeRoom | None, step_s: int,
+             settings: PolicySettings) -> list[Decision]:
     """Planned stops of the elastic units that would restart on more GPUs (``GROW``), taking
     the extra GPUs from ``capacity`` (what the pass's admissions left) for as long as they
-    are counted on. ``decided``: units this pass already stops, shrinks or renews. Highest
-    priority first, then the longest running (it has waited longest for its GPUs)."""
+    are counted on, and with a node view (``room``) from the node the larger pod fits on.
+    ``decided``: units this pass already stops, shrinks or renews. Highest priority first,
+    then the longest running (it has waited longest for its GPUs)."""
     if settings.grow_window_s <= 0:
         return []
     out = []
     i0 = capacity.i0
     for job in sorted(running, key=lambda j: (-j.priority, j.started_at, j.id)):
-        size = _grown_size(job, now, decided, capacity, step_s, settings)
+        size = _grown_size(job, now, decided, capacity, room, step_s, settings)
         if size is None:
             continue
         extra = size - job.gpus
         steps = _run_length(capacity.whole, i0, extra)
         capacity.take(i0, i0 + steps, extra)
+        if room is not None:
+            _take_node(job, size, room, i0 + steps)
         out.append(Decision(
             Action.PREEMPT, job.id, job.gpus,
             f"{extra} more GPUs stay free for {_hours(steps * step_s)} and it has just "
@@ -57,7 +63,8 @@ def _growths(now: datetime, running: Sequence[RunningJob], decided: Collection[s
 
 
 def _grown_size(job: RunningJob, now: datetime, decided: Collection[str],
-                capacity: _Availability, step_s: int, settings: PolicySettings) -> int | None:
+                capacity: _Availability, room: _NodeRoom | None, step_s: int,
+                settings: PolicySettings) -> int | None:
     """The most GPUs ``job`` would restart on, or None: it stays as it is. Only a unit below
     the GPUs it asks, that checkpoints, has two stops left at least (one for the service)
     and no deadline passed,
@@ -65,7 +72,9 @@ def _grown_size(job: RunningJob, now: datetime, decided: Collection[str],
     just checkpointed, or it saves when stopped) and that is not reloading; the extra GPUs
     (a whole number of its steps) must be free now and stay free on the promise for
     ``grow_window_s``, with enough work left to use them that long, and their work must
-    outweigh the restart: the stop's grace on what it holds and the reload on every GPU."""
+    outweigh the restart: the stop's grace on what it holds and the reload on every GPU. With
+    a node view, the larger pod must fit a node: its own node (what it holds there counted
+    back) or another; a unit whose node is not known does not grow."""
     assert job.min_gpus is not None  # RunningJob.__post_init__ always sets it
     most = job.max_gpus or job.gpus
     if (job.id in decided or not job.checkpointable or most <= job.gpus
@@ -90,9 +99,50 @@ def _grown_size(job: RunningJob, now: datetime, decided: Collection[str],
         held_s = _run_length(capacity.whole, capacity.i0, extra) * step_s
         used_s = min(held_s, work_gpu_s / size)
         cost_s = settings.restart_cost_s * size + settings.grace_s * job.gpus
-        if used_s >= window_s and extra * used_s > cost_s:
+        if used_s >= window_s and extra * used_s > cost_s and (
+                room is None or _node_for(job, size, room, capacity.i0 + held_s // step_s)
+                is not None):
             return size
     return None
+
+
+def _pod_of(job: RunningJob, size: int) -> tuple[float | None, int | None]:
+    """The CPU and memory of ``job``'s pod on ``size`` GPUs: its requests scale with its GPUs
+    (``specs.resize_unit``)."""
+    cpu = None if job.cpu is None else job.cpu * size / job.gpus
+    memory = None if job.memory is None else int(job.memory * size / job.gpus)
+    return cpu, memory
+
+
+def _node_for(job: RunningJob, size: int, room: _NodeRoom, until: int) -> int | None:
+    """The node ``job``'s pod on ``size`` GPUs fits on until step ``until``: its own (what it
+    holds there counted back, unless the node is reserved for another unit by then), else the
+    best fit of the others (``_NodeRoom.fit``). None: no node, or its node is not known (a
+    gang is never elastic: one pod)."""
+    if len(job.nodes) != 1:
+        return None
+    cpu, memory = _pod_of(job, size)
+    if job.nodes[0] in room.names:
+        own = room.names.index(job.nodes[0])
+        if (own not in room._closed(until) and room.gpus[own] + job.gpus >= size
+                and (cpu is None or room.cpu[own] + (job.cpu or 0.0) >= cpu)
+                and (memory is None or room.memory[own] + (job.memory or 0) >= memory)):
+            return own
+    return room.fit(size, cpu, memory, until)
+
+
+def _take_node(job: RunningJob, size: int, room: _NodeRoom, until: int) -> None:
+    """What the larger pod takes of its node for the rest of the pass: the extra GPUs (and
+    CPU and memory) on its own node, or the whole pod on another."""
+    node = _node_for(job, size, room, until)
+    assert node is not None  # _grown_size chose the size only where a node holds it
+    cpu, memory = _pod_of(job, size)
+    if room.names[node] == job.nodes[0]:
+        extra = size - job.gpus
+        room.take(node, extra, None if cpu is None else cpu - (job.cpu or 0.0),
+                  None if memory is None else memory - (job.memory or 0), until=until)
+    else:
+        room.take(node, size, cpu, memory, until=until)
 
 
 __all__ = ["GROW"]
