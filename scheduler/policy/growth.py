@@ -56,9 +56,10 @@ def _growths(now: datetime, running: Sequence[RunningJob], decided: Collection[s
             _take_node(job, size, room, i0 + steps)
         out.append(Decision(
             Action.PREEMPT, job.id, job.gpus,
-            f"{extra} more GPUs stay free for {_hours(steps * step_s)} and it has just "
-            f"checkpointed: checkpoint and stop, to restart on {size} of its "
-            f"{job.max_gpus} GPUs", planned=True, cause=GROW))
+            f"{extra} more GPUs stay free for {_hours(steps * step_s)}: stopped now ("
+            + ("it saves when stopped" if job.keeps_work_when_planned
+               else "just after its checkpoint")
+            + f") to restart on {size} of its {job.max_gpus} GPUs", planned=True, cause=GROW))
     return out
 
 
@@ -66,15 +67,14 @@ def _grown_size(job: RunningJob, now: datetime, decided: Collection[str],
                 capacity: _Availability, room: _NodeRoom | None, step_s: int,
                 settings: PolicySettings) -> int | None:
     """The most GPUs ``job`` would restart on, or None: it stays as it is. Only a unit below
-    the GPUs it asks, that checkpoints, has two stops left at least (one for the service)
-    and no deadline passed,
-    whose stop now loses at most a pass of work (it has
-    just checkpointed, or it saves when stopped) and that is not reloading; the extra GPUs
-    (a whole number of its steps) must be free now and stay free on the promise for
-    ``grow_window_s``, with enough work left to use them that long, and their work must
-    outweigh the restart: the stop's grace on what it holds and the reload on every GPU. With
-    a node view, the larger pod must fit a node: its own node (what it holds there counted
-    back) or another; a unit whose node is not known does not grow."""
+    the GPUs it asks, that checkpoints, has at least two stops left (one for the service), no
+    deadline passed, is not reloading, and whose stop now loses at most a pass of work (it
+    has just checkpointed, or it saves when stopped). The extra GPUs (a whole number of its
+    steps) must be free now and stay free on the promise for ``grow_window_s``, with enough
+    work left to use them that long, and their work must outweigh the restart: the stop's
+    grace on what it holds and the reload on every GPU. With a node view, the larger pod must
+    fit a node: its own node (what it holds there counted back) or another; a unit whose node
+    is not known does not grow."""
     assert job.min_gpus is not None  # RunningJob.__post_init__ always sets it
     most = job.max_gpus or job.gpus
     if (job.id in decided or not job.checkpointable or most <= job.gpus
