@@ -203,19 +203,21 @@ class Controller(Reconciler):
             self._admission_logged = admission
         # without a view of the cluster nothing is admitted (never blind); stops still go out
         overruns = self._overrun_model()
-        waiting = (self._waiting(now, overruns) if seen and not admission.paused else [])
+        admitting = seen and not admission.paused
+        waiting = self._waiting(now, overruns) if admitting else []
         read_ok: list[ExternalUnits] = []
         for source in self.external:
             readable = source.read(report)
             source.settle(self._stopping)
             if readable:
                 read_ok.append(source)
-                if seen and not admission.paused:
+                if admitting:
                     waiting += source.units(now)[0]
         # a stop to grow is an admission of more GPUs: never while admission is paused or
         # blind, and on the nodes as any admission (policy.growth)
-        growth = (seen and not admission.paused and self.settings.grow_window_s > 0
-                  and any(row.gpus < row.spec.gpus for row in self.store.holding()))
+        holding = self.store.holding()  # read once: the policy's running units come from it
+        growth = (admitting and self.settings.grow_window_s > 0
+                  and any(row.gpus < row.spec.gpus for row in holding))
         nodes: NodeView | None = None
         if (waiting or growth) and self._nodes_readable:
             read = self._read_nodes(now, report)
@@ -225,7 +227,8 @@ class Controller(Reconciler):
                 nodes = read
                 waiting = [self._with_requests(job) for job in waiting]
         usage = self.store.team_gpu_hours(now, self.fair_share_days * 86400)
-        report = self._decide_and_apply(now, report, waiting, usage, nodes, growth=growth)
+        report = self._decide_and_apply(now, report, waiting, usage, nodes, growth=growth,
+                                        holding_rows=holding)
         if self.external:
             paused = (admission.reason or "no reason given") if admission.paused else ""
             active = self._can_decide(now, report, paused)
@@ -319,10 +322,11 @@ class Controller(Reconciler):
         return view
 
     def _decide_and_apply(self, now: datetime, report: PassReport, waiting, usage,
-                          nodes: NodeView | None = None, *, growth: bool = False
-                          ) -> PassReport:
-        """Decide and carry it out; ``growth``: units may be stopped to grow this pass."""
-        holding = self._running(now, self._overrun_model())
+                          nodes: NodeView | None = None, *, growth: bool = False,
+                          holding_rows: list | None = None) -> PassReport:
+        """Decide and carry it out; ``growth``: units may be stopped to grow this pass;
+        ``holding_rows``: the store's units holding GPUs, if this pass has read them."""
+        holding = self._running(now, self._overrun_model(), holding_rows)
         job_gpus = sum(job.gpus for job in holding)
         for source in self.external:
             holding += source.units(now)[1]
@@ -384,9 +388,11 @@ class Controller(Reconciler):
         return waiting_jobs(rows, {row.id: self._estimate_row(row) for row in rows}, overruns,
                             restart_cost_s=self.settings.restart_cost_s)
 
-    def _running(self, now: datetime, overruns: Overruns) -> list[RunningJob]:
-        """What holds GPUs, as the policy sees it at ``now``."""
-        rows = self.store.holding()
+    def _running(self, now: datetime, overruns: Overruns, rows: list | None = None
+                 ) -> list[RunningJob]:
+        """What holds GPUs, as the policy sees it at ``now`` (``rows``: the store's
+        ``holding()``, read here when not given)."""
+        rows = self.store.holding() if rows is None else rows
         return running_jobs(rows, now, {row.id: self._estimate_row(row) for row in rows},
                             overruns, notice_s=self.checkpoint_notice_s,
                             restart_cost_s=self.settings.restart_cost_s)

@@ -27,7 +27,7 @@ from datetime import datetime, timedelta
 
 from idlegpu.scheduler.policy.placement import _Availability, _NodeRoom, _run_length
 from idlegpu.scheduler.policy.steps import _hours
-from idlegpu.scheduler.types import Action, Decision, PolicySettings, RunningJob
+from idlegpu.scheduler.types import Action, Decision, PolicySettings, RunningJob, smaller_sizes
 
 GROW = "grow"
 """The cause of a planned stop to grow (``Decision.cause``)."""
@@ -46,14 +46,14 @@ def _growths(now: datetime, running: Sequence[RunningJob], decided: Collection[s
     out = []
     i0 = capacity.i0
     for job in sorted(running, key=lambda j: (-j.priority, j.started_at, j.id)):
-        size = _grown_size(job, now, decided, capacity, room, step_s, settings)
-        if size is None:
+        grown = _grown_size(job, now, decided, capacity, room, step_s, settings)
+        if grown is None:
             continue
+        size, steps, node = grown
         extra = size - job.gpus
-        steps = _run_length(capacity.whole, i0, extra)
         capacity.take(i0, i0 + steps, extra)
-        if room is not None:
-            _take_node(job, size, room, i0 + steps)
+        if room is not None and node is not None:
+            _take_node(job, size, room, node, i0 + steps)
         out.append(Decision(
             Action.PREEMPT, job.id, job.gpus,
             f"{extra} more GPUs stay free for {_hours(steps * step_s)}: stopped now ("
@@ -65,8 +65,9 @@ def _growths(now: datetime, running: Sequence[RunningJob], decided: Collection[s
 
 def _grown_size(job: RunningJob, now: datetime, decided: Collection[str],
                 capacity: _Availability, room: _NodeRoom | None, step_s: int,
-                settings: PolicySettings) -> int | None:
-    """The most GPUs ``job`` would restart on, or None: it stays as it is. Only a unit below
+                settings: PolicySettings) -> tuple[int, int, int | None] | None:
+    """The most GPUs ``job`` would restart on, the steps the extra GPUs stay free and, with a
+    node view, the node its larger pod fits on; or None: it stays as it is. Only a unit below
     the GPUs it asks, that checkpoints, has at least two stops left (one for the service), no
     deadline passed, is not reloading, and whose stop now loses at most a pass of work (it
     has just checkpointed, or it saves when stopped). The extra GPUs (a whole number of its
@@ -92,17 +93,19 @@ def _grown_size(job: RunningJob, now: datetime, decided: Collection[str],
         return None  # not just after a checkpoint of this attempt: a stop would lose work
     window_s = settings.grow_window_s
     work_gpu_s = max(0.0, job.remaining_s) * job.gpus
-    for size in range(most - (most - job.gpus) % job.gpus_step, job.gpus, -job.gpus_step):
+    i0 = capacity.i0
+    for size in (most, *smaller_sizes(most, job.gpus + job.gpus_step, job.gpus_step)):
         extra = size - job.gpus
-        if extra > capacity.whole[capacity.i0]:
+        if extra > capacity.whole[i0]:
             continue
-        held_s = _run_length(capacity.whole, capacity.i0, extra) * step_s
-        used_s = min(held_s, work_gpu_s / size)
+        steps = _run_length(capacity.whole, i0, extra)
+        used_s = min(steps * step_s, work_gpu_s / size)
         cost_s = settings.restart_cost_s * size + settings.grace_s * job.gpus
-        if used_s >= window_s and extra * used_s > cost_s and (
-                room is None or _node_for(job, size, room, capacity.i0 + held_s // step_s)
-                is not None):
-            return size
+        if used_s < window_s or extra * used_s <= cost_s:
+            continue
+        node = None if room is None else _node_for(job, size, room, i0 + steps)
+        if room is None or node is not None:
+            return size, steps, node
     return None
 
 
@@ -131,11 +134,9 @@ def _node_for(job: RunningJob, size: int, room: _NodeRoom, until: int) -> int | 
     return room.fit(size, cpu, memory, until)
 
 
-def _take_node(job: RunningJob, size: int, room: _NodeRoom, until: int) -> None:
-    """What the larger pod takes of its node for the rest of the pass: the extra GPUs (and
-    CPU and memory) on its own node, or the whole pod on another."""
-    node = _node_for(job, size, room, until)
-    assert node is not None  # _grown_size chose the size only where a node holds it
+def _take_node(job: RunningJob, size: int, room: _NodeRoom, node: int, until: int) -> None:
+    """What the larger pod takes of ``node`` (``_node_for``'s) for the rest of the pass: the
+    extra GPUs (and CPU and memory) on its own node, or the whole pod on another."""
     cpu, memory = _pod_of(job, size)
     if room.names[node] == job.nodes[0]:
         extra = size - job.gpus
